@@ -1,0 +1,402 @@
+"""Attention variants of the QUEST study, every one on the fused SDPA kernel.
+
+Each variant is a rewrite of (q, k) followed by one call to
+``torch.nn.functional.scaled_dot_product_attention`` (per head, head size d):
+
+    variant            logit s_ij                   learnable
+    standard           q·k / sqrt(d)                -
+    quest              q·k̂          (no scale)      -
+    qnorm              q̂·k          (no scale)      -
+    qknorm             g · q̂·k̂      g per layer     g
+    qknorm_hs          g_h · q̂·k̂    g per head      g
+    qknorm_ds          (c_q⊙q̂)·(c_k⊙k̂)              c_q, c_k ∈ R^d
+    elliptical         (m⊙q)·k / sqrt(d)            - (m from values, no grad)
+    elliptical_quest   (m⊙q)·k̂      (no scale)      -
+
+QUEST's logit is ‖q_i‖·cos(q_i, k_j): the query norm sets the sharpness of its own row, while no key
+can grow its norm to take attention from every query at once.  Explicit [tokens × tokens] logits are
+only formed when asked for (``need_weights`` or a stability probe).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common import probes
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    norm_q: bool
+    norm_k: bool
+    scaled: bool  # divide the logit by sqrt(head_dim)
+    gain: str | None = None  # learnable scale: None | "layer" | "head" | "dim"
+    elliptical: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("standard", norm_q=False, norm_k=False, scaled=True),
+        Variant("quest", norm_q=False, norm_k=True, scaled=False),
+        Variant("qnorm", norm_q=True, norm_k=False, scaled=False),
+        Variant("qknorm", norm_q=True, norm_k=True, scaled=False, gain="layer"),
+        Variant("qknorm_hs", norm_q=True, norm_k=True, scaled=False, gain="head"),
+        Variant("qknorm_ds", norm_q=True, norm_k=True, scaled=False, gain="dim"),
+        Variant("elliptical", norm_q=False, norm_k=False, scaled=True, elliptical=True),
+        Variant("elliptical_quest", norm_q=False, norm_k=True, scaled=False, elliptical=True),
+    )
+}
+
+
+def get_variant(variant: str | Variant) -> Variant:
+    if isinstance(variant, Variant):
+        return variant
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    return VARIANTS[variant]
+
+
+class _L2Normalize(torch.autograd.Function):
+    """x / max(‖x‖, eps) with its gradient written out: autograd's version of F.normalize keeps
+    several intermediates alive and costs a few percent of a whole attention call."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, eps: float) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+        y = x / norm
+        ctx.save_for_backward(y, norm)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        y, norm = ctx.saved_tensors
+        # Project out the radial part; below eps the clamp makes the map linear (x / eps).
+        radial = (grad * y).sum(-1, keepdim=True) * (norm > ctx.eps)
+        return (grad - y * radial) / norm, None
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Normalise the last dimension; all-zero (padding) vectors stay zero instead of NaN."""
+    return _L2Normalize.apply(x, eps)
+
+
+def fold_qk(
+    q: Tensor,
+    k: Tensor,
+    variant: str | Variant,
+    *,
+    gain: Tensor | None = None,
+    q_scale: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    metric: Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor, float]:
+    """Rewrite (q, k) so that plain dot-product attention with the returned scale gives the variant's
+    logits. ``gain`` (qknorm, qknorm_hs) must broadcast against q; ``q_scale``/``k_scale`` (qknorm_ds)
+    have shape [head_dim]; ``metric`` is the elliptical weight m, and when it is None an elliptical
+    variant runs its base variant (the first layer of a stack has no previous values)."""
+    spec = get_variant(variant)
+    if spec.elliptical and metric is not None:
+        q = q * metric
+    if spec.norm_q:
+        q = l2_normalize(q, eps)
+    if spec.norm_k:
+        k = l2_normalize(k, eps)
+    if spec.gain in ("layer", "head"):
+        if gain is None:
+            raise ValueError(f"variant {spec.name!r} needs its learnable gain (use MultiheadAttention)")
+        q = q * gain
+    elif spec.gain == "dim":
+        if q_scale is None or k_scale is None:
+            raise ValueError(f"variant {spec.name!r} needs q_scale and k_scale (use MultiheadAttention)")
+        q, k = q * q_scale, k * k_scale
+    return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
+
+
+def merge_masks(
+    key_padding_mask: Tensor | None,
+    attn_bias: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor | None, Tensor | None]:
+    """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
+    have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
+    and their output is zeroed by the caller."""
+    mask, empty = None, None
+    if key_padding_mask is not None:
+        empty = key_padding_mask.all(-1)
+        mask = ~(key_padding_mask & ~empty[:, None])[:, None, None, :]
+    if causal and (mask is not None or attn_bias is not None):
+        tri = torch.ones(q_len, k_len, dtype=torch.bool, device=(attn_bias if mask is None else mask).device)
+        tri = tri.tril(k_len - q_len)
+        mask = tri if mask is None else mask & tri
+    if attn_bias is not None:
+        bias = attn_bias.to(dtype)
+        mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    return mask, empty
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    variant: str | Variant = "quest",
+    *,
+    key_padding_mask: Tensor | None = None,
+    attn_bias: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    gain: Tensor | None = None,
+    q_scale: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    metric: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Attention of one variant on [batch, heads, tokens, head_dim] tensors.
+
+    ``key_padding_mask`` is boolean [batch, k_tokens], True = padding; ``attn_bias`` is additive and
+    broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
+    """
+    qf, kf, scale = fold_qk(q, k, variant, gain=gain, q_scale=q_scale, k_scale=k_scale, metric=metric, eps=eps)
+    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q.shape[-2], k.shape[-2], q.dtype)
+    out = F.scaled_dot_product_attention(
+        qf, kf, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
+    )
+    if empty is not None:
+        out = out.masked_fill(empty[:, None, None, None], 0.0)
+    return out
+
+
+@torch.no_grad()
+def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """Elliptical attention's coordinate weights (Nielsen et al. 2024): m_d = mean_n |v^l_nd − v^{l−1}_nd|
+    over the valid tokens of each sample and head, divided by max_d m_d. [B, H, N, D] → [B, H, 1, D]."""
+    delta = (values - prev_values).abs()
+    if key_padding_mask is None:
+        m = delta.mean(-2)
+    else:
+        keep = (~key_padding_mask)[:, None, :, None].to(delta.dtype)
+        m = (delta * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
+    return _unit_max(m, eps).unsqueeze(-2)
+
+
+def _unit_max(m: Tensor, eps: float) -> Tensor:
+    # Values that did not move at all carry no information: fall back to the plain metric (m = 1).
+    peak = m.amax(-1, keepdim=True)
+    return torch.where(peak > eps, m / peak.clamp_min(eps), torch.ones_like(m))
+
+
+def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:
+    """Henry et al. (2020): g0 = log2(L² − L) for typical length L; without L, sqrt(head_dim), so the
+    logit starts as the standard one would for unit-variance vectors."""
+    if seq_len is not None and seq_len > 1:
+        return math.log2(seq_len**2 - seq_len)
+    return math.sqrt(head_dim)
+
+
+class QKFold(nn.Module):
+    """A variant's learnable scales, folded into (q, k) for one attention layer."""
+
+    def __init__(self, variant: str, num_heads: int, head_dim: int, *, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__()
+        self.variant = get_variant(variant)
+        self.eps = eps
+        if self.variant.gain in ("layer", "head"):
+            g0 = qk_gain_init if qk_gain_init is not None else qknorm_gain_init(seq_len, head_dim)
+            self.gain = nn.Parameter(torch.full((num_heads if self.variant.gain == "head" else 1,), float(g0)))
+        elif self.variant.gain == "dim":
+            # c_q = c_k = d^(1/4): the logit starts at sqrt(d)·cos.
+            self.q_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
+            self.k_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
+
+    def forward(self, q: Tensor, k: Tensor, metric: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
+        """q, k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
+        gain = None
+        if self.variant.gain in ("layer", "head"):
+            gain = self.gain.view(-1, *([1] * (q.dim() - 2)))
+        return fold_qk(q, k, self.variant, gain=gain, q_scale=getattr(self, "q_scale", None),
+                       k_scale=getattr(self, "k_scale", None), metric=metric, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant.name}"
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head attention with a selectable variant; batch-first drop-in for
+    ``torch.nn.MultiheadAttention`` (same parameter names, so its state dict loads as is).
+
+    Elliptical variants read the previous layer's values: pass them as ``prev_values`` and ask for this
+    layer's with ``return_values=True`` (``common.blocks`` threads them through a stack).
+    """
+
+    def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
+                 bias: bool = True, batch_first: bool = True, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.dropout, self.batch_first = dropout, batch_first
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim)) if bias else None
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.qk = QKFold(variant, num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init, eps=eps)
+        self.probe = probes.Probe()
+        self.reset_parameters()
+
+    @property
+    def variant(self) -> Variant:
+        return self.qk.variant
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if key is query and value is query:  # self-attention: one matmul
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            w = self.in_proj_weight.chunk(3)
+            b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None,) * 3
+            q, k, v = (F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), w, b))
+        return tuple(x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for x in (q, k, v))
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        *,
+        attn_bias: Tensor | None = None,
+        prev_values: Tensor | None = None,
+        return_values: bool = False,
+    ):
+        """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``), and this
+        layer's values [B, H, N, D] as a third item when ``return_values``."""
+        key = query if key is None else key
+        value = key if value is None else value
+        if not self.batch_first:
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        batch, q_len = query.shape[:2]
+        q, k, v = self._project(query, key, value)
+
+        bias = _as_bias(attn_mask, batch, self.num_heads, q.dtype)
+        if key_padding_mask is not None and key_padding_mask.is_floating_point():  # additive, torch style
+            bias = _add(bias, key_padding_mask[:, None, None, :].to(q.dtype))
+            key_padding_mask = None
+        bias = _add(bias, attn_bias)
+
+        metric = None
+        if self.variant.elliptical and prev_values is not None and prev_values.shape == v.shape:
+            metric = elliptical_metric(v, prev_values, key_padding_mask, self.qk.eps)
+        qf, kf, scale = self.qk(q, k, metric)
+        mask, empty = merge_masks(key_padding_mask, bias, is_causal, q_len, k.shape[-2], q.dtype)
+        if self.probe.enabled:
+            self.probe.record_dense(q, k, qf, kf, scale, mask, key_padding_mask)
+
+        out = F.scaled_dot_product_attention(
+            qf, kf, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal and mask is None, scale=scale,
+        )
+        if empty is not None:
+            out = out.masked_fill(empty[:, None, None, None], 0.0)
+        out = self.out_proj(out.transpose(1, 2).flatten(2))
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+
+        weights = None
+        if need_weights:
+            if is_causal and mask is None:
+                mask = torch.ones(q_len, k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            weights = probes.explicit_attention(qf, kf, scale, mask)[1]
+            weights = weights.mean(1) if average_attn_weights else weights
+        if return_values:
+            return out, weights, v.detach()
+        return out, weights
+
+
+def _as_bias(attn_mask: Tensor | None, batch: int, heads: int, dtype: torch.dtype) -> Tensor | None:
+    """torch's attn_mask ([L, S] or [B·H, L, S]; bool True = blocked, or additive) as an additive bias."""
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill(attn_mask, float("-inf"))
+    if attn_mask.dim() == 3:
+        attn_mask = attn_mask.view(batch, heads, *attn_mask.shape[-2:])
+    return attn_mask.to(dtype)
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+class EdgeMultiheadAttention(nn.Module):
+    """Sparse attention over graph edges: each target node i attends over its incoming edges (i ← j),
+    softmax per target (PyG's scatter softmax). Same variants and parameters as the dense module;
+    on a fully connected graph the two agree."""
+
+    def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
+                 bias: bool = True, seq_len: int | None = None, qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.qk = QKFold(variant, num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init, eps=eps)
+        self.probe = probes.Probe()
+
+    @property
+    def variant(self) -> Variant:
+        return self.qk.variant
+
+    def forward(self, x: Tensor, edge_index: Tensor, *, batch: Tensor | None = None,
+                edge_bias: Tensor | None = None, prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x [N, dim], edge_index [2, E] (row 0 = source j, row 1 = target i), batch [N] graph ids,
+        edge_bias [E, H] additive. Returns the output [N, dim] and this layer's values [N, H, D]."""
+        from torch_geometric.utils import scatter, softmax
+
+        q, k, v = self.in_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
+        metric = None
+        if self.variant.elliptical and prev_values is not None and prev_values.shape == v.shape:
+            metric = edge_elliptical_metric(v, prev_values, batch, self.qk.eps)
+        qf, kf, scale = self.qk(q, k, metric)
+        src, dst = edge_index
+        logits = (qf[dst] * kf[src]).sum(-1) * scale  # [E, H]
+        scores = logits if edge_bias is None else logits + edge_bias
+        alpha = softmax(scores, dst, num_nodes=x.shape[0])
+        if self.probe.enabled:
+            self.probe.record_edges(q, k, logits, alpha, dst, x.shape[0])
+        alpha = F.dropout(alpha, self.dropout, self.training)
+        out = scatter(alpha.unsqueeze(-1) * v[src], dst, dim=0, dim_size=x.shape[0], reduce="sum")
+        return self.out_proj(out.flatten(1)), v.detach()
+
+
+@torch.no_grad()
+def edge_elliptical_metric(values: Tensor, prev_values: Tensor, batch: Tensor | None, eps: float = 1e-6) -> Tensor:
+    """The elliptical weights per graph for node-major values [N, H, D], gathered back per node."""
+    from torch_geometric.utils import scatter
+
+    delta = (values - prev_values).abs()
+    if batch is None:
+        return _unit_max(delta.mean(0, keepdim=True), eps)
+    m = scatter(delta, batch, dim=0, reduce="mean")
+    return _unit_max(m, eps)[batch]

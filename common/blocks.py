@@ -1,0 +1,69 @@
+"""Pre-norm Transformer encoder on ``common.attention``, threading elliptical state between layers."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from common.attention import MultiheadAttention
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0, activation: type[nn.Module] = nn.GELU):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), activation(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class LayerScale(nn.Module):
+    """Per-channel residual scale (CaiT), started small so deep stacks begin near the identity."""
+
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class EncoderLayer(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x)). Extra keyword arguments (``variant``, ``seq_len``,
+    ``qk_gain_init``) go to the attention module."""
+
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
+                 attn_dropout: float = 0.0, layer_scale: float | None = None, **attention):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MultiheadAttention(dim, num_heads, dropout=attn_dropout, **attention)
+        self.drop = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.ls1 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
+        self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None,
+                prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Returns the new x and this layer's attention values (the next layer's ``prev_values``)."""
+        h = self.norm1(x)
+        h, _, values = self.attn(h, h, h, key_padding_mask=key_padding_mask, attn_bias=attn_bias,
+                                 prev_values=prev_values, return_values=True)
+        x = x + self.drop(self.ls1(h))
+        x = x + self.ls2(self.mlp(self.norm2(x)))
+        return x, values
+
+
+class Encoder(nn.Module):
+    """A stack of pre-norm layers with a final LayerNorm. ``attn_bias`` is shared by every layer."""
+
+    def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, **layer):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, **layer) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None) -> Tensor:
+        values = None
+        for layer in self.layers:
+            x, values = layer(x, key_padding_mask, attn_bias, prev_values=values)
+        return self.norm(x)

@@ -1,0 +1,73 @@
+"""Data helpers every domain shares: clear errors for bad input, class-per-folder trees, seeded
+splits and an on-disk cache for generated or featurised datasets."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+class DataError(Exception):
+    """Bad or missing input data; the runner prints it as one line."""
+
+
+def require_path(path: str | Path, what: str = "dataset root") -> Path:
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"{what} {path} does not exist")
+    return path
+
+
+def class_folder_files(root: str | Path, extensions: Iterable[str]) -> tuple[list[tuple[Path, int]], list[str]]:
+    """Files under ``root/<class>/`` (searched recursively) with one of ``extensions`` (e.g. ".wav"),
+    labelled by their class folder in sorted order. A missing root, no class folders, or a class folder
+    without such files is a ``DataError``."""
+    root = require_path(root)
+    exts = {e.lower() for e in extensions}
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")))
+    if not classes:
+        raise DataError(f"{root} has no class folders")
+    files = []
+    for label, name in enumerate(classes):
+        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in exts)
+        if not found:
+            raise DataError(f"class folder {root / name} has no {'/'.join(sorted(exts))} files")
+        files += [(p, label) for p in found]
+    return files, classes
+
+
+def seeded_split(n: int, fractions: tuple[float, float, float], seed: int) -> tuple[list[int], list[int], list[int]]:
+    """A fixed random train/val/test partition of range(n) with the given fractions (test takes the rest)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_train, n_val = int(round(fractions[0] * n)), int(round(fractions[1] * n))
+    return order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:]
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def cached(path: str | Path, build: Callable[[], Any]) -> Any:
+    """``torch.load(path)`` if it exists, else ``build()`` saved there atomically (so concurrent runs
+    never read half a file). Delete the file to rebuild."""
+    path = Path(path)
+    if path.exists():
+        try:
+            return torch.load(path, weights_only=False)
+        except Exception as err:  # a truncated cache from a killed run: rebuild it
+            print(f"warning: rebuilding unreadable cache {path} ({type(err).__name__})")
+    obj = build()
+    atomic_save(obj, path)
+    return obj

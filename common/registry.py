@@ -1,0 +1,87 @@
+"""Domain plugins: ``@register_domain`` and discovery.
+
+A domain is a build function ``cfg -> (LightningDataModule, LightningModule)`` plus its primary metric
+(logged as ``val/<metric>`` and ``test/<metric>``) and whether lower or higher is better. Domains
+come from a package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains``
+entry-point group (an entry point names a module that registers on import), or from code that calls
+``register_domain`` itself.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Callable
+
+ENTRY_POINT_GROUP = "quest.domains"
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    build: Callable[[Any], tuple[Any, Any]]
+    metric: str
+    mode: str  # "min" or "max"
+    datasets: tuple[str, ...]
+    config: dict | Path | None  # default config; None: configs/domain/<name>.yaml
+
+
+_DOMAINS: dict[str, Domain] = {}
+_PACKAGES: list[str] = []
+
+
+def register_domain(name: str, *, metric: str, mode: str, datasets: tuple[str, ...] = ("default",),
+                    config: dict | str | Path | None = None):
+    """Decorator for a domain's build function."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
+
+    def decorate(build):
+        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets),
+                                Path(config) if isinstance(config, str) else config)
+        return build
+
+    return decorate
+
+
+def unregister_domain(name: str) -> None:
+    _DOMAINS.pop(name, None)
+
+
+def discover(package: str) -> None:
+    """Make the sub-packages of ``package`` (one per domain) known without importing them yet."""
+    if package not in _PACKAGES:
+        _PACKAGES.append(package)
+
+
+def _package_domains() -> dict[str, str]:
+    found = {}
+    for package in _PACKAGES:
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(module.__path__):
+            if info.ispkg and not info.name.startswith("_"):
+                found[info.name] = f"{package}.{info.name}"
+    return found
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def domain_names() -> list[str]:
+    return sorted(set(_DOMAINS) | set(_package_domains()) | set(_entry_points()))
+
+
+def get_domain(name: str) -> Domain:
+    """The domain called ``name``, importing its module on first use."""
+    if name not in _DOMAINS:
+        modules = _package_domains()
+        if name in modules:
+            importlib.import_module(modules[name])
+        elif name in (eps := _entry_points()):
+            eps[name].load()
+    if name not in _DOMAINS:
+        raise KeyError(f"unknown domain {name!r}; choose from {', '.join(domain_names()) or '(none)'}")
+    return _DOMAINS[name]
