@@ -1,0 +1,180 @@
+"""Put a QUEST-study attention variant into a model someone else wrote, in place, keeping its weights.
+
+    from common.patch import replace_attention
+    report = replace_attention(model, variant="quest")
+    print(report)            # which modules were converted, which were left alone and why
+
+Converted in place (the module objects and parameter tensors stay the same, so state dicts, optimisers
+and hooks keep working; learnable variants add their gains under ``<module>.qk``):
+
+- ``torch.nn.MultiheadAttention`` with one embedding size for q/k/v, no ``add_bias_kv`` and no
+  ``add_zero_attn``, and with it ``nn.TransformerEncoder/DecoderLayer``, torchvision's ``vit_*``,
+  torchaudio's ``Conformer`` and PyG's ``GPSConv``, which all build on it;
+- timm's ViT ``Attention`` (its qkv, q_norm/k_norm, proj and dropouts are kept).
+
+Conversion swaps the module's class (as ``torch.nn.utils.parametrize`` does) for one whose forward runs
+``common.attention``; every converted module carries a stability probe like the project's own layers.
+Attention-like modules of any other kind are left alone and listed in the report.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common import probes
+from common.attention import EdgeMultiheadAttention, MultiheadAttention, QKFold, get_variant, merge_masks
+
+# Class names that suggest a module computes attention: such modules, if not converted, are reported.
+_ATTENTION_LIKE = re.compile(r"attention|attn", re.IGNORECASE)
+
+
+@dataclass
+class PatchReport:
+    variant: str
+    replaced: dict[str, str] = field(default_factory=dict)  # module name -> what it was
+    skipped: dict[str, str] = field(default_factory=dict)  # module name -> why it was left alone
+
+    def __str__(self) -> str:
+        lines = [f"replace_attention(variant={self.variant!r}): {len(self.replaced)} replaced, {len(self.skipped)} left alone"]
+        lines += [f"  replaced {name or '(model)'}: {kind}" for name, kind in self.replaced.items()]
+        lines += [f"  left alone {name or '(model)'}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
+    """A ``torch.nn.MultiheadAttention`` running ``common.attention``. It stays an instance of torch's class
+    because callers check that (PyG's ``GPSConv`` silently skips attention otherwise). Made only by
+    ``from_torch``, which converts an existing module in place."""
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> "PatchedMultiheadAttention":
+        module.qk = QKFold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
+        module.probe = probes.Probe()
+        # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
+        module._qkv_same_embed_dim = False
+        module.__class__ = cls
+        return module
+
+    def _reset_parameters(self) -> None:  # torch's name, called by e.g. GPSConv.reset_parameters
+        self.reset_parameters()
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False):
+        """torch's signature and defaults, unbatched [tokens, dim] inputs included."""
+        if query.dim() == 2:
+            dim = 0 if self.batch_first else 1
+            padding = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+            out, weights = self.forward(query.unsqueeze(dim), key.unsqueeze(dim), value.unsqueeze(dim), padding,
+                                        need_weights, attn_mask, average_attn_weights, is_causal)
+            return out.squeeze(dim), None if weights is None else weights.squeeze(0)
+        return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                               average_attn_weights, is_causal)
+
+
+class PatchedTimmAttention(nn.Module):
+    """timm's ViT ``Attention`` with its scores computed by ``common.attention``: timm's own qkv, q_norm,
+    k_norm, norm, gate, proj and dropouts are kept (and so are its state-dict names). Made only by
+    ``from_timm``, which converts an existing module in place."""
+
+    @classmethod
+    def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> "PatchedTimmAttention":
+        module.qk = QKFold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
+        module.probe = probes.Probe()
+        module.__class__ = cls
+        return module
+
+    @property
+    def variant(self):
+        return self.qk.variant
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """timm's signature: ``attn_mask`` has SDPA meaning (boolean True = attend, or additive)."""
+        batch, tokens, _ = x.shape
+        gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = x.new_zeros(attn_mask.shape).masked_fill(~attn_mask, float("-inf"))
+        qf, kf, scale = self.qk(q, k)
+        mask, _ = merge_masks(None, attn_mask, is_causal, tokens, tokens, q.dtype)
+        if self.probe.enabled:
+            self.probe.record_dense(q, k, qf, kf, scale, mask, None)
+        x = F.scaled_dot_product_attention(qf, kf, v, attn_mask=mask, scale=scale, is_causal=is_causal and mask is None,
+                                           dropout_p=self.attn_drop.p if self.training else 0.0)
+
+        x = x.transpose(1, 2).reshape(batch, tokens, self.num_heads * self.head_dim)
+        if getattr(self, "norm", None) is not None:  # older timm releases have neither norm nor gate
+            x = self.norm(x)
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+
+def _timm_attention_class() -> type | None:
+    """timm's ``Attention`` if timm is loaded (a model holding one has loaded it), without importing timm."""
+    return getattr(sys.modules.get("timm.layers.attention"), "Attention", None)
+
+
+def _torch_blocker(module: nn.MultiheadAttention) -> str | None:
+    """Why this nn.MultiheadAttention cannot be converted, or None."""
+    if not module._qkv_same_embed_dim:
+        return "nn.MultiheadAttention with kdim/vdim different from embed_dim"
+    if module.bias_k is not None:
+        return "nn.MultiheadAttention with add_bias_kv"
+    if module.add_zero_attn:
+        return "nn.MultiheadAttention with add_zero_attn"
+    return None
+
+
+def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwargs) -> PatchReport:
+    """Convert every supported attention module of ``model`` to ``variant`` in place and report what was
+    done. ``attention_kwargs`` go to the variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``).
+    With ``variant="standard"`` the model computes what it computed before."""
+    spec = get_variant(variant)
+    if spec.elliptical:
+        raise ValueError(f"variant {variant!r} reads each layer's previous values, which third-party layers do "
+                         "not pass on; build the model from common.blocks.Encoder to use it")
+    report = PatchReport(spec.name)
+    timm_attention = _timm_attention_class()
+    kinds = (MultiheadAttention, EdgeMultiheadAttention, PatchedTimmAttention)  # already common.attention
+    for name, module in list(model.named_modules()):
+        if isinstance(module, kinds):
+            continue
+        if type(module) is nn.MultiheadAttention:
+            blocker = _torch_blocker(module)
+            if blocker:
+                report.skipped[name] = blocker
+            else:
+                PatchedMultiheadAttention.from_torch(module, spec.name, **attention_kwargs)
+                report.replaced[name] = "torch.nn.MultiheadAttention"
+        elif timm_attention is not None and type(module) is timm_attention:
+            PatchedTimmAttention.from_timm(module, spec.name, **attention_kwargs)
+            report.replaced[name] = "timm.layers.Attention"
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.TransformerEncoder) and isinstance(module.layers[0].self_attn, PatchedMultiheadAttention):
+            # Its inference path packs padded batches into nested tensors for torch's fused kernel only.
+            module.use_nested_tensor = False
+        attention_like = _ATTENTION_LIKE.search(type(module).__name__) or isinstance(module, nn.MultiheadAttention)
+        if (attention_like and not isinstance(module, kinds)
+                and name not in report.skipped and not _holds_replaced(name, report)):
+            report.skipped[name] = f"unknown attention module {type(module).__module__}.{type(module).__qualname__}"
+
+    if not report.replaced:
+        warnings.warn(f"replace_attention found no attention it can convert in {type(model).__name__}; "
+                      f"left alone: {report.skipped or 'nothing attention-like'}", stacklevel=2)
+    return report
+
+
+def _holds_replaced(name: str, report: PatchReport) -> bool:
+    prefix = f"{name}." if name else ""
+    return any(child.startswith(prefix) for child in report.replaced)

@@ -1,0 +1,231 @@
+"""Molecular graphs for the graph domain: QM9 shipped by ``qm9pack`` (embedded default), ZINC-12k in
+PyG's on-disk format, or any CSV of SMILES + target column(s).
+
+Every molecule becomes a PyG ``Data`` with long-typed categorical atom features ``x`` [N, F], bond
+features ``edge_attr`` [E, F'], targets ``y`` [1, T] and random-walk structural encodings ``pe``
+[N, rwse_steps]. The featurised splits are cached under ``cache_dir`` (one file per data config), so
+only the first run pays for RDKit and the encodings.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import pickle
+from pathlib import Path
+
+import pandas as pd
+import pytorch_lightning as pl
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.loader import DataLoader
+from torch_geometric.transforms import AddRandomWalkPE
+
+from common.data import DataError, cached, require_path, seeded_split
+
+SPLITS = ("train", "val", "test")
+QM9_FILES = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
+# The usual short names of the QM9 targets -> qm9pack's columns (any column name works as well).
+QM9_COLUMNS = {
+    "mu": "Dipole_debye", "alpha": "Polarizability_bohr3", "homo": "HOMO_au", "lumo": "LUMO_au",
+    "gap": "HOMO_LUMO_gap_au", "r2": "R2_bohr2", "zpve": "ZPVE_au", "u0": "InternalEnergy_0K_au",
+    "u298": "InternalEnergy_298K_au", "h298": "Enthalphy_298K_au", "g298": "GibbsFreeEnergy_298K_au",
+    "cv": "Heatcapacity_Cv_cal_mol_K",
+}
+ZINC_RAW_FILES = [f"{split}.{ext}" for ext in ("pickle", "index") for split in SPLITS]
+
+
+class GraphSet(InMemoryDataset):
+    """Graphs held collated in memory (PyG's storage format), built from a list or a cached collation."""
+
+    def __init__(self, collated: tuple):
+        super().__init__()
+        self.data, self.slices = collated
+
+    @property
+    def stacked(self) -> Data:
+        """All graphs of the set as one Data (node, edge and target rows concatenated)."""
+        return self._data
+
+
+def qm9pack_folder() -> Path:
+    # qm9pack's own loader imports pkg_resources (absent from recent setuptools): read its CSVs directly.
+    spec = importlib.util.find_spec("qm9pack")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("package qm9pack is not installed (pip install qm9pack)")
+    return Path(spec.submodule_search_locations[0]) / "data"
+
+
+def smiles_to_graph(smiles: str) -> Data | None:
+    """RDKit molecule -> PyG graph with PyG's atom/bond featuriser; None when RDKit cannot read it."""
+    from rdkit import Chem, RDLogger
+    from torch_geometric.utils import from_rdmol
+
+    RDLogger.DisableLog("rdApp.*")  # one summary line instead of an RDKit message per bad SMILES
+    mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) else None
+    if mol is None or mol.GetNumAtoms() == 0:
+        return None
+    try:
+        return from_rdmol(mol)
+    except ValueError:  # a feature outside PyG's vocabulary (e.g. degree > 10)
+        return None
+
+
+def featurise(smiles: list[str], targets: torch.Tensor, source: str) -> list[Data]:
+    """Graphs of the readable molecules with their target rows; the rest are skipped and reported once."""
+    graphs = []
+    for text, y in zip(smiles, targets):
+        graph = smiles_to_graph(text)
+        if graph is not None and bool(torch.isfinite(y).all()):
+            graph.y = y.view(1, -1)
+            graphs.append(graph)
+    if skipped := len(smiles) - len(graphs):
+        print(f"warning: skipped {skipped} of {len(smiles)} molecules in {source} (unparsable SMILES or missing target)")
+    return graphs
+
+
+def read_table(path: Path, smiles_column: str, targets: list[str]) -> pd.DataFrame:
+    """The SMILES and target columns of a CSV; a missing file or column is a DataError."""
+    require_path(path, "CSV file")
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+    except Exception as err:
+        raise DataError(f"{path}: not a readable CSV ({type(err).__name__})") from None
+    missing = [c for c in (smiles_column, *targets) if c not in header]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
+    return pd.read_csv(path, usecols=[smiles_column, *targets])
+
+
+class GraphDataModule(pl.LightningDataModule):
+    """Train/val/test molecule graphs; after ``setup()`` also the vocabulary sizes of the categorical
+    atom/bond features, the train-split target mean/std, and the typical graph size and degree."""
+
+    def __init__(self, data: dict, cache_dir: str | Path):
+        super().__init__()
+        self.cfg = dict(data)
+        self.cfg["targets"] = list(self.cfg["targets"])
+        self.cfg["split"] = list(self.cfg["split"])
+        self.cache_dir = Path(cache_dir)
+        self.sets: dict[str, GraphSet] | None = None
+
+    # -- loading -------------------------------------------------------------------------------
+    def cache_path(self) -> Path:
+        cfg = self.cfg
+        keys = ("dataset", "root", "targets", "smiles_column", "subset", "split", "split_seed", "rwse_steps")
+        content = {k: cfg[k] for k in keys}
+        if cfg["root"] is not None:
+            content["root"] = str(Path(cfg["root"]).expanduser().resolve())
+        digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
+        return self.cache_dir / "graph" / f"{cfg['dataset']}-{cfg['subset'] or 'all'}-{digest}.pt"
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.sets is not None:
+            return
+        collated = cached(self.cache_path(), self._build)
+        self.sets = {split: GraphSet(collated[split]) for split in SPLITS}
+
+    def _build(self) -> dict:
+        loaders = {"qm9": self._qm9, "zinc": self._zinc, "csv": self._csv}
+        if self.cfg["dataset"] not in loaders:
+            raise DataError(f"unknown graph dataset {self.cfg['dataset']!r}; choose from {', '.join(loaders)}")
+        splits = loaders[self.cfg["dataset"]]()
+        for split, graphs in splits.items():
+            if not graphs:
+                raise DataError(f"{self.cfg['dataset']}: the {split} split is empty (use more data or other split fractions)")
+        encode = AddRandomWalkPE(self.cfg["rwse_steps"], attr_name="pe")
+        return {split: GraphSet.collate([encode(g) for g in graphs]) for split, graphs in splits.items()}
+
+    def _subset(self, table: pd.DataFrame) -> pd.DataFrame:
+        if self.cfg["subset"] is None or self.cfg["subset"] >= len(table):
+            return table
+        order = torch.randperm(len(table), generator=torch.Generator().manual_seed(self.cfg["split_seed"]))
+        return table.iloc[order[: self.cfg["subset"]].sort().values.numpy()]
+
+    def _split(self, graphs: list[Data]) -> dict[str, list[Data]]:
+        parts = seeded_split(len(graphs), tuple(self.cfg["split"]), self.cfg["split_seed"])
+        return {split: [graphs[i] for i in idx] for split, idx in zip(SPLITS, parts)}
+
+    def _from_table(self, table: pd.DataFrame, smiles_column: str, targets: list[str], source: str) -> dict:
+        table = self._subset(table)
+        values = torch.tensor(table[targets].to_numpy(dtype="float32"))
+        return self._split(featurise(table[smiles_column].tolist(), values, source))
+
+    def _qm9(self) -> dict:
+        folder = require_path(self.cfg["root"], "QM9 folder") if self.cfg["root"] else qm9pack_folder()
+        targets = [QM9_COLUMNS.get(t, t) for t in self.cfg["targets"]]
+        tables = [read_table(folder / name, "SMILES", targets) for name in QM9_FILES]
+        return self._from_table(pd.concat(tables, ignore_index=True), "SMILES", targets, f"QM9 ({folder})")
+
+    def _csv(self) -> dict:
+        if self.cfg["root"] is None:
+            raise DataError("dataset csv needs data.root=<file.csv>")
+        path = Path(self.cfg["root"]).expanduser()
+        table = read_table(path, self.cfg["smiles_column"], self.cfg["targets"])
+        return self._from_table(table, self.cfg["smiles_column"], self.cfg["targets"], str(path))
+
+    def _zinc(self) -> dict:
+        """ZINC-12k through PyG (its own processed cache lives under root); graphs get 2-D edge features
+        and [1, 1] targets like the other datasets. Without files PyG tries to download them."""
+        from torch_geometric.datasets import ZINC
+
+        if self.cfg["root"] is None:
+            raise DataError("dataset zinc needs data.root=<folder for PyG's ZINC (raw/ holds its pickles)>")
+        root = Path(self.cfg["root"]).expanduser()
+        present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
+        splits = {}
+        for split in SPLITS:
+            try:
+                dataset = ZINC(str(root), subset=True, split=split)
+            except (OSError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError) as err:
+                what = "unreadable" if present else f"missing ({', '.join(ZINC_RAW_FILES)}) and could not be downloaded"
+                raise DataError(f"ZINC files under {root / 'raw'} are {what}: {type(err).__name__}") from None
+            splits[split] = [Data(x=g.x, edge_index=g.edge_index, edge_attr=g.edge_attr.view(-1, 1), y=g.y.view(1, 1))
+                             for g in dataset]
+        return splits
+
+    # -- statistics the model is built from ----------------------------------------------------
+    def _all(self, key: str) -> torch.Tensor:
+        return torch.cat([getattr(self.sets[s].stacked, key) for s in SPLITS])
+
+    @property
+    def node_vocab(self) -> list[int]:
+        return (self._all("x").amax(0) + 1).tolist()
+
+    @property
+    def edge_vocab(self) -> list[int]:
+        edge_attr = self._all("edge_attr")
+        return (edge_attr.amax(0) + 1).tolist() if len(edge_attr) else [1] * edge_attr.shape[1]
+
+    @property
+    def num_targets(self) -> int:
+        return self.sets["train"].stacked.y.shape[1]
+
+    def target_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std of the train targets: the model predicts standardised targets."""
+        y = self.sets["train"].stacked.y
+        return y.mean(0), y.std(0, correction=0).clamp_min(1e-8)
+
+    @property
+    def mean_nodes(self) -> float:
+        train = self.sets["train"]
+        return train.stacked.num_nodes / len(train)
+
+    @property
+    def mean_degree(self) -> float:
+        train = self.sets["train"]
+        return train.stacked.edge_index.shape[1] / max(1, train.stacked.num_nodes)
+
+    # -- loaders -------------------------------------------------------------------------------
+    def _loader(self, split: str) -> DataLoader:
+        return DataLoader(self.sets[split], batch_size=self.cfg["batch_size"], shuffle=split == "train",
+                          num_workers=self.cfg["num_workers"], persistent_workers=self.cfg["num_workers"] > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

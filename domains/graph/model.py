@@ -1,0 +1,142 @@
+"""GPS graph transformer (Rampášek et al. 2022) with the shared attention core, and its regression task.
+
+One GPS layer runs a local message-passing layer (GINEConv on bond features) and global attention in
+parallel, each with a residual and a norm, sums them, then applies an MLP with its own residual and
+norm. Global attention is either dense (every node of a graph attends over all nodes of that graph:
+``to_dense_batch`` + key-padding mask) or sparse (each node attends over its neighbours and itself
+through ``EdgeMultiheadAttention``). Elliptical variants get the previous layer's values in both modes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GINEConv, global_add_pool, global_mean_pool
+from torch_geometric.utils import add_self_loops, to_dense_batch
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+
+from common.attention import EdgeMultiheadAttention, MultiheadAttention
+from common.task import Task
+
+NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm}
+POOLS = {"add": global_add_pool, "mean": global_mean_pool}
+LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss}
+
+
+def gine(dim: int) -> GINEConv:
+    """The local MPNN of a GPS layer (GPS's GINE: a two-layer MLP on the aggregated messages)."""
+    return GINEConv(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim)))
+
+
+def _choice(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(table)}")
+    return table[name]
+
+
+class GlobalAttention(nn.Module):
+    """Attention of each node over its whole graph (``dense``) or over its incoming edges (``sparse``).
+    Returns the node outputs and this layer's values (the next layer's ``prev_values``)."""
+
+    def __init__(self, dim: int, heads: int, mode: str, *, dropout: float = 0.0, **attention):
+        super().__init__()
+        self.mode = mode
+        module = _choice({"dense": MultiheadAttention, "sparse": EdgeMultiheadAttention}, mode, "attention_mode")
+        self.attn = module(dim, heads, dropout=dropout, **attention)
+
+    def forward(self, x: Tensor, batch: Tensor, attn_edge_index: Tensor | None,
+                prev_values: Tensor | None) -> tuple[Tensor, Tensor]:
+        if self.mode == "sparse":
+            return self.attn(x, attn_edge_index, batch=batch, prev_values=prev_values)
+        dense, mask = to_dense_batch(x, batch)
+        out, _, values = self.attn(dense, dense, dense, key_padding_mask=~mask, prev_values=prev_values,
+                                   return_values=True)
+        return out[mask], values
+
+
+class GPSLayer(nn.Module):
+    """Post-norm GPS layer, shaped like PyG's ``GPSConv`` (MLP width 2·dim, ReLU)."""
+
+    def __init__(self, dim: int, heads: int, mode: str = "dense", *, dropout: float = 0.0,
+                 attn_dropout: float = 0.0, norm: str = "batch_norm", **attention):
+        super().__init__()
+        norm_cls = _choice(NORMS, norm, "norm")
+        self.local = gine(dim)
+        self.attn = GlobalAttention(dim, heads, mode, dropout=attn_dropout, **attention)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(2 * dim, dim), nn.Dropout(dropout))
+        self.norm_local, self.norm_attn, self.norm_out = norm_cls(dim), norm_cls(dim), norm_cls(dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, *,
+                attn_edge_index: Tensor | None = None, prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        local = self.norm_local(x + self.drop(self.local(x, edge_index, edge_attr)))
+        h, values = self.attn(x, batch, attn_edge_index, prev_values)
+        out = local + self.norm_attn(x + self.drop(h))
+        return self.norm_out(out + self.mlp(out)), values
+
+
+class CategoricalEmbedding(nn.Module):
+    """Sum of one embedding per categorical feature column (OGB's AtomEncoder/BondEncoder scheme)."""
+
+    def __init__(self, vocab: list[int], dim: int):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(n, dim) for n in vocab)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return sum(table(features[:, i]) for i, table in enumerate(self.tables))
+
+
+class GPSNet(nn.Module):
+    """Atom embedding ‖ projected RWSE → GPS layers → graph pooling → MLP head, one output per target."""
+
+    def __init__(self, node_vocab: list[int], edge_vocab: list[int], num_targets: int, *, dim: int, depth: int,
+                 heads: int, rwse_steps: int, pe_dim: int, attention_mode: str = "dense", dropout: float = 0.0,
+                 attn_dropout: float = 0.0, norm: str = "batch_norm", pool: str = "add", **attention):
+        super().__init__()
+        if not 0 < pe_dim < dim:
+            raise ValueError(f"pe_dim ({pe_dim}) must lie between 0 and dim ({dim})")
+        self.sparse = attention_mode == "sparse"
+        self.atoms = CategoricalEmbedding(node_vocab, dim - pe_dim)
+        self.pe_norm = nn.BatchNorm1d(rwse_steps)  # return probabilities differ in scale per step
+        self.pe = nn.Linear(rwse_steps, pe_dim)
+        self.bonds = CategoricalEmbedding(edge_vocab, dim)
+        self.layers = nn.ModuleList(
+            GPSLayer(dim, heads, attention_mode, dropout=dropout, attn_dropout=attn_dropout, norm=norm, **attention)
+            for _ in range(depth))
+        self.pool = _choice(POOLS, pool, "pool")
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_targets))
+
+    def forward(self, graph) -> Tensor:
+        x = torch.cat([self.atoms(graph.x), self.pe(self.pe_norm(graph.pe))], dim=-1)
+        edge_attr = self.bonds(graph.edge_attr)
+        # Sparse attention: neighbours plus the node itself, so an isolated atom still attends somewhere.
+        attn_edges = add_self_loops(graph.edge_index, num_nodes=x.shape[0])[0] if self.sparse else None
+        values = None
+        for layer in self.layers:
+            x, values = layer(x, graph.edge_index, edge_attr, graph.batch, attn_edge_index=attn_edges,
+                              prev_values=values)
+        return self.head(self.pool(x, graph.batch))
+
+
+class GraphTask(Task):
+    """Regression on standardised targets; ``mae`` and ``rmse`` are reported in the original units."""
+
+    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, loss: str = "l1"):
+        super().__init__(optim)
+        self.net = net
+        self.loss_fn = _choice(LOSSES, loss, "loss")
+        self.register_buffer("target_mean", target_mean.float())
+        self.register_buffer("target_std", target_std.float())
+        self.set_metrics(MetricCollection({"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)}))
+
+    def forward(self, graph) -> Tensor:
+        """Predictions in the targets' original units, [graphs, targets]."""
+        return self.net(graph) * self.target_std + self.target_mean
+
+    def step(self, graph, stage: str) -> Tensor:
+        pred = self.net(graph)
+        loss = self.loss_fn(pred, (graph.y - self.target_mean) / self.target_std)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=graph.num_graphs)
+        self.update_metrics(stage, pred.detach() * self.target_std + self.target_mean, graph.y)
+        return loss

@@ -1,0 +1,106 @@
+"""Point-MAE-style classifier trained from scratch: farthest-point centres, k-nearest-neighbour groups,
+a mini-PointNet per group as the token, an MLP positional embedding of the centre, the shared
+Transformer encoder, and a head on [cls token, max over tokens]. The task adds test accuracy under
+jitter and point dropout beside the clean accuracy."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from common.blocks import Encoder
+from common.task import ClassificationTask
+
+from .data import drop_points, jitter
+
+
+@torch.no_grad()
+def farthest_point_sample(points: Tensor, num: int) -> Tensor:
+    """Indices [B, num] of ``num`` farthest-point samples of each cloud [B, N, 3], starting from point 0
+    (as the PointNet++ kernel does); each next point is the one farthest from those chosen so far."""
+    batch, n, _ = points.shape
+    rows = torch.arange(batch, device=points.device)
+    chosen = torch.empty(batch, num, dtype=torch.long, device=points.device)
+    nearest = torch.full((batch, n), float("inf"), device=points.device, dtype=points.dtype)
+    current = torch.zeros(batch, dtype=torch.long, device=points.device)
+    for i in range(num):
+        chosen[:, i] = current
+        offset = points - points[rows, current][:, None]
+        nearest = torch.minimum(nearest, offset.pow(2).sum(-1))
+        current = nearest.argmax(-1)
+    return chosen
+
+
+@torch.no_grad()
+def knn(query: Tensor, points: Tensor, k: int) -> Tensor:
+    """Indices [B, M, k] of the ``k`` points of [B, N, 3] nearest to each query [B, M, 3], nearest first."""
+    return torch.cdist(query, points).topk(k, dim=-1, largest=False).indices
+
+
+def gather_points(points: Tensor, index: Tensor) -> Tensor:
+    """points [B, N, C] at index [B, ...] -> [B, ..., C]."""
+    flat = index.reshape(index.shape[0], -1, 1).expand(-1, -1, points.shape[-1])
+    return points.gather(1, flat).reshape(*index.shape, points.shape[-1])
+
+
+class MiniPointNet(nn.Module):
+    """Point-MAE's group encoder: a shared per-point MLP, the group max joined back to every point, a
+    second MLP, and a max over the group."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(3, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Linear(hidden, 2 * hidden))
+        self.second = nn.Sequential(nn.Linear(4 * hidden, 4 * hidden), nn.LayerNorm(4 * hidden), nn.GELU(),
+                                    nn.Linear(4 * hidden, dim))
+
+    def forward(self, groups: Tensor) -> Tensor:  # [B, G, k, 3] -> [B, G, dim]
+        features = self.first(groups)
+        pooled = features.amax(2, keepdim=True).expand_as(features)
+        return self.second(torch.cat([pooled, features], -1)).amax(2)
+
+
+class PointTransformer(nn.Module):
+    def __init__(self, num_classes: int, *, dim: int, depth: int, heads: int, num_groups: int, group_size: int,
+                 tokenizer_hidden: int, pos_hidden: int, head_hidden: int, head_dropout: float,
+                 mlp_ratio: float, dropout: float, attn_dropout: float, attention: dict):
+        super().__init__()
+        self.num_groups, self.group_size = num_groups, group_size
+        self.tokenizer = MiniPointNet(dim, tokenizer_hidden)
+        self.pos_embed = nn.Sequential(nn.Linear(3, pos_hidden), nn.GELU(), nn.Linear(pos_hidden, dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.cls_pos = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
+                               seq_len=num_groups + 1, **attention)
+        self.head = nn.Sequential(nn.Linear(2 * dim, head_hidden), nn.LayerNorm(head_hidden), nn.GELU(),
+                                  nn.Dropout(head_dropout), nn.Linear(head_hidden, num_classes))
+
+    def forward(self, points: Tensor) -> Tensor:  # [B, N, 3] -> logits [B, classes]
+        centres = gather_points(points, farthest_point_sample(points, self.num_groups))
+        groups = gather_points(points, knn(centres, points, self.group_size)) - centres[:, :, None]
+        tokens = self.tokenizer(groups) + self.pos_embed(centres)
+        cls = (self.cls_token + self.cls_pos).expand(points.shape[0], -1, -1)
+        x = self.encoder(torch.cat([cls, tokens], 1))
+        return self.head(torch.cat([x[:, 0], x[:, 1:].amax(1)], -1))
+
+
+class PointCloudTask(ClassificationTask):
+    """Classification plus ``test/acc_jitter`` and ``test/acc_dropout``: the same test clouds under
+    fixed-seed Gaussian jitter and point dropout (``robustness`` keys of the data YAML)."""
+
+    def __init__(self, net: nn.Module, num_classes: int, optim: dict, robustness: dict, label_smoothing: float = 0.0):
+        super().__init__(net, num_classes, optim, label_smoothing)
+        self.robustness = dict(robustness)
+        self.robust_acc = nn.ModuleDict({name: MulticlassAccuracy(num_classes, average="micro")
+                                         for name in ("acc_jitter", "acc_dropout")})
+
+    def test_step(self, batch, batch_idx):
+        super().test_step(batch, batch_idx)
+        points, labels = batch
+        # Seeded by the batch alone, so every variant and seed faces the same perturbation of a batch.
+        generator = torch.Generator(points.device).manual_seed(batch_idx)
+        cfg = self.robustness
+        perturbed = {"acc_jitter": jitter(points, cfg["jitter_sigma"], cfg["jitter_clip"], generator),
+                     "acc_dropout": drop_points(points, cfg["dropout_ratio"], generator)}
+        for name, cloud in perturbed.items():
+            self.robust_acc[name].update(self(cloud), labels)
+            self.log(f"test/{name}", self.robust_acc[name], on_step=False, on_epoch=True, batch_size=labels.shape[0])

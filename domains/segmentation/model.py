@@ -1,0 +1,178 @@
+"""Segmenter (Strudel et al. 2021): a ViT encoder over a grid of patch tokens and either the mask
+transformer decoder (learnable class embeddings processed jointly with the patch tokens; each class
+mask is the product of normalised patch and class embeddings) or the linear baseline decoder.
+
+Every attention layer, encoder and decoder, is a ``common.blocks.Encoder`` layer, so the variant under
+study runs everywhere. Other image sizes interpolate the positional embeddings; test images are
+predicted with a sliding window of the training crop.
+"""
+from __future__ import annotations
+
+from itertools import product
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
+
+from common.blocks import Encoder
+from common.task import Task
+
+from .corruptions import corrupt
+
+
+class LinearDecoder(nn.Module):
+    """Per-patch class logits from one linear map."""
+
+    def __init__(self, num_classes: int, enc_dim: int):
+        super().__init__()
+        self.head = nn.Linear(enc_dim, num_classes)
+
+    def forward(self, tokens: Tensor, grid: tuple[int, int]) -> Tensor:
+        return self.head(tokens).transpose(1, 2).unflatten(2, grid)
+
+
+class MaskTransformer(nn.Module):
+    """Class embeddings appended to the patch tokens go through Transformer layers together; the
+    class masks are the cosine similarities of patch and class embeddings, layer-normed over classes."""
+
+    def __init__(self, num_classes: int, enc_dim: int, *, dim: int, depth: int, heads: int, seq_len: int,
+                 mlp_ratio: float, dropout: float, attention: dict):
+        super().__init__()
+        self.proj_in = nn.Linear(enc_dim, dim)
+        self.class_embed = nn.Parameter(torch.randn(1, num_classes, dim) * 0.02)
+        self.blocks = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout,
+                              seq_len=seq_len + num_classes, **attention)
+        self.proj_patch = nn.Linear(dim, dim, bias=False)
+        self.proj_classes = nn.Linear(dim, dim, bias=False)
+        self.mask_norm = nn.LayerNorm(num_classes)
+
+    def forward(self, tokens: Tensor, grid: tuple[int, int]) -> Tensor:
+        x = torch.cat([self.proj_in(tokens), self.class_embed.expand(len(tokens), -1, -1)], dim=1)
+        x = self.blocks(x)
+        num_classes = self.class_embed.shape[1]
+        patches = F.normalize(self.proj_patch(x[:, :-num_classes]), dim=-1)
+        classes = F.normalize(self.proj_classes(x[:, -num_classes:]), dim=-1)
+        masks = self.mask_norm(patches @ classes.transpose(1, 2))  # [B, patches, classes]
+        return masks.transpose(1, 2).unflatten(2, grid)
+
+
+class Segmenter(nn.Module):
+    """Images [B, 3, H, W] in [0, 1] → class logits [B, classes, H, W] for any H, W."""
+
+    def __init__(self, num_classes: int, *, crop_size: int, patch_size: int, dim: int, depth: int, heads: int,
+                 mlp_ratio: float, dropout: float, decoder: str, decoder_dim: int, decoder_depth: int,
+                 decoder_heads: int, window_stride: int | None, pixel_mean: list[float], pixel_std: list[float],
+                 attention: dict):
+        super().__init__()
+        if crop_size % patch_size:
+            raise ValueError(f"crop_size {crop_size} is not a multiple of patch_size {patch_size}")
+        self.patch_size, self.crop_size = patch_size, crop_size
+        self.window_stride = window_stride or crop_size
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std).view(1, 3, 1, 1), persistent=False)
+        grid = crop_size // patch_size
+        self.patch_embed = nn.Conv2d(3, dim, patch_size, stride=patch_size)
+        self.pos_embed = nn.Parameter(torch.randn(1, dim, grid, grid) * 0.02)
+        self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, seq_len=grid**2, **attention)
+        if decoder == "mask":
+            self.decoder = MaskTransformer(num_classes, dim, dim=decoder_dim, depth=decoder_depth, heads=decoder_heads,
+                                           seq_len=grid**2, mlp_ratio=mlp_ratio, dropout=dropout, attention=attention)
+        elif decoder == "linear":
+            self.decoder = LinearDecoder(num_classes, dim)
+        else:
+            raise ValueError(f"unknown decoder {decoder!r}; choose mask or linear")
+
+    def forward(self, images: Tensor) -> Tensor:
+        height, width = images.shape[-2:]
+        x = (images - self.pixel_mean) / self.pixel_std
+        # Pad to whole patches; the logits of the padding are cut off again at the end.
+        x = F.pad(x, (0, -width % self.patch_size, 0, -height % self.patch_size))
+        tokens = self.patch_embed(x)
+        grid = tokens.shape[-2:]
+        pos = self.pos_embed
+        if pos.shape[-2:] != grid:
+            pos = F.interpolate(pos, size=grid, mode="bicubic", align_corners=False)
+        tokens = self.encoder((tokens + pos).flatten(2).transpose(1, 2))
+        logits = F.interpolate(self.decoder(tokens, tuple(grid)), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return logits[..., :height, :width]
+
+    def sliding_window(self, images: Tensor) -> Tensor:
+        """Logits averaged over crop-sized windows at ``window_stride``, the last window flush with the
+        border; a side shorter than the crop is taken whole. All windows run as one batch."""
+        height, width = images.shape[-2:]
+        win_h, win_w = min(self.crop_size, height), min(self.crop_size, width)
+        starts = lambda size, win: sorted({*range(0, size - win, self.window_stride), size - win})  # noqa: E731
+        corners = list(product(starts(height, win_h), starts(width, win_w)))
+        crops = torch.cat([images[..., y:y + win_h, x:x + win_w] for y, x in corners])
+        window_logits = self(crops).chunk(len(corners))
+        logits = images.new_zeros(len(images), window_logits[0].shape[1], height, width)
+        count = images.new_zeros(1, 1, height, width)
+        for (y, x), part in zip(corners, window_logits):
+            logits[..., y:y + win_h, x:x + win_w] += part
+            count[..., y:y + win_h, x:x + win_w] += 1
+        return logits / count
+
+
+class SegmentationTask(Task):
+    """Cross-entropy training on crops; sliding-window evaluation logging ``miou`` (primary), ``acc``
+    (pixel accuracy) and, at test, per-class IoU plus mIoU under every corruption × severity, averaged
+    into ``test/miou_corrupt``."""
+
+    def __init__(self, net: Segmenter, num_classes: int, ignore_index: int, class_names: list[str], optim: dict,
+                 corruptions: list[str], severities: list[int], seed: int):
+        super().__init__(optim)
+        self.net, self.ignore_index, self.class_names, self.seed = net, ignore_index, class_names, seed
+        # validate_args=False: checking every pixel label costs as much as a training step here.
+        jaccard = lambda average: MulticlassJaccardIndex(num_classes, average=average, ignore_index=ignore_index,  # noqa: E731
+                                                         validate_args=False)
+        self.set_metrics(MetricCollection({
+            "miou": jaccard("macro"),
+            "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False),
+        }))
+        self.class_iou = jaccard("none")
+        self.corruptions, self.severities = list(corruptions), list(severities)
+        self.conditions = [(name, severity) for name in corruptions for severity in severities]
+        self.corrupt_miou = nn.ModuleList(jaccard("macro") for _ in self.conditions)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images) if self.training else self.net.sliding_window(images)
+
+    def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
+        if not (masks != self.ignore_index).any():  # an all-ignore batch has no loss, not a NaN one
+            return logits.sum() * 0.0
+        return F.cross_entropy(logits, masks, ignore_index=self.ignore_index)
+
+    def step(self, batch, stage: str) -> Tensor:
+        images, masks = batch
+        logits = self(images)
+        loss = self.loss(logits, masks)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(images))
+        preds = logits.detach().argmax(1)
+        self.update_metrics(stage, preds, masks)
+        if stage == "test":
+            self.class_iou.update(preds, masks)
+        return loss
+
+    def test_step(self, batch, batch_idx):
+        self.step(batch, "test")
+        images, masks = batch
+        for i, ((name, severity), metric) in enumerate(zip(self.conditions, self.corrupt_miou)):
+            # Seeded per (run seed, batch, condition): the corrupted test set never depends on run order.
+            generator = torch.Generator(images.device).manual_seed(
+                self.seed * 1_000_003 + batch_idx * len(self.conditions) + i)
+            metric.update(self(corrupt(images, name, severity, generator)).argmax(1), masks)
+
+    def on_test_epoch_end(self) -> None:
+        for name, iou in zip(self.class_names, self.class_iou.compute()):
+            self.log(f"test/iou_{name}", iou)
+        self.class_iou.reset()
+        if not self.conditions:
+            return
+        scores = torch.stack([metric.compute() for metric in self.corrupt_miou])
+        self.log("test/miou_corrupt", scores.mean())
+        for name, score in zip(self.corruptions, scores.view(len(self.corruptions), -1).mean(1)):
+            self.log(f"test/miou_{name}", score)
+        for metric in self.corrupt_miou:
+            metric.reset()

@@ -1,0 +1,261 @@
+"""Keyword audio: spoken words synthesised with eSpeak NG (the offline default), Speech Commands v2, or any
+class-per-folder tree of audio files. Every source gives (waveform, label) items at one sample rate;
+batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+from omegaconf import DictConfig, OmegaConf
+from scipy.signal import resample_poly
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+from common.data import DataError, class_folder_files, require_path, seeded_split
+
+from .synth import SynthesisError, Utterance, synthesise
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+SPLITS = ("train", "val", "test")
+
+
+def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
+    """A mono float waveform at ``sample_rate`` (channels averaged, other rates resampled)."""
+    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    wave = torch.from_numpy(samples.mean(1))
+    return AF.resample(wave, rate, sample_rate) if rate != sample_rate else wave
+
+
+def readable(items: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
+    """The items whose audio header reads and that hold samples; the others are reported and skipped."""
+    kept = []
+    for path, label in items:
+        try:
+            frames = sf.info(path).frames
+        except (sf.LibsndfileError, RuntimeError) as err:
+            warnings.warn(f"skipping unreadable audio {path}: {err}")
+            continue
+        if frames == 0:
+            warnings.warn(f"skipping empty audio {path}")
+            continue
+        kept.append((path, label))
+    return kept
+
+
+class AudioClips(Dataset):
+    """Files read lazily, each cropped to ``max_samples``."""
+
+    def __init__(self, items: list[tuple[Path, int]], sample_rate: int, max_samples: int):
+        self.items, self.sample_rate, self.max_samples = items, sample_rate, max_samples
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.items[index]
+        return read_audio(path, self.sample_rate)[: self.max_samples], label
+
+
+def collate(batch: list[tuple[torch.Tensor, int]]):
+    waves, labels = zip(*batch)
+    lengths = torch.tensor([len(w) for w in waves])
+    return (pad_sequence(list(waves), batch_first=True), lengths), torch.tensor(labels)
+
+
+# ---------------------------------------------------------------------------------------------- real data
+def _keep_classes(items: list[tuple[Path, int]], names: list[str], keywords, root: Path):
+    """Restrict to ``keywords`` (None: every class folder), relabelled in keyword order."""
+    wanted = list(keywords) if keywords is not None else names
+    missing = sorted(set(wanted) - set(names))
+    if missing:
+        raise DataError(f"{root} has no class folder for {', '.join(missing)}")
+    label_of = {names.index(w): i for i, w in enumerate(wanted)}
+    return [(p, label_of[y]) for p, y in items if y in label_of], wanted
+
+
+def speech_commands_splits(root: str | Path, keywords=None) -> tuple[dict[str, list], list[str]]:
+    """Speech Commands v2: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt`` and
+    ``testing_list.txt`` naming the held-out files; everything else trains. ``_background_noise_`` is not
+    a word (``class_folder_files`` skips folders starting with an underscore)."""
+    root = require_path(root, "Speech Commands root")
+    lists = {}
+    for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
+        listed = require_path(root / name, "Speech Commands split list")
+        lists[split] = {line.strip() for line in listed.read_text().splitlines() if line.strip()}
+    items, names = class_folder_files(root, AUDIO_EXTENSIONS)
+    items, classes = _keep_classes(items, names, keywords, root)
+    splits = {split: [] for split in SPLITS}
+    for path, label in items:
+        rel = path.relative_to(root).as_posix()
+        split = "val" if rel in lists["val"] else "test" if rel in lists["test"] else "train"
+        splits[split].append((path, label))
+    return splits, classes
+
+
+def folder_splits(root: str | Path, keywords, fractions: tuple[float, float], seed: int) -> tuple[dict[str, list], list[str]]:
+    """Any ``<class>/<file>.wav`` tree, split at random (seeded) into train/val/test."""
+    items, names = class_folder_files(root, AUDIO_EXTENSIONS)
+    items, classes = _keep_classes(items, names, keywords, Path(root))
+    val, test = fractions
+    parts = seeded_split(len(items), (1.0 - val - test, val), seed)
+    return {split: [items[i] for i in part] for split, part in zip(SPLITS, parts)}, classes
+
+
+# ------------------------------------------------------------------------------------------ eSpeak NG data
+def _noise(kind: str, n: int, rng: np.random.Generator, babble: list[np.ndarray], talkers: int) -> np.ndarray:
+    """Unit-power-ish background noise: white, pink (1/f), brown (1/f^2) or babble (other talkers)."""
+    if kind == "babble":
+        out = np.zeros(n, dtype=np.float32)
+        for _ in range(talkers):
+            voice = babble[rng.integers(len(babble))]
+            start = rng.integers(max(1, len(voice) - n))
+            part = voice[start:start + n]
+            out[: len(part)] += part
+        return out
+    exponent = {"white": 0.0, "pink": 1.0, "brown": 2.0}.get(kind)
+    if exponent is None:
+        raise DataError(f"unknown noise type {kind!r}; choose from white, pink, brown, babble")
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    spectrum /= np.maximum(np.arange(len(spectrum)), 1) ** (exponent / 2)  # power falls as 1/f^exponent
+    return np.fft.irfft(spectrum, n).astype(np.float32)
+
+
+def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
+    """speech + noise scaled so that speech power / noise power = 10^(snr/10)."""
+    gain = np.sqrt(np.mean(speech**2) / (np.mean(noise**2) * 10 ** (snr_db / 10) + 1e-12))
+    return speech + gain * noise
+
+
+def _trim(wave: np.ndarray, threshold: float = 0.01) -> np.ndarray:
+    """Drop the leading and trailing silence eSpeak adds around a word."""
+    loud = np.flatnonzero(np.abs(wave) > threshold * np.abs(wave).max()) if len(wave) else []
+    return wave[loud[0]: loud[-1] + 1] if len(loud) else wave
+
+
+def _voice_splits(spec: DictConfig) -> dict[str, list[str]]:
+    splits = {split: list(spec.voices[split]) for split in SPLITS}
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        shared = set(splits[a]) & set(splits[b])
+        if shared:
+            raise DataError(f"eSpeak voices {', '.join(sorted(shared))} are in both {a} and {b}")
+    return splits
+
+
+def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, clip_seconds: float, out: Path) -> None:
+    """Write ``out/<split>/<word>/<variant>_<accent>_<n>.wav``: each clip one keyword in a random accent,
+    voice variant of its split, speed and pitch, at a random place in the clip, at a random level, under
+    background noise at a random SNR. Everything follows from ``spec.seed``."""
+    clip = int(round(clip_seconds * sample_rate))
+    accents, phrases, noises = list(spec.accents), list(spec.babble.phrases), list(spec.noise)
+    plans, requests = [], []
+    for split_index, (split, variants) in enumerate(_voice_splits(spec).items()):
+        rng = np.random.default_rng([spec.seed, split_index])
+
+        def utterance(text: str) -> tuple[Utterance, str, str]:
+            accent, variant = accents[rng.integers(len(accents))], variants[rng.integers(len(variants))]
+            return Utterance(text, f"{accent}+{variant}", int(rng.integers(*spec.rate, endpoint=True)),
+                             int(rng.integers(*spec.pitch, endpoint=True)),
+                             int(rng.integers(*spec.pitch_range, endpoint=True)), int(rng.integers(2**31))), accent, variant
+
+        babble = [len(requests) + i for i in range(spec.babble.pool)]
+        requests += [utterance(phrases[i % len(phrases)])[0] for i in range(spec.babble.pool)]
+        for word in keywords:
+            for n in range(spec.clips_per_word[split]):
+                u, accent, variant = utterance(word)
+                plans.append((split, babble, len(requests), out / split / word / f"{variant}_{accent}_{n:04d}.wav", rng))
+                requests.append(u)
+    try:
+        rate, waves = synthesise(requests)
+    except SynthesisError as err:
+        raise DataError(str(err)) from None
+    # scipy's polyphase filter: several times faster than torchaudio's sinc kernel for 22,050 -> 16,000 Hz
+    up, down = sample_rate // math.gcd(rate, sample_rate), rate // math.gcd(rate, sample_rate)
+    audio = [resample_poly(w.astype(np.float32) / 32768.0, up, down).astype(np.float32) for w in waves]
+    # The random draws of each split run in the order they were planned, so a rebuild is identical.
+    for split, babble, index, path, rng in plans:
+        word = _trim(audio[index])[:clip]
+        level = 10 ** (rng.uniform(*spec.level_db) / 20) / max(np.abs(word).max(), 1e-6)
+        speech = np.zeros(clip, dtype=np.float32)
+        start = rng.integers(clip - len(word) + 1)
+        speech[start:start + len(word)] = word * level
+        kind = noises[rng.integers(len(noises))]
+        noise = _noise(kind, clip, rng, [audio[i] for i in babble], spec.babble.talkers)
+        mixed = mix_at_snr(speech, noise, rng.uniform(*spec.snr_db))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(path, np.clip(mixed, -1.0, 1.0), sample_rate, subtype="PCM_16")
+
+
+def espeak_dataset(spec: DictConfig, keywords: list[str], sample_rate: int, clip_seconds: float, cache_dir: str | Path) -> Path:
+    """The generated tree for this recipe under ``cache_dir/speech``, generated on first use. A run
+    builds into a private folder and renames it into place, so concurrent runs never see half a tree."""
+    recipe = json.dumps([OmegaConf.to_container(spec), list(keywords), sample_rate, clip_seconds], sort_keys=True)
+    out = Path(cache_dir) / "speech" / f"espeak-{hashlib.sha1(recipe.encode()).hexdigest()[:10]}"
+    if not out.exists():
+        building = out.with_name(f"{out.name}.building-{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        generate_espeak(spec, keywords, sample_rate, clip_seconds, building)
+        (building / "recipe.json").write_text(recipe)
+        try:
+            building.rename(out)
+        except OSError:  # another run finished first: theirs is identical
+            shutil.rmtree(building, ignore_errors=True)
+    return out
+
+
+# -------------------------------------------------------------------------------------------- datamodule
+class SpeechDataModule(pl.LightningDataModule):
+    """``cfg`` is the domain's ``data`` section. ``classes`` is known after construction (the model
+    needs it); the audio is generated or indexed then too, so a bad root fails at build time."""
+
+    def __init__(self, cfg: DictConfig, cache_dir: str | Path):
+        super().__init__()
+        self.cfg = cfg
+        keywords = list(cfg.keywords) if cfg.keywords is not None else None
+        for word in keywords or []:
+            if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
+                raise DataError(f"data.keywords item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
+        if cfg.dataset == "espeak":
+            if not keywords:
+                raise DataError("the espeak dataset needs data.keywords (the words to synthesise)")
+            root = espeak_dataset(cfg.espeak, keywords, cfg.sample_rate, cfg.clip_seconds, cache_dir)
+            splits = {split: class_folder_files(root / split, (".wav",))[0] for split in SPLITS}
+            self.classes = sorted(keywords)  # class_folder_files labels folders in sorted order
+        elif cfg.root is None:
+            raise DataError(f"data.root is required for dataset {cfg.dataset!r}")
+        elif cfg.dataset == "speech_commands":
+            splits, self.classes = speech_commands_splits(cfg.root, keywords)
+        elif cfg.dataset == "folder":
+            splits, self.classes = folder_splits(cfg.root, keywords, (cfg.val_fraction, cfg.test_fraction), cfg.split_seed)
+        else:
+            raise DataError(f"unknown speech dataset {cfg.dataset!r}; choose from espeak, speech_commands, folder")
+        max_samples = int(round(cfg.clip_seconds * cfg.sample_rate))
+        self.datasets = {}
+        for split in SPLITS:
+            items = readable(splits[split])
+            if not items:
+                raise DataError(f"no readable audio in the {split} split of dataset {cfg.dataset!r}")
+            self.datasets[split] = AudioClips(items, cfg.sample_rate, max_samples)
+
+    def _loader(self, split: str) -> DataLoader:
+        return DataLoader(self.datasets[split], batch_size=self.cfg.batch_size, shuffle=split == "train",
+                          num_workers=self.cfg.num_workers, collate_fn=collate,
+                          persistent_workers=self.cfg.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

@@ -1,0 +1,167 @@
+"""Graph domain: featurisation, the three loaders (on fixtures in their on-disk formats), the GPS model in
+dense and sparse mode for every variant, and one smoke run through the runner."""
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch_geometric.data import Batch
+
+from common.attention import VARIANTS
+from common.data import DataError
+from domains.graph import data as graph_data
+from domains.graph.data import QM9_FILES, GraphDataModule, featurise, smiles_to_graph
+from domains.graph.model import GPSNet
+
+CONFIG = OmegaConf.load("configs/domain/graph.yaml")
+MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C", "N#CC#N", "OCC(O)CO", "CCN(CC)CC", "O=C=O"] * 3
+
+
+def data_cfg(**overrides) -> dict:
+    cfg = OmegaConf.to_container(CONFIG.data)
+    cfg.update(batch_size=4, rwse_steps=4, **overrides)
+    return cfg
+
+
+@pytest.mark.parametrize("smiles, atoms, bonds", [("CCO", 3, 2), ("c1ccccc1", 6, 6), ("CC(=O)O", 4, 3), ("C", 1, 0)])
+def test_featurisation_of_known_molecules(smiles, atoms, bonds):
+    graph = smiles_to_graph(smiles)
+    assert graph.x.shape == (atoms, 9) and graph.x.dtype == torch.long  # PyG's 9 atom features
+    assert graph.edge_index.shape == (2, 2 * bonds)  # both directions
+    assert graph.edge_attr.shape == (2 * bonds, 3)  # bond type, stereo, conjugation
+    if smiles == "c1ccccc1":
+        assert graph.x[:, 7].all()  # aromatic
+
+
+def test_unparsable_smiles_are_skipped_and_counted_once(capsys):
+    graphs = featurise(["CCO", "not a smiles", "C1CC", "CC"], torch.tensor([[1.0], [2.0], [3.0], [float("nan")]]), "test")
+    assert [g.y.item() for g in graphs] == [1.0]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["warning: skipped 3 of 4 molecules in test (unparsable SMILES or missing target)"]
+
+
+def write_qm9_fixture(root):
+    """Three CSVs shaped like qm9pack's (a few of its columns)."""
+    for i, name in enumerate(QM9_FILES):
+        rows = [f'"m{i}_{j}.xyz",{j},"{s}",{0.2 + 0.01 * j},{-0.3 + 0.01 * j}' for j, s in enumerate(MOLECULES)]
+        (root / name).write_text("XYZ_file,Index,SMILES,HOMO_LUMO_gap_au,HOMO_au\n" + "\n".join(rows) + "\n")
+
+
+def test_qm9_split_subset_and_cache(tmp_path, monkeypatch):
+    write_qm9_fixture(tmp_path)
+    cfg = data_cfg(root=str(tmp_path), subset=40, targets=["gap", "homo"])
+    dm = GraphDataModule(cfg, cache_dir=tmp_path / "cache")
+    dm.setup()
+    sizes = [len(dm.sets[s]) for s in ("train", "val", "test")]
+    assert sizes == [32, 4, 4]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.y.shape == (4, 2) and batch.pe.shape == (batch.num_nodes, 4)
+    assert dm.node_vocab[0] == 9 and dm.num_targets == 2  # atomic numbers up to oxygen (8)
+    mean, std = dm.target_stats()
+    train_y = dm.sets["train"].stacked.y
+    assert torch.allclose(mean, train_y.mean(0)) and (std > 0).all()
+
+    # A second run loads the cache instead of featurising; another subset size gets its own file.
+    monkeypatch.setattr(graph_data, "featurise", lambda *a: pytest.fail("featurised again"))
+    again = GraphDataModule(cfg, cache_dir=tmp_path / "cache")
+    again.setup()
+    assert torch.equal(again.sets["test"].stacked.y, dm.sets["test"].stacked.y)
+    assert GraphDataModule(dict(cfg, subset=20), tmp_path / "cache").cache_path() != dm.cache_path()
+
+
+def test_csv_loader_and_its_errors(tmp_path):
+    path = tmp_path / "mols.csv"
+    path.write_text("name,smiles,logp\n" + "\n".join(f"m{j},{s},{j}" for j, s in enumerate(MOLECULES + ["xyz?"])) + "\n")
+    dm = GraphDataModule(data_cfg(dataset="csv", root=str(path), targets=["logp"]), tmp_path / "cache")
+    dm.setup()
+    assert sum(len(dm.sets[s]) for s in ("train", "val", "test")) == len(MOLECULES)  # the bad SMILES is skipped
+    with pytest.raises(DataError, match="no column 'solubility'"):
+        GraphDataModule(data_cfg(dataset="csv", root=str(path), targets=["solubility"]), tmp_path / "c2").setup()
+    with pytest.raises(DataError, match="does not exist"):
+        GraphDataModule(data_cfg(dataset="csv", root=str(tmp_path / "none.csv")), tmp_path / "c3").setup()
+    with pytest.raises(DataError, match="does not exist"):
+        GraphDataModule(data_cfg(root=str(tmp_path / "no_qm9")), tmp_path / "c4").setup()
+
+
+def write_zinc_fixture(root):
+    """PyG's ZINC raw format: per split a pickle of molecule dicts (atom types, bond-type adjacency,
+    penalised logP) and a comma-separated index file selecting the 12k subset."""
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for split, n in (("train", 6), ("val", 3), ("test", 3)):
+        mols = []
+        for i in range(n):
+            atoms = 3 + i % 3
+            adj = torch.zeros(atoms, atoms, dtype=torch.long)
+            for a in range(atoms - 1):  # a chain with single/double bonds
+                adj[a, a + 1] = adj[a + 1, a] = 1 + a % 2
+            mols.append({"atom_type": torch.arange(atoms) % 4, "bond_type": adj,
+                         "logP_SA_cycle_normalized": torch.tensor([0.5 * i])})
+        with open(raw / f"{split}.pickle", "wb") as f:
+            pickle.dump(mols, f)
+        (raw / f"{split}.index").write_text(",".join(str(i) for i in range(n - 1)) + "\n")
+
+
+def test_zinc_fixture_in_pyg_format_loads(tmp_path):
+    write_zinc_fixture(tmp_path / "ZINC")
+    dm = GraphDataModule(data_cfg(dataset="zinc", root=str(tmp_path / "ZINC")), tmp_path / "cache")
+    dm.setup()
+    assert [len(dm.sets[s]) for s in ("train", "val", "test")] == [5, 2, 2]  # the index files select
+    graph = dm.sets["train"][1]
+    assert graph.x.shape == (4, 1) and graph.edge_attr.shape == (6, 1) and graph.y.shape == (1, 1)
+    assert dm.edge_vocab == [3] and dm.node_vocab == [4]
+    with pytest.raises(DataError, match="needs data.root"):
+        GraphDataModule(data_cfg(dataset="zinc"), tmp_path / "cache").setup()
+
+
+def tiny_batch() -> Batch:
+    from torch_geometric.transforms import AddRandomWalkPE
+
+    encode = AddRandomWalkPE(4, attr_name="pe")
+    return Batch.from_data_list([encode(smiles_to_graph(s)) for s in ("CCO", "c1ccccc1", "C", "CC(=O)O")])
+
+
+def tiny_net(mode: str, variant: str, norm: str = "batch_norm") -> GPSNet:
+    torch.manual_seed(0)
+    return GPSNet([119, 9, 11, 12, 9, 5, 8, 2, 2], [22, 6, 2], 1, dim=16, depth=3, heads=2, rwse_steps=4, pe_dim=4,
+                  attention_mode=mode, norm=norm, variant=variant, seq_len=6)
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_in_both_modes(mode, variant):
+    batch = tiny_batch()
+    net = tiny_net(mode, variant)
+    out = net(batch)
+    assert out.shape == (4, 1) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_elliptical_state_reaches_later_layers(mode):
+    """With the same weights, elliptical differs from standard only if layers 2+ got prev_values."""
+    batch = tiny_batch()
+    standard, elliptical = tiny_net(mode, "standard").eval(), tiny_net(mode, "elliptical").eval()
+    elliptical.load_state_dict(standard.state_dict())
+    assert not torch.allclose(standard(batch), elliptical(batch))
+
+
+def test_dense_padding_does_not_leak_between_graphs():
+    batch = tiny_batch()
+    net = tiny_net("dense", "quest", norm="layer_norm").eval()
+    alone = net(Batch.from_data_list(batch.to_data_list()[:1]))
+    assert torch.allclose(net(batch)[:1], alone, atol=1e-5)
+
+
+def test_smoke_run_through_the_runner(tmp_path):
+    from runners.train import train
+
+    record = train(["domain=graph", "preset=smoke", "attention=elliptical_quest", "model.attention_mode=sparse",
+                    f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
+    assert record["status"] == "ok", record["error"]
+    assert math.isfinite(record["metrics"]["test/mae"]) and math.isfinite(record["metrics"]["test/rmse"])
+    assert (tmp_path / "graph" / "elliptical_quest").is_dir()

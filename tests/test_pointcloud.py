@@ -1,0 +1,146 @@
+"""Point-cloud domain: FPS and kNN kernels, the ModelNet/folder loader on written fixtures, the shape
+generator, augmentations, every attention variant, and a smoke run through the runner."""
+import math
+
+import numpy as np
+import open3d as o3d
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from common.attention import VARIANTS
+from common.data import DataError
+from domains.pointcloud.data import PointCloudDataModule, drop_points
+from domains.pointcloud.model import PointTransformer, farthest_point_sample, gather_points, knn
+from domains.pointcloud.shapes import SHAPES, generate_shapes
+
+DOMAIN_YAML = OmegaConf.load("configs/domain/pointcloud.yaml")
+
+
+def data_cfg(**over):
+    return OmegaConf.merge(DOMAIN_YAML.data, {"num_points": 64, "batch_size": 4, "val_fraction": 0.5}, over)
+
+
+def covering_radius(points, chosen):
+    """How far the worst-covered point of the cloud is from its nearest chosen point."""
+    return torch.cdist(points, chosen).amin(-1).amax(-1)
+
+
+def test_fps_distinct_and_covers_better_than_random():
+    torch.manual_seed(0)
+    points = torch.rand(3, 400, 3)
+    idx = farthest_point_sample(points, 32)
+    assert all(len(set(row.tolist())) == 32 for row in idx)
+    fps_radius = covering_radius(points, gather_points(points, idx))
+    random_idx = torch.stack([torch.randperm(400)[:32] for _ in range(3)])
+    assert (fps_radius < covering_radius(points, gather_points(points, random_idx))).all()
+
+
+def test_knn_matches_brute_force():
+    torch.manual_seed(0)
+    points, query = torch.randn(2, 200, 3), torch.randn(2, 10, 3)
+    idx = knn(query, points, 7)
+    for b in range(2):
+        for m in range(10):
+            dist = [float(((query[b, m] - p) ** 2).sum()) for p in points[b]]
+            expected = sorted(range(200), key=dist.__getitem__)[:7]
+            assert idx[b, m].tolist() == expected
+
+
+def write_modelnet_tree(root):
+    """chair: OFF boxes (one with ModelNet's fused header, one unreadable); lamp: PLY meshes and a PLY
+    point cloud; each class with train/ and test/ folders."""
+    box, cone = o3d.geometry.TriangleMesh.create_box(), o3d.geometry.TriangleMesh.create_cone()
+    for split, count in (("train", 4), ("test", 2)):
+        (root / "chair" / split).mkdir(parents=True)
+        (root / "lamp" / split).mkdir(parents=True)
+        for i in range(count):
+            o3d.io.write_triangle_mesh(str(root / "chair" / split / f"chair_{i}.off"), box)
+            o3d.io.write_triangle_mesh(str(root / "lamp" / split / f"lamp_{i}.ply"), cone, write_ascii=True)
+    text = (root / "chair" / "train" / "chair_0.off").read_text()
+    (root / "chair" / "train" / "chair_0.off").write_text(text.replace("OFF\n", "OFF", 1))
+    (root / "chair" / "train" / "broken.off").write_text("not a mesh")
+    cloud = cone.sample_points_uniformly(100)
+    o3d.io.write_point_cloud(str(root / "lamp" / "test" / "scan.ply"), cloud)
+
+
+def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path):
+    write_modelnet_tree(tmp_path / "ModelNet2")
+    dm = PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "ModelNet2")), tmp_path / "cache", 0)
+    dm.setup()
+    assert dm.classes == ["chair", "lamp"]
+    assert dm.skipped == [str(tmp_path / "ModelNet2" / "chair" / "train" / "broken.off")]
+    test_points, test_labels = dm.splits["test"].tensors
+    assert sorted(test_labels.tolist()) == [0, 0, 1, 1, 1]
+    train_labels = torch.cat([dm.splits["train"].tensors[1], dm.splits["val"].tensors[1]])
+    assert sorted(train_labels.tolist()) == [0] * 4 + [1] * 4  # validation comes out of train
+    assert len(dm.splits["val"]) == 4
+    assert test_points.shape == (5, 64, 3)
+    radius = test_points.norm(dim=-1).amax(-1)
+    assert torch.allclose(radius, torch.ones(5)) and test_points.mean(1).abs().max() < 1e-5
+    # Points of a chair are box surface points, of a lamp cone points: the labels follow the folders.
+    chair = test_points[test_labels == 0]
+    assert (chair.abs().amax(-1) > 0.5).all()  # normalised box: every surface point is on a face
+
+
+def test_folder_without_splits_and_bad_roots(tmp_path):
+    write_modelnet_tree(tmp_path / "tree")
+    dm = PointCloudDataModule(data_cfg(dataset="folder", root=str(tmp_path / "tree"), test_fraction=0.25),
+                              tmp_path / "cache", 0)
+    dm.setup()
+    assert sum(len(s) for s in dm.splits.values()) == 13 and len(dm.skipped) == 1
+    with pytest.raises(DataError, match="does not exist"):
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "missing")), tmp_path, 0)
+    (tmp_path / "tree" / "empty_class").mkdir()
+    with pytest.raises(DataError, match="empty_class"):
+        PointCloudDataModule(data_cfg(dataset="folder", root=str(tmp_path / "tree")), tmp_path, 0)
+    flat = tmp_path / "flat" / "a"
+    flat.mkdir(parents=True)
+    o3d.io.write_triangle_mesh(str(flat / "a.off"), o3d.geometry.TriangleMesh.create_box())
+    with pytest.raises(DataError, match="ModelNet layout"):
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "flat")), tmp_path / "c2", 0).setup()
+
+
+def test_generated_shapes_deterministic_per_seed():
+    cfg = DOMAIN_YAML.data.shapes
+    assert len(SHAPES) >= 10
+    points, labels = generate_shapes(1, 48, seed=3, cfg=cfg)
+    again, _ = generate_shapes(1, 48, seed=3, cfg=cfg)
+    other, _ = generate_shapes(1, 48, seed=4, cfg=cfg)
+    assert points.shape == (len(SHAPES), 48, 3) and labels.tolist() == list(range(len(SHAPES)))
+    assert torch.equal(points, again) and not torch.equal(points, other)
+    assert torch.isfinite(points).all()
+
+
+def test_drop_points_keeps_size_and_only_kept_positions():
+    torch.manual_seed(0)
+    points = torch.randn(4, 200, 3)
+    out = drop_points(points, 0.5)
+    assert out.shape == points.shape
+    for b in range(4):
+        original = {tuple(p) for p in points[b].tolist()}
+        positions = {tuple(p) for p in out[b].tolist()}
+        assert positions <= original and 60 < len(positions) < 140
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_trains(variant):
+    torch.manual_seed(0)
+    net = PointTransformer(5, dim=16, depth=2, heads=2, num_groups=8, group_size=4, tokenizer_hidden=8, pos_hidden=8,
+                           head_hidden=8, head_dropout=0.0, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
+                           attention={"variant": variant, "qk_gain_init": None})
+    logits = net(torch.randn(3, 32, 3))
+    logits.sum().backward()
+    assert logits.shape == (3, 5) and torch.isfinite(logits).all()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_smoke_run_through_runner(tmp_path):
+    from runners.train import train
+
+    record = train(["domain=pointcloud", "preset=smoke", "attention=quest", f"output_dir={tmp_path}",
+                    f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"])
+    assert record["status"] == "ok", record["error"]
+    for key in ("test/acc", "test/macc", "test/acc_jitter", "test/acc_dropout"):
+        assert math.isfinite(record["metrics"][key]) and 0 <= record["metrics"][key] <= 1
+    assert np.isfinite(record["best_val"]["value"])

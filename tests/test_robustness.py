@@ -1,0 +1,131 @@
+"""Adversarial attacks, corruptions and the `quest robustness` command."""
+import importlib.util
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from common.robustness import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
+
+CFG = {"input_range": [0.0, 1.0], "eps": [0.05, 0.1, 0.2],
+       "pgd": {"steps": 10, "rel_step_size": 0.25, "random_start": True},
+       "corruptions": [], "severities": [1, 5], "autoattack": {"max_samples": 0, "version": "standard"},
+       "max_samples": None, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A fixed small nonlinear classifier and inputs in [0, 1] with their true labels."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).eval()
+    images = torch.rand(96, 1, 4, 4)
+    with torch.no_grad():
+        labels = model(images).argmax(-1)
+    return model, images, labels
+
+
+def loader(images, labels, batch=32):
+    return [(images[i:i + batch], labels[i:i + batch]) for i in range(0, len(labels), batch)]
+
+
+@pytest.mark.parametrize("input_range", [(0.0, 1.0), None])
+def test_attacks_respect_eps_and_range(tiny, input_range):
+    model, images, labels = tiny
+    for eps in (0.03, 0.3):
+        for adv in (fgsm(model, images, labels, eps, input_range),
+                    pgd(model, images, labels, eps, steps=5, step_size=eps / 4, input_range=input_range)):
+            assert (adv - images).abs().max() <= eps + 1e-6
+            if input_range is not None:
+                assert adv.min() >= 0 and adv.max() <= 1
+        if input_range is None:  # unbounded inputs may leave [0, 1]
+            assert fgsm(model, images, labels, 0.3).min() < 0
+
+
+def test_pgd_never_better_for_the_model_than_fgsm(tiny):
+    model, images, labels = tiny
+    results = evaluate_robustness(model, loader(images, labels), CFG)
+    assert results["acc_clean"] == 1.0 and results["n_samples"] == 96
+    for eps in CFG["eps"]:
+        assert results[f"acc_pgd_eps{eps:g}"] <= results[f"acc_fgsm_eps{eps:g}"]
+    assert results["acc_pgd_eps0.2"] < 1.0  # the attack does something
+    # PGD's per-sample loss is at least FGSM's (it keeps the strongest iterate) on this model.
+    loss = nn.functional.cross_entropy
+    with torch.no_grad():
+        for eps in CFG["eps"]:
+            a_fgsm = fgsm(model, images, labels, eps, (0.0, 1.0))
+            a_pgd = pgd(model, images, labels, eps, steps=10, step_size=eps / 4, input_range=(0.0, 1.0),
+                        generator=torch.Generator().manual_seed(0))
+            fooled_fgsm = model(a_fgsm).argmax(-1) != labels
+            fooled_pgd = model(a_pgd).argmax(-1) != labels
+            assert not (fooled_fgsm & ~fooled_pgd).any()
+            assert loss(model(a_pgd), labels) >= loss(model(a_fgsm), labels)
+
+
+def test_attack_is_deterministic_per_seed(tiny):
+    model, images, labels = tiny
+    runs = [pgd(model, images, labels, 0.1, steps=3, step_size=0.03, input_range=(0.0, 1.0),
+                generator=torch.Generator().manual_seed(seed)) for seed in (0, 0, 1)]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    cfg = {**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]}
+    assert evaluate_robustness(model, loader(images, labels), cfg) == evaluate_robustness(model, loader(images, labels), cfg)
+
+
+def test_tuple_inputs_perturb_only_the_first_element():
+    class Masked(nn.Module):  # (features [B, T, F], lengths [B]) -> logits
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 5)
+
+        def forward(self, inputs):
+            features, lengths = inputs
+            mask = torch.arange(features.shape[1])[None, :, None] < lengths[:, None, None]
+            return self.linear((features * mask).sum(1) / lengths[:, None])
+
+    torch.manual_seed(0)
+    model, features, lengths = Masked(), torch.randn(8, 6, 3) * 3, torch.randint(1, 7, (8,))
+    labels = torch.randint(0, 5, (8,))
+    adv = pgd(model, (features, lengths), labels, 0.5, steps=3, step_size=0.2)
+    assert adv.shape == features.shape and (adv - features).abs().max() <= 0.5 + 1e-6
+    cfg = {**CFG, "input_range": None, "eps": [0.5], "max_samples": 6}
+    results = evaluate_robustness(model, [((features, lengths), labels)], cfg)
+    assert results["n_samples"] == 6 and set(results) == {"acc_clean", "acc_fgsm_eps0.5", "acc_pgd_eps0.5", "n_samples"}
+    with pytest.raises(ValueError, match="corruptions"):
+        evaluate_robustness(model, [((features, lengths), labels)], {**cfg, "corruptions": ["contrast"]})
+
+
+def test_corruptions_stay_in_range_and_grow_with_severity():
+    images = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for name in CORRUPTIONS:
+        outs = [corrupt(images, name, s, torch.Generator().manual_seed(0)) for s in (1, 5)]
+        for out in outs:
+            assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1
+        assert (outs[1] - images).abs().mean() > (outs[0] - images).abs().mean(), name
+    assert corrupt(images[:, :1], "jpeg_compression", 3).shape == (4, 1, 32, 32)  # grayscale
+    with pytest.raises(ValueError, match="unknown corruption"):
+        corrupt(images, "fog", 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyautoattack") is None, reason="pyautoattack not installed")
+def test_autoattack_respects_eps(tiny):
+    model, images, labels = tiny
+    cfg = {**CFG, "eps": [0.5], "autoattack": {"max_samples": 4, "version": "standard"}, "max_samples": 8}
+    results = evaluate_robustness(model, loader(images, labels, batch=4), cfg)
+    assert results["acc_autoattack_eps0.5"] <= results["acc_clean"]
+
+
+def test_quest_robustness_adds_results_to_the_record(tmp_path):
+    from runners.cli import main
+    from runners.train import train
+
+    record = train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}",
+                    f"cache_dir={tmp_path}/cache"])
+    assert record["status"] == "ok"
+    run_dir = next(tmp_path.glob("vision/standard/*"))
+    assert main(["robustness", str(run_dir), "robustness.eps=[0.05]", "robustness.max_samples=16"]) == 0
+    saved = json.loads((run_dir / "record.json").read_text())
+    rob = saved["robustness"]
+    assert rob["n_samples"] == 16 and 0 <= rob["acc_pgd_eps0.05"] <= rob["acc_fgsm_eps0.05"] + 1e-9
+    assert "acc_jpeg_compression_s5" in rob and "acc_corruption_mean" in rob
+    assert saved["robustness_config"]["eps"] == [0.05]
+    assert main(["robustness", str(tmp_path / "missing")]) == 2
