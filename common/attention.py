@@ -167,7 +167,28 @@ def attend(
     broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
     """
     qf, kf, scale = fold_qk(q, k, variant, gain=gain, q_scale=q_scale, k_scale=k_scale, metric=metric, eps=eps)
-    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q.shape[-2], k.shape[-2], q.dtype)
+    return attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=attn_bias, causal=causal,
+                         dropout_p=dropout_p)
+
+
+def attend_folded(
+    qf: Tensor,
+    kf: Tensor,
+    v: Tensor,
+    scale: float,
+    *,
+    key_padding_mask: Tensor | None = None,
+    attn_bias: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    probe: probes.Probe | None = None,
+    raw_qk: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """SDPA on (q, k) already folded by ``fold_qk``; an enabled ``probe`` records its statistics, with
+    the norms taken from ``raw_qk`` (q, k before folding)."""
+    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, qf.shape[-2], kf.shape[-2], qf.dtype)
+    if probe is not None and probe.enabled:
+        probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, mask, key_padding_mask)
     out = F.scaled_dot_product_attention(
         qf, kf, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
     )
@@ -307,24 +328,17 @@ class MultiheadAttention(nn.Module):
         if self.variant.elliptical and prev_values is not None and prev_values.shape == v.shape:
             metric = elliptical_metric(v, prev_values, key_padding_mask, self.qk.eps)
         qf, kf, scale = self.qk(q, k, metric)
-        mask, empty = merge_masks(key_padding_mask, bias, is_causal, q_len, k.shape[-2], q.dtype)
-        if self.probe.enabled:
-            self.probe.record_dense(q, k, qf, kf, scale, mask, key_padding_mask)
-
-        out = F.scaled_dot_product_attention(
-            qf, kf, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal and mask is None, scale=scale,
-        )
-        if empty is not None:
-            out = out.masked_fill(empty[:, None, None, None], 0.0)
+        out = attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=bias, causal=is_causal,
+                            dropout_p=self.dropout if self.training else 0.0, probe=self.probe, raw_qk=(q, k))
         out = self.out_proj(out.transpose(1, 2).flatten(2))
         if not self.batch_first:
             out = out.transpose(0, 1)
 
         weights = None
-        if need_weights:
-            if is_causal and mask is None:
-                mask = torch.ones(q_len, k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        if need_weights:  # explicit, so only on request
+            mask, _ = merge_masks(key_padding_mask, bias, is_causal, q_len, k.shape[-2], q.dtype)
+            if mask is None and is_causal:
+                mask = torch.ones(q_len, k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q_len)
             weights = probes.explicit_attention(qf, kf, scale, mask)[1]
             weights = weights.mean(1) if average_attn_weights else weights
         if return_values:

@@ -24,11 +24,10 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common import probes
-from common.attention import EdgeMultiheadAttention, MultiheadAttention, QKFold, get_variant, merge_masks
+from common.attention import EdgeMultiheadAttention, MultiheadAttention, QKFold, attend_folded, get_variant
 
 # Class names that suggest a module computes attention: such modules, if not converted, are reported.
 _ATTENTION_LIKE = re.compile(r"attention|attn", re.IGNORECASE)
@@ -105,11 +104,8 @@ class PatchedTimmAttention(nn.Module):
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = x.new_zeros(attn_mask.shape).masked_fill(~attn_mask, float("-inf"))
         qf, kf, scale = self.qk(q, k)
-        mask, _ = merge_masks(None, attn_mask, is_causal, tokens, tokens, q.dtype)
-        if self.probe.enabled:
-            self.probe.record_dense(q, k, qf, kf, scale, mask, None)
-        x = F.scaled_dot_product_attention(qf, kf, v, attn_mask=mask, scale=scale, is_causal=is_causal and mask is None,
-                                           dropout_p=self.attn_drop.p if self.training else 0.0)
+        x = attend_folded(qf, kf, v, scale, attn_bias=attn_mask, causal=is_causal, probe=self.probe, raw_qk=(q, k),
+                          dropout_p=self.attn_drop.p if self.training else 0.0)
 
         x = x.transpose(1, 2).reshape(batch, tokens, self.num_heads * self.head_dim)
         if getattr(self, "norm", None) is not None:  # older timm releases have neither norm nor gate

@@ -133,12 +133,13 @@ class ProbeCallback(pl.Callback):
         per_layer = {name: p.stats for name, p in found.items() if p.stats}
         if not per_layer:
             return
-        for name, stats in per_layer.items():
-            for stat, value in stats.items():
-                pl_module.log(f"probe/{name}/{stat}", value, on_step=True, on_epoch=False)
         self.latest = summarize(per_layer)
-        for stat, value in self.latest.items():
-            pl_module.log(f"probe/{stat}", value, on_step=True, on_epoch=False)
+        # Straight to the loggers: self.log would drop steps that miss Trainer(log_every_n_steps).
+        metrics = {f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items() for stat, v in stats.items()}
+        metrics.update({f"probe/{stat}": v for stat, v in self.latest.items()})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         max_logit = self.latest["max_logit"]
         if not math.isfinite(max_logit) or (self.max_logit_bound is not None and max_logit > self.max_logit_bound):
             mark = getattr(pl_module, "mark_diverged", None)

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from omegaconf import OmegaConf
+
+
+SUBCOMMANDS = {"sweep": "runners.sweep", "aggregate": "runners.aggregate", "bench": "runners.bench",
+               "robustness": "runners.robustness"}
 
 
 def _train(args) -> int:
@@ -50,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_train)
     p = sub.add_parser("list", help="domains, datasets and attention variants")
     p.set_defaults(func=_list)
-    for name, module in (("sweep", "runners.sweep"), ("aggregate", "runners.aggregate"),
-                         ("bench", "runners.bench"), ("robustness", "runners.robustness")):
-        p = sub.add_parser(name, help=f"see `quest {name} --help`", add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda a, m=module: __import__(m, fromlist=["main"]).main(a.rest))
+    for name, module in SUBCOMMANDS.items():
+        sub.add_parser(name, help=f"see `quest {name} --help`")
 
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv and argv[0] in SUBCOMMANDS:  # these parse their own arguments
+            return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        args = parser.parse_args(argv)
         return args.func(args)
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)

@@ -1,0 +1,73 @@
+"""Figures for RESULTS.md: each domain's primary metric per variant, and its stability probes over
+training (cross-layer max logit, key and query norms, entropy, plus any other `probe/<name>` a domain
+logs), averaged over the runs of each variant."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from runners.aggregate import _order  # noqa: E402
+
+
+def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """stat -> DataFrame indexed by step, one column per variant (mean over its runs)."""
+    frames = []
+    for run in runs.itertuples():
+        log = Path(run.run_dir) / "metrics.csv"
+        if not log.exists():
+            continue
+        table = pd.read_csv(log)
+        cols = [c for c in table.columns if c.startswith("probe/") and c.count("/") == 1]
+        if cols:
+            long = table[["step"] + cols].melt("step", var_name="stat").dropna()
+            frames.append(long.assign(variant=run.variant))
+    if not frames:
+        return {}
+    data = pd.concat(frames)
+    data["stat"] = data["stat"].str.removeprefix("probe/")
+    return {stat: g.pivot_table(index="step", columns="variant", values="value", aggfunc="mean")
+            for stat, g in data.groupby("stat")}
+
+
+def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[str, list[str]]:
+    """Write PNGs per domain; returns domain -> paths relative to ``relative_to`` for linking."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[str]] = {}
+    for domain, group in runs.groupby("domain"):
+        primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
+        ok = group[group["status"] == "ok"]
+        paths = []
+        if primary in ok and ok[primary].notna().any():
+            stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(_order(ok["variant"]))
+            fig, ax = plt.subplots(figsize=(7, 3.2))
+            ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
+            ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
+            ax.set_title(f"{domain}: {primary} per variant")
+            ax.tick_params(axis="x", rotation=30)
+            fig.tight_layout()
+            paths.append(folder / f"{domain}_{primary}.png")
+            fig.savefig(paths[-1], dpi=110)
+            plt.close(fig)
+        curves = _probe_curves(group)
+        if curves:
+            fig, axes = plt.subplots(1, len(curves), figsize=(3.3 * len(curves), 3), squeeze=False)
+            for ax, (stat, table) in zip(axes[0], sorted(curves.items())):
+                for variant in _order(table.columns):
+                    ax.plot(table.index, table[variant], label=variant, lw=1.2)
+                ax.set_title(stat, fontsize=9)
+                ax.set_xlabel("step")
+                if "norm" in stat or "logit" in stat:
+                    ax.set_yscale("symlog")
+            axes[0][-1].legend(fontsize=7, loc="best")
+            fig.suptitle(f"{domain}: stability probes over training", fontsize=10)
+            fig.tight_layout()
+            paths.append(folder / f"{domain}_probes.png")
+            fig.savefig(paths[-1], dpi=110)
+            plt.close(fig)
+        written[domain] = [str(p.relative_to(relative_to)) for p in paths]
+    return written
