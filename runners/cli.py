@@ -7,15 +7,19 @@ import sys
 
 from omegaconf import OmegaConf
 
+SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.sweep",
+               "aggregate": "runners.aggregate", "bench": "runners.bench", "robustness": "runners.robustness"}
 
-SUBCOMMANDS = {"sweep": "runners.sweep", "aggregate": "runners.aggregate", "bench": "runners.bench",
-               "robustness": "runners.robustness"}
 
-
-def _train(args) -> int:
+def train_main(argv: list[str]) -> int:
     from runners.config import compose
     from runners.train import run
 
+    parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
+                                     "write the record.")
+    parser.add_argument("overrides", nargs="*", help="domain=<name> preset=<p> attention=<variant> seed=<n> key.sub=value ...")
+    parser.add_argument("--print-config", action="store_true", help="show the composed config and exit")
+    args = parser.parse_intermixed_args(argv)
     cfg = compose(args.overrides)
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
@@ -28,15 +32,19 @@ def _train(args) -> int:
     return 0
 
 
-def _list(args) -> int:
+def list_main(argv: list[str]) -> int:
     from common.attention import VARIANTS
-    from common.registry import get_domain
-    from runners.train import discover  # noqa: F401  (registers the project's domains package)
-    from common.registry import domain_names
+    from common.registry import domain_names, get_domain
+    import runners.train  # noqa: F401  (makes the project's domains package known)
 
+    argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
     print("domains:")
     for name in domain_names():
-        d = get_domain(name)
+        try:
+            d = get_domain(name)
+        except Exception as err:  # one broken plugin must not hide the others
+            print(f"  {name:14s} (cannot load: {type(err).__name__}: {err})")
+            continue
         print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}")
     print("variants:", ", ".join(VARIANTS))
     return 0
@@ -47,23 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     from common.records import RecordError
     from runners.config import ConfigError
 
-    parser = argparse.ArgumentParser(prog="quest", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="one run: quest train domain=<name> attention=<variant> [key=value ...]")
-    p.add_argument("overrides", nargs="*")
-    p.add_argument("--print-config", action="store_true", help="show the composed config and exit")
-    p.set_defaults(func=_train)
-    p = sub.add_parser("list", help="domains, datasets and attention variants")
-    p.set_defaults(func=_list)
-    for name, module in SUBCOMMANDS.items():
-        sub.add_parser(name, help=f"see `quest {name} --help`")
-
     argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(__doc__.strip() + "\nusage: quest {" + ",".join(SUBCOMMANDS) + "} ... (each takes --help)", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    command = argv[0]
     try:
-        if argv and argv[0] in SUBCOMMANDS:  # these parse their own arguments
-            return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-        args = parser.parse_args(argv)
-        return args.func(args)
+        module = importlib.import_module(SUBCOMMANDS[command])
+        entry = getattr(module, f"{command}_main", None) or module.main
+        return entry(argv[1:])
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2

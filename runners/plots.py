@@ -34,11 +34,11 @@ def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
             for stat, g in data.groupby("stat")}
 
 
-def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[str, list[str]]:
-    """Write PNGs per domain; returns domain -> paths relative to ``relative_to`` for linking."""
+def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, str], list[str]]:
+    """Write PNGs per domain and preset; returns (domain, preset) -> paths relative to ``relative_to`` for linking."""
     folder.mkdir(parents=True, exist_ok=True)
-    written: dict[str, list[str]] = {}
-    for domain, group in runs.groupby("domain"):
+    written: dict[tuple[str, str], list[str]] = {}
+    for (domain, preset), group in runs.groupby(["domain", "preset"]):
         primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
         ok = group[group["status"] == "ok"]
         paths = []
@@ -47,10 +47,10 @@ def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[str
             fig, ax = plt.subplots(figsize=(7, 3.2))
             ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
             ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
-            ax.set_title(f"{domain}: {primary} per variant")
+            ax.set_title(f"{domain} ({preset}): {primary} per variant")
             ax.tick_params(axis="x", rotation=30)
             fig.tight_layout()
-            paths.append(folder / f"{domain}_{primary}.png")
+            paths.append(folder / f"{domain}_{preset}_{primary}.png")
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
         curves = _probe_curves(group)
@@ -64,10 +64,10 @@ def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[str
                 if "norm" in stat or "logit" in stat:
                     ax.set_yscale("symlog")
             axes[0][-1].legend(fontsize=7, loc="best")
-            fig.suptitle(f"{domain}: stability probes over training", fontsize=10)
+            fig.suptitle(f"{domain} ({preset}): stability probes over training", fontsize=10)
             fig.tight_layout()
-            paths.append(folder / f"{domain}_probes.png")
+            paths.append(folder / f"{domain}_{preset}_probes.png")
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
-        written[domain] = [str(p.relative_to(relative_to)) for p in paths]
+        written[(domain, preset)] = [str(p.relative_to(relative_to)) for p in paths]
     return written

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import time
 import traceback
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from runners.config import compose, run_directory
 
 discover("domains")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The run directory also holds config.yaml and checkpoints; Lightning's CSV logger warns about any neighbour.
+warnings.filterwarnings("ignore", message="Experiment logs directory .* exists")
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
 
 

@@ -1,0 +1,207 @@
+import math
+import os
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from common.attention import MultiheadAttention
+from common.records import RecordError, read_record, write_record
+from common.registry import register_domain, unregister_domain
+from common.task import Task
+from runners import aggregate, sweep
+from runners.cli import main as cli
+from runners.config import ConfigError, compose, run_directory
+from runners.train import train
+
+
+class ToyData(pl.LightningDataModule):
+    def __init__(self, n: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n, 4, 8, generator=g)
+        self.data = TensorDataset(x, x.sum((1, 2)))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, 16)
+
+    val_dataloader = test_dataloader = train_dataloader
+
+
+class ToyTask(Task):
+    def __init__(self, cfg):
+        super().__init__(cfg.optim)
+        self.attn = MultiheadAttention(8, 2, **cfg.attention)
+        self.head = torch.nn.Linear(8, 1)
+        self.nan_after = cfg.model.nan_after
+
+    def step(self, batch, stage):
+        x, y = batch
+        loss = ((self.head(self.attn(x)[0].mean(1)).squeeze(-1) - y) ** 2).mean()
+        if stage == "train" and 0 <= self.nan_after <= self.global_step:
+            loss = loss * float("nan")
+        self.log(f"{stage}/mse", loss)
+        return loss
+
+
+TOY_CONFIG = {
+    "data": {"n": 64},
+    "model": {"nan_after": -1},
+    "trainer": {"max_epochs": 2},
+    "presets": {"smoke": {}, "demo": {"trainer": {"max_epochs": 1}}},
+}
+
+
+@pytest.fixture
+def toy_domain():
+    """A domain registered from the test itself: the plugin contract, no project file touched."""
+
+    @register_domain("toy", metric="mse", mode="min", config=TOY_CONFIG)
+    def build(cfg):
+        return ToyData(cfg.data.n), ToyTask(cfg)
+
+    yield "toy"
+    unregister_domain("toy")
+
+
+def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
+    assert cli(["train", "domain=toy", "preset=smoke", "attention=qknorm", *run_args]) == 0
+    assert capsys.readouterr().out.startswith("ok: toy/qknorm seed 0 test/mse=")
+    cfg = compose(["domain=toy", "preset=smoke", "attention=qknorm", *run_args])
+    record = read_record(run_directory(cfg))
+    assert record["status"] == "ok" and record["variant"] == "qknorm" and record["params"] > 0
+    assert math.isfinite(record["metrics"]["test/mse"]) and record["best_val"]["epoch"] in (0, 1)
+    assert set(record["probes"]) >= {"max_logit", "k_norm_max", "q_norm_mean", "entropy"}
+    assert (run_directory(cfg) / "checkpoints" / "best.ckpt").exists()
+    assert (run_directory(cfg) / "metrics.csv").exists()
+
+
+def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
+    cases = {
+        "optim.lrr=1": "unknown config key 'optim.lrr' (command line); valid keys at optim: betas, lr",
+        "optim.lr=fast": "config key 'optim.lr' (command line) expects float",
+        "attention=questt": "unknown attention variant 'questt'; choose from standard, quest",
+        "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",
+        "trainer=3": "config key 'trainer' (command line) is a section",
+        "novalue": "override 'novalue' is not of the form key=value",
+    }
+    for arg, message in cases.items():
+        assert cli(["train", "domain=toy", arg, *run_args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert cli(["train", "domain=nope"]) == 2
+    assert "unknown domain 'nope'; choose from" in capsys.readouterr().err
+
+
+def test_composition_order_and_print_config(toy_domain, run_args, capsys):
+    cfg = compose(["domain=toy", "preset=demo", "attention=standard", "optim.lr=0.5", "trainer.max_epochs=7", *run_args])
+    assert cfg.trainer.max_epochs == 7 and cfg.optim.lr == 0.5 and cfg.attention.variant == "standard"
+    assert compose(["domain=toy", "preset=demo", *run_args]).trainer.max_epochs == 1  # preset over domain
+    assert compose(["domain=toy", "preset=smoke", *run_args]).trainer.max_epochs == 2  # domain over base
+    assert cli(["train", "domain=toy", "--print-config", "seed=3", *run_args]) == 0
+    assert "seed: 3" in capsys.readouterr().out
+
+
+def test_run_directory_depends_on_config_not_clock_or_output_flags(toy_domain, tmp_path):
+    a = compose(["domain=toy", "seed=1", f"output_dir={tmp_path}"])
+    b = compose(["domain=toy", "seed=1", f"output_dir={tmp_path}", "trainer.enable_progress_bar=false", "threads=1"])
+    c = compose(["domain=toy", "seed=1", f"output_dir={tmp_path}", "optim.lr=0.1"])
+    assert run_directory(a) == run_directory(b) != run_directory(c)
+    assert run_directory(a).parent.name == "quest" and run_directory(a).name.startswith("seed1-")
+
+
+def test_same_seed_same_metrics(toy_domain, tmp_path):
+    first = train(["domain=toy", f"output_dir={tmp_path}/a", "trainer.enable_progress_bar=false"])
+    second = train(["domain=toy", f"output_dir={tmp_path}/b", "trainer.enable_progress_bar=false"])
+    assert first["metrics"] == second["metrics"]
+
+
+def test_non_finite_loss_is_a_diverged_result(toy_domain, run_args):
+    record = train(["domain=toy", "model.nan_after=3", *run_args])
+    assert record["status"] == "diverged" and record["divergence"]["step"] == 3
+    assert "non-finite" in record["divergence"]["reason"]
+
+
+def test_logit_bound_ends_the_run_as_diverged(toy_domain, run_args):
+    record = train(["domain=toy", "probes.every_n_steps=1", "probes.max_logit_bound=0.0", *run_args])
+    assert record["status"] == "diverged" and "max attention logit" in record["divergence"]["reason"]
+
+
+def test_records_round_trip_and_reject_malformed(tmp_path):
+    record = fake_record("a", "quest", 0, 1.0)
+    assert read_record(write_record(tmp_path / "ok", record)) == record
+    with pytest.raises(RecordError, match="missing field"):
+        write_record(tmp_path, {})
+    with pytest.raises(RecordError, match="status 'fine' is not one of ok, diverged, failed"):
+        write_record(tmp_path, {**record, "status": "fine"})
+    (tmp_path / "record.json").write_text("{not json")
+    with pytest.raises(RecordError, match="not valid JSON"):
+        read_record(tmp_path)
+    with pytest.raises(RecordError, match="no such record"):
+        read_record(tmp_path / "elsewhere")
+
+
+def fake_record(domain, variant, seed, value, status="ok", mode="min"):
+    return {
+        "schema": 1, "domain": domain, "dataset": "d", "variant": variant, "seed": seed, "preset": "study",
+        "status": status, "config": {}, "metrics": {"test/mse": value} if status == "ok" else {},
+        "primary_metric": "mse", "mode": mode, "best_val": {"value": None, "epoch": None},
+        "divergence": {"step": 5, "reason": "x"} if status == "diverged" else None, "error": None,
+        "probes": {}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {}, "git_commit": None,
+    }
+
+
+def test_aggregate_tables(tmp_path):
+    values = {"standard": [1.0, 2.0, 3.0], "quest": [0.5, 1.0, 2.0]}
+    for variant, vals in values.items():
+        for seed, v in enumerate(vals):
+            write_record(tmp_path / f"{variant}{seed}", fake_record("a", variant, seed, v))
+    write_record(tmp_path / "div", fake_record("a", "quest", 3, 0.0, status="diverged"))
+    for seed, (variant, v) in enumerate([("standard", 1.0), ("quest", 2.0)]):
+        write_record(tmp_path / f"b{seed}", fake_record("b", variant, 0, v))
+    runs = aggregate.load_runs(tmp_path)
+    table = aggregate.domain_table(runs[runs["domain"] == "a"])
+    assert table.loc["quest", "mse ↓"] == "**1.167 ± 0.76**" and table.loc["standard", "mse ↓"] == "2 ± 1"
+    assert table.loc["quest", "diverged"] == 1 and table.loc["quest", "runs"] == 3
+    from scipy.stats import ttest_rel
+    p = ttest_rel([0.5, 1.0, 2.0], [1.0, 2.0, 3.0]).pvalue
+    assert table.loc["quest", "Δmse vs standard (p)"] == f"{-0.8333:+.3g} (p={p:.2g}, n=3)"
+    summary = aggregate.summary_table(runs)
+    assert summary.loc["quest", "rank a (study)"] == "1" and summary.loc["quest", "rank b (study)"] == "2"
+    assert summary.loc["quest", "mean rank"] == "1.50"
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "record.json").write_text("[]")
+    assert aggregate.main([str(tmp_path), "-o", str(tmp_path / "R.md"), "--no-plots"]) == 0
+    text = (tmp_path / "R.md").read_text()
+    assert "## a / d / study" in text and "| quest" in text
+
+
+def test_sweep_is_resumable_and_takes_over_stale_locks(toy_domain, tmp_path, capsys):
+    spec_file = tmp_path / "toy.yaml"
+    spec_file.write_text(
+        "domains: [toy]\nvariants: [standard, quest]\nseeds: [0]\npreset: demo\n"
+        f"output_dir: {tmp_path / 'runs'}\noverrides: [trainer.enable_progress_bar=false]\n"
+        "grid: {optim.lr: [0.01, 0.001]}\n"
+    )
+    runs = sweep.expand(sweep.load_sweep(spec_file))
+    assert len(runs) == 4 and "optim.lr=0.01" in runs[0]
+    # A worker killed with SIGKILL leaves its lock behind, holding a pid that no longer exists.
+    dead = compose(runs[0])
+    lock = run_directory(dead).parent / f".{run_directory(dead).name}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"{os.uname().nodename} 999999999")
+    assert sweep.main([str(spec_file)]) == 0
+    assert "ok 4, diverged 0, failed 0, skipped 0" in capsys.readouterr().out
+    assert sweep.main([str(spec_file)]) == 0
+    assert "ok 0, diverged 0, failed 0, skipped 4" in capsys.readouterr().out
+
+
+def test_sweep_records_a_failed_run_and_goes_on(toy_domain, tmp_path, capsys):
+    spec_file = tmp_path / "bad.yaml"
+    spec_file.write_text(f"domains: [toy]\nvariants: [quest]\nseeds: [0, 1]\noutput_dir: {tmp_path}\n"
+                         "overrides: [optim.name=lion, trainer.enable_progress_bar=false]\n")
+    assert sweep.main([str(spec_file)]) == 0
+    assert "failed 2" in capsys.readouterr().out
+    records = [read_record(p) for p in tmp_path.rglob("record.json")]
+    assert len(records) == 2 and all("unknown optimiser 'lion'" in r["error"] for r in records)
