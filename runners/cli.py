@@ -35,7 +35,7 @@ def train_main(argv: list[str]) -> int:
 def list_main(argv: list[str]) -> int:
     from common.attention import VARIANTS
     from common.registry import domain_names, get_domain
-    import runners.train  # noqa: F401  (makes the project's domains package known)
+    import runners.config  # noqa: F401  (makes the project's domains package known)
 
     argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
     print("domains:")

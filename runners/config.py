@@ -12,7 +12,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.attention import VARIANTS
-from common.registry import get_domain
+from common.registry import discover, get_domain
+
+discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")

@@ -21,10 +21,9 @@ from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from common.data import DataError
 from common.probes import ProbeCallback
 from common.records import RECORD_NAME, SCHEMA_VERSION, write_record
-from common.registry import discover, get_domain
+from common.registry import get_domain
 from runners.config import compose, run_directory
 
-discover("domains")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The run directory also holds config.yaml and checkpoints; Lightning's CSV logger warns about any neighbour.
 warnings.filterwarnings("ignore", message="Experiment logs directory .* exists")
