@@ -19,6 +19,8 @@ from common.attention import VARIANTS
 from common.records import RecordError, find_records, read_record
 
 LOWER_IS_BETTER = ("loss", "mse", "mae", "rmse", "err")
+# Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics.
+ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
 GROUP = ["domain", "dataset", "preset"]  # one table per group: runs of different sizes never mix
 
 
@@ -34,6 +36,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         row = {k: rec[k] for k in ("domain", "dataset", "variant", "seed", "preset", "status", "primary_metric", "mode")}
         row["run_dir"] = str(path.parent)
         row.update({k.removeprefix("test/"): v for k, v in rec["metrics"].items()})
+        row.update({k: v for k, v in rec.get("robustness", {}).items() if k.startswith(ROBUSTNESS)})
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"no run records under {root}")
@@ -129,6 +132,10 @@ def render(runs: pd.DataFrame, plots: dict[tuple[str, str], list[str]] | None = 
     for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):
         parts += [f"## {domain} / {dataset} / {preset}", "", f"{len(group)} runs.", "",
                   domain_table(group).to_markdown(), ""]
+        if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):
+            parts += ["Attacked accuracies (`acc_fgsm_*`, `acc_pgd_*`) of the elliptical variants may be optimistic: "
+                      "their attention weights are computed without gradient, so white-box attacks see them as "
+                      "constants (possible gradient masking).", ""]
         for plot in (plots or {}).get((domain, preset), []):
             parts += [f"![{Path(plot).stem}]({plot})", ""]
     return "\n".join(parts)

@@ -13,6 +13,8 @@ SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.
 
 def train_main(argv: list[str]) -> int:
     from runners.config import compose
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
     from runners.train import run
 
     parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
@@ -25,6 +27,8 @@ def train_main(argv: list[str]) -> int:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
     record = run(cfg)
+    if rank_zero_only.rank != 0:
+        return 0
     print(f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']} "
           + " ".join(f"{k}={v:.4g}" for k, v in sorted(record["metrics"].items()))
           + (f" ({record['error']})" if record["error"] else "")

@@ -43,6 +43,7 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, An
         if not sep or not key:
             raise ConfigError(f"override {arg!r} is not of the form key=value")
         value = OmegaConf.from_dotlist([f"v={raw}"]).v if raw else ""
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
         if key in GROUPS and not isinstance(value, (dict, list)) and value is not None:
             groups[key] = str(value)
         else:
@@ -60,7 +61,7 @@ def _type_ok(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def _check_and_set(schema: DictConfig, key: str, value: Any, source: str) -> None:
+def apply_override(schema: DictConfig, key: str, value: Any, source: str) -> None:
     node, parts = schema, key.split(".")
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "top level"
@@ -74,7 +75,7 @@ def _check_and_set(schema: DictConfig, key: str, value: Any, source: str) -> Non
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. {key}.{next(iter(default), 'x')}=...")
         for sub, sub_value in value.items():
-            _check_and_set(schema, f"{key}.{sub}", sub_value, source)
+            apply_override(schema, f"{key}.{sub}", sub_value, source)
         return
     if not _type_ok(default, value):
         raise ConfigError(f"config key {key!r} ({source}) expects {type(default).__name__} like {default!r}, got {value!r}")
@@ -83,7 +84,7 @@ def _check_and_set(schema: DictConfig, key: str, value: Any, source: str) -> Non
 
 def _apply(schema: DictConfig, update: dict, source: str) -> None:
     for key, value in update.items():
-        _check_and_set(schema, str(key), value, source)
+        apply_override(schema, str(key), value, source)
 
 
 def compose(args: list[str]) -> DictConfig:
@@ -115,7 +116,7 @@ def compose(args: list[str]) -> DictConfig:
     _apply(cfg, OmegaConf.to_container(_load(CONFIG_DIR / "attention" / f"{variant}.yaml", "attention")), f"attention {variant}")
 
     for key, value in dotted:
-        _check_and_set(cfg, key, value, "command line")
+        apply_override(cfg, key, value, "command line")
     if cfg.attention.variant not in VARIANTS:
         raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from {', '.join(VARIANTS)}")
     if "dataset" in cfg.get("data", {}) and cfg.data.dataset not in domain.datasets:

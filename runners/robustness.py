@@ -22,7 +22,7 @@ from common.records import read_record, write_record
 from common.registry import discover, get_domain
 from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
-from runners.config import ConfigError, _check_and_set, parse_overrides
+from runners.config import ConfigError, apply_override, parse_overrides
 
 ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
                    "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
@@ -53,7 +53,7 @@ def load_config(run_dir: Path, overrides: list[str]):
     if groups:
         raise ConfigError(f"{', '.join(groups)} cannot change for an existing run")
     for key, value in dotted:  # lists and mappings arrive as OmegaConf containers
-        _check_and_set(cfg, key, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value, "command line")
+        apply_override(cfg, key, value, "command line")
     return cfg
 
 

@@ -23,7 +23,12 @@ from common.records import RECORD_NAME
 from common.registry import domain_names
 from runners.config import CONFIG_DIR, ConfigError, compose, run_directory
 
-SWEEP_KEYS = {"domains", "variants", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid"}
+SWEEP_KEYS = {"domains", "variants", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid", "slurm",
+              "robustness"}
+# sweep YAML `slurm:` keys -> submitit AutoExecutor parameters
+SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_per_task": "gpus_per_node",
+              "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "array_parallelism": "slurm_array_parallelism",
+              "nodes": "nodes", "tasks_per_node": "tasks_per_node"}
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -95,8 +100,11 @@ def release(run_dir: Path) -> None:
     (run_dir.parent / f".{run_dir.name}.lock").unlink(missing_ok=True)
 
 
-def run_all(runs: list[list[str]]) -> dict[str, int]:
-    """Run each not-yet-recorded run this process can claim; a failed run is recorded and skipped."""
+def run_all(runs: list[list[str]], robustness: bool = False) -> dict[str, int]:
+    """Run each not-yet-recorded run this process can claim; a failed run is recorded and skipped.
+    With ``robustness``, finished runs of domains with a ``robustness`` config section are then
+    attacked (``quest robustness``) and the result lands in their record."""
+    from runners.robustness import evaluate_run
     from runners.train import run
 
     counts = {"ok": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}
@@ -116,6 +124,8 @@ def run_all(runs: list[list[str]]) -> dict[str, int]:
             continue
         try:
             status = run(cfg)["status"]
+            if robustness and status == "ok" and "robustness" in cfg:
+                evaluate_run(run_dir)
         except DataError as err:
             print(f"sweep: {cfg.domain}/{cfg.attention.variant} seed {cfg.seed}: {err}", file=sys.stderr)
             status = "failed"
@@ -126,10 +136,43 @@ def run_all(runs: list[list[str]]) -> dict[str, int]:
     return counts
 
 
+class SweepJob:
+    """One run of a sweep as a SLURM array task. On preemption or timeout submitit requeues it
+    (``checkpoint``); the requeued task restarts the run, as a local sweep would."""
+
+    def __init__(self, robustness: bool = False):
+        self.robustness = robustness
+
+    def __call__(self, args: list[str]) -> dict[str, int]:
+        return run_all([args], self.robustness)
+
+    def checkpoint(self, args: list[str]):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, args)
+
+
+def launch_slurm(runs: list[list[str]], spec: dict, folder: str | Path, cluster: str | None = None):
+    """Submit the sweep as one job array through submitit; ``cluster="debug"`` runs it in process."""
+    import submitit
+
+    settings = dict(spec.get("slurm") or {})
+    extra = settings.pop("additional", {}) or {}
+    unknown = set(settings) - set(SLURM_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown slurm key(s) {', '.join(sorted(unknown))}; valid: additional, {', '.join(SLURM_KEYS)}")
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    executor.update_parameters(name="quest-sweep", **{SLURM_KEYS[k]: v for k, v in settings.items()},
+                               **{f"slurm_{k}": v for k, v in extra.items()})
+    return executor.map_array(SweepJob(bool(spec.get("robustness"))), runs)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=int, default=1, help="local worker processes")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
@@ -140,6 +183,11 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print("\n".join(" ".join(r) for r in runs))
         return 0
+    if args.launcher == "slurm":
+        folder = Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm"
+        jobs = launch_slurm(runs, spec, folder)
+        print(f"sweep: submitted {len(jobs)} runs as array job {jobs[0].job_id.split('_')[0]} (logs in {folder})")
+        return 0
     if args.workers > 1:
         threads = max(1, (os.cpu_count() or 1) // args.workers)
         cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, "--set", f"threads={threads}"]
@@ -148,7 +196,7 @@ def main(argv: list[str]) -> int:
         workers = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
         code = max(w.wait() for w in workers)
     else:
-        counts = run_all(runs)
+        counts = run_all(runs, bool(spec.get("robustness")))
         print("sweep: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         code = 0
     if args.aggregate:

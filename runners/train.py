@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.data import DataError
 from common.probes import ProbeCallback
@@ -38,14 +39,22 @@ def train(args: list[str]) -> dict:
 def run(cfg: DictConfig) -> dict:
     domain = get_domain(cfg.domain)
     run_dir = run_directory(cfg)
-    rank_zero = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0
+    rank_zero = rank_zero_only.rank == 0  # read from the launcher's environment (DDP children, SLURM tasks)
     if rank_zero and run_dir.exists() and not (run_dir / RECORD_NAME).exists():
         shutil.rmtree(run_dir)  # an interrupted earlier attempt: start clean
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, domain, run_dir)
+    finally:
+        torch.set_num_threads(threads)  # later runs of a sweep in this process start as this one did
+
+
+def _run(cfg: DictConfig, domain, run_dir: Path) -> dict:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     record = _new_record(cfg, domain)

@@ -205,3 +205,31 @@ def test_sweep_records_a_failed_run_and_goes_on(toy_domain, tmp_path, capsys):
     assert "failed 2" in capsys.readouterr().out
     records = [read_record(p) for p in tmp_path.rglob("record.json")]
     assert len(records) == 2 and all("unknown optimiser 'lion'" in r["error"] for r in records)
+
+
+def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
+    spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo",
+            "output_dir": str(tmp_path), "overrides": ["trainer.enable_progress_bar=false"],
+            "slurm": {"partition": "gpu", "time_min": 30, "gpus_per_task": 1, "array_parallelism": 4}}
+    jobs = sweep.launch_slurm(sweep.expand(spec), spec, tmp_path / "slurm", cluster="debug")
+    assert [job.result()["ok"] for job in jobs] == [1, 1]
+    assert len(list(tmp_path.rglob("record.json"))) == 2
+    with pytest.raises(ConfigError, match="unknown slurm key"):
+        sweep.launch_slurm([], {"slurm": {"queue": "x"}}, tmp_path / "slurm", cluster="debug")
+
+
+def test_ddp_on_cpu_with_two_processes(tmp_path):
+    """Lightning DDP (gloo) over two CPU processes: one record, written by rank 0."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "runners.cli", "train", "domain=retrieval", "preset=smoke", "trainer.strategy=ddp",
+         "trainer.devices=2", f"output_dir={tmp_path}", "trainer.enable_progress_bar=false"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = list(tmp_path.rglob("record.json"))
+    assert len(records) == 1 and read_record(records[0])["status"] == "ok"
+    assert out.stdout.count("ok: retrieval/quest") == 1  # rank 0 reports, rank 1 stays quiet
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in out.stderr

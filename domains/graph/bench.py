@@ -12,6 +12,7 @@ import time
 
 import torch
 from torch import nn
+from torch_geometric import seed_everything
 from torch_geometric.data import Batch
 from torch_geometric.datasets import FakeDataset
 from torch_geometric.nn import GPSConv, global_add_pool
@@ -72,10 +73,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)  # FakeDataset draws graph sizes from `random`
     graphs = FakeDataset(args.graphs, avg_num_nodes=args.nodes, avg_degree=2, num_channels=args.dim,
                          edge_dim=args.dim, task="graph")
     graph = Batch.from_data_list(list(graphs)).to(args.device)
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             rates[name].append(steps_per_second(model.to(args.device).train(), graph, args.steps))
 
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    print(f"device {args.device}, {args.graphs} graphs x ~{args.nodes} nodes ({graph.num_nodes} nodes, "
+    print(f"device {args.device} ({torch.get_num_threads()} threads), {args.graphs} graphs x ~{args.nodes} nodes ({graph.num_nodes} nodes, "
           f"{graph.num_edges} edges), dim {args.dim}, depth {args.depth}, heads {args.heads}, "
           f"median of {args.rounds} rounds x {args.steps} steps")
     print(f"{'model':40s} {'params':>8s} {'steps/s':>9s}")

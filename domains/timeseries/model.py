@@ -3,8 +3,9 @@
 Each channel is forecast on its own (channel independence): its look-back window is instance-normalised
 (RevIN), cut into overlapping patches, each patch embedded as one token, the tokens encoded by
 ``common.blocks.Encoder``, and all token outputs flattened into a linear head that emits the horizon.
-One difference from the paper's code: the encoder is the shared pre-LayerNorm block, not PatchTST's
-post-BatchNorm one, so that only the attention variant differs between the study's domains.
+Differences from the paper's code, so that only the attention variant differs between the study's domains:
+the encoder is the shared pre-LayerNorm block (PatchTST: post-BatchNorm), and no layer adds the previous
+layer's attention scores to its own (PatchTST's default "residual attention").
 """
 from __future__ import annotations
 
