@@ -48,19 +48,19 @@ def test_knn_matches_brute_force():
 
 
 def write_modelnet_tree(root):
-    """chair: OFF boxes (one with ModelNet's fused header, one unreadable); lamp: PLY meshes and a PLY
+    """chair: OFF boxes (one with ModelNet's fused header, one unreadable); lamp: PLY spheres and a PLY
     point cloud; each class with train/ and test/ folders."""
-    box, cone = o3d.geometry.TriangleMesh.create_box(), o3d.geometry.TriangleMesh.create_cone()
+    box, sphere = o3d.geometry.TriangleMesh.create_box(), o3d.geometry.TriangleMesh.create_sphere()
     for split, count in (("train", 4), ("test", 2)):
         (root / "chair" / split).mkdir(parents=True)
         (root / "lamp" / split).mkdir(parents=True)
         for i in range(count):
             o3d.io.write_triangle_mesh(str(root / "chair" / split / f"chair_{i}.off"), box)
-            o3d.io.write_triangle_mesh(str(root / "lamp" / split / f"lamp_{i}.ply"), cone, write_ascii=True)
+            o3d.io.write_triangle_mesh(str(root / "lamp" / split / f"lamp_{i}.ply"), sphere, write_ascii=True)
     text = (root / "chair" / "train" / "chair_0.off").read_text()
     (root / "chair" / "train" / "chair_0.off").write_text(text.replace("OFF\n", "OFF", 1))
     (root / "chair" / "train" / "broken.off").write_text("not a mesh")
-    cloud = cone.sample_points_uniformly(100)
+    cloud = sphere.sample_points_uniformly(100)
     o3d.io.write_point_cloud(str(root / "lamp" / "test" / "scan.ply"), cloud)
 
 
@@ -78,9 +78,9 @@ def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path):
     assert test_points.shape == (5, 64, 3)
     radius = test_points.norm(dim=-1).amax(-1)
     assert torch.allclose(radius, torch.ones(5)) and test_points.mean(1).abs().max() < 1e-5
-    # Points of a chair are box surface points, of a lamp cone points: the labels follow the folders.
-    chair = test_points[test_labels == 0]
-    assert (chair.abs().amax(-1) > 0.5).all()  # normalised box: every surface point is on a face
+    # The labels follow the folders: lamps are spheres (every point near radius 1), chairs boxes.
+    norms = test_points.norm(dim=-1)
+    assert (norms[test_labels == 1] > 0.8).all() and (norms[test_labels == 0] < 0.7).any(-1).all()
 
 
 def test_folder_without_splits_and_bad_roots(tmp_path):
@@ -89,7 +89,7 @@ def test_folder_without_splits_and_bad_roots(tmp_path):
                               tmp_path / "cache", 0)
     dm.setup()
     assert sum(len(s) for s in dm.splits.values()) == 13 and len(dm.skipped) == 1
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DataError, match="needs data.root"):
         PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "missing")), tmp_path, 0)
     (tmp_path / "tree" / "empty_class").mkdir()
     with pytest.raises(DataError, match="empty_class"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -132,8 +133,9 @@ class PointCloudDataModule(pl.LightningDataModule):
         if cfg.dataset == "shapes":
             self.classes = list(SHAPES)
         elif cfg.dataset in ("modelnet", "folder"):
-            if cfg.root is None:
-                raise DataError(f"data.root is required for dataset {cfg.dataset!r} (e.g. a ModelNet40 folder)")
+            if cfg.root is None or not Path(cfg.root).expanduser().exists():
+                raise DataError(f"dataset {cfg.dataset!r} needs data.root, an existing folder of class folders "
+                                f"(got {cfg.root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
             self.root = require_path(cfg.root)
             self.files, self.classes = class_folder_files(self.root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         else:
@@ -157,8 +159,8 @@ class PointCloudDataModule(pl.LightningDataModule):
         for index, (split, count) in enumerate(counts.items()):
             key = hashlib.sha1(repr((sorted(params.items()), count, n, self.seed, split)).encode()).hexdigest()[:12]
             # Splits draw from distinct seeds, so no test shape is a copy of a training shape.
-            points, labels = cached(self.cache_dir / f"pointcloud-shapes-{split}-{key}.pt",
-                                    lambda: generate_shapes(count, n, self.seed * len(counts) + index, shapes))
+            build = partial(generate_shapes, count, n, self.seed * len(counts) + index, shapes)
+            points, labels = cached(self.cache_dir / f"pointcloud-shapes-{split}-{key}.pt", build)
             splits[split] = TensorDataset(normalise_unit_sphere(points), labels)
         return splits
 
@@ -176,8 +178,8 @@ class PointCloudDataModule(pl.LightningDataModule):
         # Model selection never looks at test: validation comes out of the training files.
         fraction = self.cfg.val_fraction
         fit, val, _ = seeded_split(len(train), (1 - fraction, fraction, 0.0), self.cfg.split_seed)
-        subset = lambda idx: TensorDataset(data["points"][idx], data["labels"][idx])  # noqa: E731
-        return {"train": subset(train[fit]), "val": subset(train[val]), "test": subset(test)}
+        parts = {"train": train[fit], "val": train[val], "test": test}
+        return {split: TensorDataset(data["points"][idx], data["labels"][idx]) for split, idx in parts.items()}
 
     def _split_test(self, root: Path, paths: list[str]) -> tuple[Tensor, Tensor]:
         """Indices of the test and training files: by the ``train``/``test`` folders of the ModelNet

@@ -45,18 +45,21 @@ def gather_points(points: Tensor, index: Tensor) -> Tensor:
 
 class MiniPointNet(nn.Module):
     """Point-MAE's group encoder: a shared per-point MLP, the group max joined back to every point, a
-    second MLP, and a max over the group."""
+    second MLP, and a max over the group. BatchNorm as in Point-MAE: a LayerNorm right after the 3-d
+    input would normalise away each offset's length and keep only its direction."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.first = nn.Sequential(nn.Linear(3, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Linear(hidden, 2 * hidden))
-        self.second = nn.Sequential(nn.Linear(4 * hidden, 4 * hidden), nn.LayerNorm(4 * hidden), nn.GELU(),
+        self.first = nn.Sequential(nn.Linear(3, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 2 * hidden))
+        self.second = nn.Sequential(nn.Linear(4 * hidden, 4 * hidden), nn.BatchNorm1d(4 * hidden), nn.ReLU(),
                                     nn.Linear(4 * hidden, dim))
 
     def forward(self, groups: Tensor) -> Tensor:  # [B, G, k, 3] -> [B, G, dim]
-        features = self.first(groups)
-        pooled = features.amax(2, keepdim=True).expand_as(features)
-        return self.second(torch.cat([pooled, features], -1)).amax(2)
+        batch, num_groups, k, _ = groups.shape
+        features = self.first(groups.reshape(-1, 3)).view(batch * num_groups, k, -1)
+        pooled = features.amax(1, keepdim=True).expand_as(features)
+        features = self.second(torch.cat([pooled, features], -1).flatten(0, 1)).view(batch * num_groups, k, -1)
+        return features.amax(1).view(batch, num_groups, -1)
 
 
 class PointTransformer(nn.Module):

@@ -42,11 +42,17 @@ SHAPES: dict[str, Callable[[np.random.Generator], Mesh]] = {
 
 def random_shape(label: int, rng: np.random.Generator, num_points: int, cfg) -> np.ndarray:
     """One sample of class ``SHAPES[label]`` as [num_points, 3]; ``cfg`` holds the ``shapes`` keys of
-    the domain YAML (scale, crop_prob, crop_keep, poisson_prob, noise)."""
+    the domain YAML (scale, rotation, crop_prob, crop_keep, poisson_prob, noise)."""
     mesh = list(SHAPES.values())[label](rng)
     mesh.translate(-mesh.get_center())
+    if cfg.rotation == "full":
+        rotation = Rotation.random(random_state=rng)
+    elif cfg.rotation == "z":  # upright shapes turned about the vertical, as ModelNet's objects are
+        rotation = Rotation.from_euler("z", rng.uniform(0, 2 * np.pi))
+    else:
+        raise ValueError(f"data.shapes.rotation must be 'z' or 'full', not {cfg.rotation!r}")
     transform = np.eye(4)
-    transform[:3, :3] = Rotation.random(random_state=rng).as_matrix() @ np.diag(rng.uniform(*cfg.scale, size=3))
+    transform[:3, :3] = rotation.as_matrix() @ np.diag(rng.uniform(*cfg.scale, size=3))
     mesh.transform(transform)
 
     keep = rng.uniform(*cfg.crop_keep) if rng.random() < cfg.crop_prob else 1.0

@@ -40,33 +40,39 @@ def mnist_digits() -> tuple[Tensor, Tensor]:
     return torch.from_numpy(pixels).to(torch.uint8).view(-1, 28, 28), torch.from_numpy(labels).long()
 
 
-def texture(size: int, generator: torch.Generator) -> Tensor:
-    """A random background in [0, 1]: a base colour, low-frequency colour noise and oriented stripes."""
+def texture(size: int, strength: float, generator: torch.Generator) -> Tensor:
+    """A random background in [0, 1]: a base colour plus low-frequency colour noise and oriented
+    stripes whose amplitudes scale with ``strength``."""
     rand = lambda *shape: torch.rand(shape, generator=generator)  # noqa: E731
     cells = int(torch.randint(2, 9, (1,), generator=generator))
     noise = F.interpolate(rand(1, 3, cells, cells), size=(size, size), mode="bicubic", align_corners=False)[0]
     angle, period, phase = rand(1) * math.pi, size / (1 + rand(1) * 7), rand(1) * 2 * math.pi
     y, x = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
     stripes = torch.sin(2 * math.pi * (x * angle.cos() + y * angle.sin()) / period + phase)
-    return (rand(3, 1, 1) * 0.6 + 0.2 + 0.3 * (noise - 0.5) + 0.15 * rand(3, 1, 1) * stripes).clamp(0, 1)
+    return (rand(3, 1, 1) * 0.6 + 0.2 + strength * (noise - 0.5 + 0.5 * rand(3, 1, 1) * stripes)).clamp(0, 1)
 
 
 def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, digits_per_image: tuple[int, int],
-                   digit_size: tuple[int, int], generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``count`` scenes: ``digits_per_image`` digits drawn from ``digits`` at random sizes and positions,
+                   digit_size: tuple[int, int], dilate: int, texture_strength: float,
+                   generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` scenes: ``digits_per_image`` digits (ink in [0, 1]) drawn from ``digits`` at random sizes and positions,
     each in a colour far from its background's mean; later digits occlude earlier ones. A pixel is
-    labelled digit+1 where the digit's ink covers more than half of it, else 0 (background)."""
+    labelled digit+1 where the digit's ink covers more than half of it, else 0 (background). Strokes
+    are first widened by ``dilate`` pixels (of the 28-pixel original) so that small digits stay
+    objects a few patches wide rather than hairlines."""
+    if dilate:
+        digits = F.max_pool2d(digits[:, None], 2 * dilate + 1, stride=1, padding=dilate)[:, 0]
     randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=generator))  # noqa: E731
     images = torch.empty(count, 3, image_size, image_size, dtype=torch.uint8)
     masks = torch.zeros(count, image_size, image_size, dtype=torch.uint8)
     for i in range(count):
-        image = texture(image_size, generator)
+        image = texture(image_size, texture_strength, generator)
         # A cyclic shift of at least 0.3 per channel keeps the ink visible on its background.
         colour = (image.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
         for _ in range(randint(*digits_per_image)):
             pick = randint(0, len(digits) - 1)
             size = min(randint(*digit_size), image_size)
-            ink = F.interpolate(digits[pick][None, None].float() / 255, size=(size, size), mode="bilinear",
+            ink = F.interpolate(digits[pick][None, None], size=(size, size), mode="bilinear",
                                 antialias=True, align_corners=False)[0]
             top, left = randint(0, image_size - size), randint(0, image_size - size)
             window = (slice(top, top + size), slice(left, left + size))
@@ -79,12 +85,14 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
 def digit_scenes(cfg, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
     """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen."""
     digits, labels = mnist_digits()
+    digits = digits.float() / 255
     pools = seeded_split(len(digits), tuple(cfg.split), seed)
     generator = torch.Generator().manual_seed(seed)
     scenes = cfg.scenes
     return {
         stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes.image_size,
-                              tuple(scenes.digits_per_image), tuple(scenes.digit_size), generator)
+                              tuple(scenes.digits_per_image), tuple(scenes.digit_size), scenes.dilate,
+                              scenes.texture, generator)
         for stage, pool in zip(("train", "val", "test"), pools)
     }
 
@@ -151,7 +159,7 @@ class FileSegmentation(Dataset):
         labels = torch.from_numpy(labels.astype(np.int64))
         if self.reduce_zero_label:
             labels = torch.where((labels == 0) | (labels == self.ignore_index), self.ignore_index, labels - 1)
-        bad = (labels >= self.num_classes) & (labels != self.ignore_index) | (labels < 0)
+        bad = ((labels < 0) | (labels >= self.num_classes)) & (labels != self.ignore_index)
         if bad.any():
             raise DataError(f"{mask_path}: label {int(labels[bad][0])} outside 0..{self.num_classes - 1} "
                             f"(ignore index {self.ignore_index})")

@@ -17,9 +17,8 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from common.blocks import Encoder
+from common.robustness import corrupt
 from common.task import Task
-
-from .corruptions import corrupt
 
 
 class LinearDecoder(nn.Module):
@@ -155,14 +154,18 @@ class SegmentationTask(Task):
             self.class_iou.update(preds, masks)
         return loss
 
+    def corrupted(self, images: Tensor, batch_idx: int):
+        """``images`` under each (corruption, severity) in turn, seeded by (run seed, batch, condition):
+        the corrupted test set is a function of the seed, whatever ran before."""
+        for i, (name, severity) in enumerate(self.conditions):
+            seed = (self.seed * 1_000_003 + batch_idx) * len(self.conditions) + i
+            yield corrupt(images, name, severity, torch.Generator(images.device).manual_seed(seed))
+
     def test_step(self, batch, batch_idx):
         self.step(batch, "test")
         images, masks = batch
-        for i, ((name, severity), metric) in enumerate(zip(self.conditions, self.corrupt_miou)):
-            # Seeded per (run seed, batch, condition): the corrupted test set never depends on run order.
-            generator = torch.Generator(images.device).manual_seed(
-                self.seed * 1_000_003 + batch_idx * len(self.conditions) + i)
-            metric.update(self(corrupt(images, name, severity, generator)).argmax(1), masks)
+        for metric, corrupted in zip(self.corrupt_miou, self.corrupted(images, batch_idx)):
+            metric.update(self(corrupted).argmax(1), masks)
 
     def on_test_epoch_end(self) -> None:
         for name, iou in zip(self.class_names, self.class_iou.compute()):

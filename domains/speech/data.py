@@ -27,6 +27,7 @@ from .synth import SynthesisError, Utterance, synthesise
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 SPLITS = ("train", "val", "test")
+GENERATOR_VERSION = 1  # part of the cache key: bump when generate_espeak changes what it writes
 
 
 def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
@@ -113,7 +114,8 @@ def folder_splits(root: str | Path, keywords, fractions: tuple[float, float], se
 
 # ------------------------------------------------------------------------------------------ eSpeak NG data
 def _noise(kind: str, n: int, rng: np.random.Generator, babble: list[np.ndarray], talkers: int) -> np.ndarray:
-    """Unit-power-ish background noise: white, pink (1/f), brown (1/f^2) or babble (other talkers)."""
+    """Background noise, any level (``mix_at_snr`` scales it): white, pink (1/f), brown (1/f^2) or babble
+    (``talkers`` random stretches of other speech overlapped)."""
     if kind == "babble":
         out = np.zeros(n, dtype=np.float32)
         for _ in range(talkers):
@@ -127,11 +129,12 @@ def _noise(kind: str, n: int, rng: np.random.Generator, babble: list[np.ndarray]
         raise DataError(f"unknown noise type {kind!r}; choose from white, pink, brown, babble")
     spectrum = np.fft.rfft(rng.standard_normal(n))
     spectrum /= np.maximum(np.arange(len(spectrum)), 1) ** (exponent / 2)  # power falls as 1/f^exponent
+    spectrum[0] = 0.0  # no DC offset
     return np.fft.irfft(spectrum, n).astype(np.float32)
 
 
 def mix_at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
-    """speech + noise scaled so that speech power / noise power = 10^(snr/10)."""
+    """speech + noise scaled so that speech power / noise power = 10^(snr/10), powers over the whole clip."""
     gain = np.sqrt(np.mean(speech**2) / (np.mean(noise**2) * 10 ** (snr_db / 10) + 1e-12))
     return speech + gain * noise
 
@@ -172,7 +175,7 @@ def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, cli
         for word in keywords:
             for n in range(spec.clips_per_word[split]):
                 u, accent, variant = utterance(word)
-                plans.append((split, babble, len(requests), out / split / word / f"{variant}_{accent}_{n:04d}.wav", rng))
+                plans.append((babble, len(requests), out / split / word / f"{variant}_{accent}_{n:04d}.wav", rng))
                 requests.append(u)
     try:
         rate, waves = synthesise(requests)
@@ -182,7 +185,7 @@ def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, cli
     up, down = sample_rate // math.gcd(rate, sample_rate), rate // math.gcd(rate, sample_rate)
     audio = [resample_poly(w.astype(np.float32) / 32768.0, up, down).astype(np.float32) for w in waves]
     # The random draws of each split run in the order they were planned, so a rebuild is identical.
-    for split, babble, index, path, rng in plans:
+    for babble, index, path, rng in plans:
         word = _trim(audio[index])[:clip]
         level = 10 ** (rng.uniform(*spec.level_db) / 20) / max(np.abs(word).max(), 1e-6)
         speech = np.zeros(clip, dtype=np.float32)
@@ -198,7 +201,8 @@ def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, cli
 def espeak_dataset(spec: DictConfig, keywords: list[str], sample_rate: int, clip_seconds: float, cache_dir: str | Path) -> Path:
     """The generated tree for this recipe under ``cache_dir/speech``, generated on first use. A run
     builds into a private folder and renames it into place, so concurrent runs never see half a tree."""
-    recipe = json.dumps([OmegaConf.to_container(spec), list(keywords), sample_rate, clip_seconds], sort_keys=True)
+    recipe = json.dumps([GENERATOR_VERSION, OmegaConf.to_container(spec), list(keywords), sample_rate, clip_seconds],
+                        sort_keys=True)
     out = Path(cache_dir) / "speech" / f"espeak-{hashlib.sha1(recipe.encode()).hexdigest()[:10]}"
     if not out.exists():
         building = out.with_name(f"{out.name}.building-{os.getpid()}")
