@@ -7,7 +7,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 
 class DataError(Exception):
@@ -71,3 +73,36 @@ def cached(path: str | Path, build: Callable[[], Any]) -> Any:
     obj = build()
     atomic_save(obj, path)
     return obj
+
+
+class SplitDataModule(pl.LightningDataModule):
+    """A datamodule whose ``setup`` fills ``self.datasets`` with its "train", "val" and "test" datasets;
+    the loaders follow from that. Evaluation keeps every sample (no ``drop_last``), and only training
+    shuffles (from the global seed, which the runner sets). ``loader_class`` may be PyG's DataLoader."""
+
+    loader_class = DataLoader
+
+    def __init__(self, batch_size: int, *, eval_batch_size: int | None = None, num_workers: int = 0,
+                 collate_fn: Callable | None = None):
+        super().__init__()
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.collate_fn = num_workers, collate_fn
+        self.datasets: dict[str, Dataset] = {}
+
+    def loader(self, split: str) -> DataLoader:
+        if len(self.datasets[split]) == 0:
+            raise DataError(f"the {split} split is empty; use more data or other split fractions")
+        train = split == "train"
+        extra = {"collate_fn": self.collate_fn} if self.collate_fn is not None else {}
+        return self.loader_class(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
+                                 shuffle=train, drop_last=False, num_workers=self.num_workers,
+                                 persistent_workers=self.num_workers > 0, **extra)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test")

@@ -65,20 +65,20 @@ def test_qm9_split_subset_and_cache(tmp_path, monkeypatch):
     cfg = data_cfg(root=str(tmp_path), subset=40, targets=["gap", "homo"])
     dm = GraphDataModule(cfg, cache_dir=tmp_path / "cache")
     dm.setup()
-    sizes = [len(dm.sets[s]) for s in ("train", "val", "test")]
+    sizes = [len(dm.datasets[s]) for s in ("train", "val", "test")]
     assert sizes == [32, 4, 4]
     batch = next(iter(dm.train_dataloader()))
     assert batch.y.shape == (4, 2) and batch.pe.shape == (batch.num_nodes, 4)
     assert dm.node_vocab[0] == 9 and dm.num_targets == 2  # atomic numbers up to oxygen (8)
     mean, std = dm.target_stats()
-    train_y = dm.sets["train"].stacked.y
+    train_y = dm.datasets["train"].stacked.y
     assert torch.allclose(mean, train_y.mean(0)) and (std > 0).all()
 
     # A second run loads the cache instead of featurising; another subset size gets its own file.
     monkeypatch.setattr(graph_data, "featurise", lambda *a: pytest.fail("featurised again"))
     again = GraphDataModule(cfg, cache_dir=tmp_path / "cache")
     again.setup()
-    assert torch.equal(again.sets["test"].stacked.y, dm.sets["test"].stacked.y)
+    assert torch.equal(again.datasets["test"].stacked.y, dm.datasets["test"].stacked.y)
     assert GraphDataModule(dict(cfg, subset=20), tmp_path / "cache").cache_path() != dm.cache_path()
 
 
@@ -87,7 +87,7 @@ def test_csv_loader_and_its_errors(tmp_path):
     path.write_text("name,smiles,logp\n" + "\n".join(f"m{j},{s},{j}" for j, s in enumerate(MOLECULES + ["xyz?"])) + "\n")
     dm = GraphDataModule(data_cfg(dataset="csv", root=str(path), targets=["logp"]), tmp_path / "cache")
     dm.setup()
-    assert sum(len(dm.sets[s]) for s in ("train", "val", "test")) == len(MOLECULES)  # the bad SMILES is skipped
+    assert sum(len(dm.datasets[s]) for s in ("train", "val", "test")) == len(MOLECULES)  # the bad SMILES is skipped
     with pytest.raises(DataError, match="no column 'solubility'"):
         GraphDataModule(data_cfg(dataset="csv", root=str(path), targets=["solubility"]), tmp_path / "c2").setup()
     with pytest.raises(DataError, match="does not exist"):
@@ -119,8 +119,8 @@ def test_zinc_fixture_in_pyg_format_loads(tmp_path):
     write_zinc_fixture(tmp_path / "ZINC")
     dm = GraphDataModule(data_cfg(dataset="zinc", root=str(tmp_path / "ZINC")), tmp_path / "cache")
     dm.setup()
-    assert [len(dm.sets[s]) for s in ("train", "val", "test")] == [5, 2, 2]  # the index files select
-    graph = dm.sets["train"][1]
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [5, 2, 2]  # the index files select
+    graph = dm.datasets["train"][1]
     assert graph.x.shape == (4, 1) and graph.edge_attr.shape == (6, 1) and graph.y.shape == (1, 1)
     assert dm.edge_vocab == [3] and dm.node_vocab == [4]
     with pytest.raises(DataError, match="needs data.root"):

@@ -39,7 +39,7 @@ def config(*overrides: str):
 
 def datamodule(*overrides: str) -> ForecastDataModule:
     cfg = config(*overrides)
-    return ForecastDataModule(cfg.data, seed=cfg.seed)
+    return ForecastDataModule(cfg.data)
 
 
 def row_index(dm: ForecastDataModule, scaled_ot: torch.Tensor) -> torch.Tensor:
@@ -68,6 +68,7 @@ def test_ett_hourly_window_counts_and_borders(ett_folder):
     last_test_y = dm.windows("test")[len(dm.windows("test")) - 1][1]
     assert row_index(dm, last_test_y[-1, OT]).item() == 14399
     # Evaluation keeps every window: 2857 = 28 full batches of 100 + 57.
+    dm.setup("test")
     sizes = [len(y) for _, y in dm.test_dataloader()]
     assert len(sizes) == 29 and sizes[-1] == 57 and sum(sizes) == 2857
 

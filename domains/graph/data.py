@@ -15,13 +15,12 @@ import pickle
 from pathlib import Path
 
 import pandas as pd
-import pytorch_lightning as pl
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.loader import DataLoader
 from torch_geometric.transforms import AddRandomWalkPE
 
-from common.data import DataError, cached, require_path, seeded_split
+from common.data import DataError, SplitDataModule, cached, require_path, seeded_split
 
 SPLITS = ("train", "val", "test")
 QM9_FILES = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
@@ -97,17 +96,18 @@ def read_table(path: Path, smiles_column: str, targets: list[str]) -> pd.DataFra
     return pd.read_csv(path, usecols=[smiles_column, *targets])
 
 
-class GraphDataModule(pl.LightningDataModule):
+class GraphDataModule(SplitDataModule):
     """Train/val/test molecule graphs; after ``setup()`` also the vocabulary sizes of the categorical
     atom/bond features, the train-split target mean/std, and the typical graph size and degree."""
 
+    loader_class = DataLoader  # PyG's: batches graphs
+
     def __init__(self, data: dict, cache_dir: str | Path):
-        super().__init__()
+        super().__init__(data["batch_size"], num_workers=data["num_workers"])
         self.cfg = dict(data)
         self.cfg["targets"] = list(self.cfg["targets"])
         self.cfg["split"] = list(self.cfg["split"])
         self.cache_dir = Path(cache_dir)
-        self.sets: dict[str, GraphSet] | None = None
 
     # -- loading -------------------------------------------------------------------------------
     def cache_path(self) -> Path:
@@ -120,10 +120,10 @@ class GraphDataModule(pl.LightningDataModule):
         return self.cache_dir / "graph" / f"{cfg['dataset']}-{cfg['subset'] or 'all'}-{digest}.pt"
 
     def setup(self, stage: str | None = None) -> None:
-        if self.sets is not None:
+        if self.datasets:
             return
         collated = cached(self.cache_path(), self._build)
-        self.sets = {split: GraphSet(collated[split]) for split in SPLITS}
+        self.datasets = {split: GraphSet(collated[split]) for split in SPLITS}
 
     def _build(self) -> dict:
         loaders = {"qm9": self._qm9, "zinc": self._zinc, "csv": self._csv}
@@ -186,7 +186,7 @@ class GraphDataModule(pl.LightningDataModule):
 
     # -- statistics the model is built from ----------------------------------------------------
     def _all(self, key: str) -> torch.Tensor:
-        return torch.cat([getattr(self.sets[s].stacked, key) for s in SPLITS])
+        return torch.cat([getattr(self.datasets[s].stacked, key) for s in SPLITS])
 
     @property
     def node_vocab(self) -> list[int]:
@@ -199,33 +199,19 @@ class GraphDataModule(pl.LightningDataModule):
 
     @property
     def num_targets(self) -> int:
-        return self.sets["train"].stacked.y.shape[1]
+        return self.datasets["train"].stacked.y.shape[1]
 
     def target_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and std of the train targets: the model predicts standardised targets."""
-        y = self.sets["train"].stacked.y
+        y = self.datasets["train"].stacked.y
         return y.mean(0), y.std(0, correction=0).clamp_min(1e-8)
 
     @property
     def mean_nodes(self) -> float:
-        train = self.sets["train"]
+        train = self.datasets["train"]
         return train.stacked.num_nodes / len(train)
 
     @property
     def mean_degree(self) -> float:
-        train = self.sets["train"]
+        train = self.datasets["train"]
         return train.stacked.edge_index.shape[1] / max(1, train.stacked.num_nodes)
-
-    # -- loaders -------------------------------------------------------------------------------
-    def _loader(self, split: str) -> DataLoader:
-        return DataLoader(self.sets[split], batch_size=self.cfg["batch_size"], shuffle=split == "train",
-                          num_workers=self.cfg["num_workers"], persistent_workers=self.cfg["num_workers"] > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

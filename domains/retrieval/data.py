@@ -8,9 +8,10 @@ by growing the biased answer's key norm. The target is the answer's label.
 """
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+
+from common.data import SplitDataModule
 
 
 def bias_vector(key_dim: int, norm: float, seed: int) -> torch.Tensor:
@@ -33,36 +34,24 @@ def make_retrieval(n: int, *, num_tokens: int, key_dim: int, num_classes: int, a
     return x, labels[rows, answer], biased, answer
 
 
-class RetrievalDataModule(pl.LightningDataModule):
+class RetrievalDataModule(SplitDataModule):
     """Train, validation and test sets drawn from the same generator (biased with probability
     p_bias); metrics separate biased from unbiased samples, so held-out unbiased accuracy is the score."""
 
     def __init__(self, *, dataset: str, num_tokens: int, key_dim: int, num_classes: int, answer_std: float,
                  p_bias: float, bias_norm: float, bias_std: float, bias_seed: int, train_size: int,
                  val_size: int, test_size: int, batch_size: int, seed: int):
-        super().__init__()
+        super().__init__(batch_size)
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.batch_size = batch_size
         self.input_dim = key_dim + num_classes
         self.spec = dict(num_tokens=num_tokens, key_dim=key_dim, num_classes=num_classes, answer_std=answer_std,
                          p_bias=p_bias, bias=bias_vector(key_dim, bias_norm, bias_seed), bias_std=bias_std)
         self.seed = seed
-        self.splits: dict[str, TensorDataset] = {}
 
     def setup(self, stage: str | None = None) -> None:
-        if self.splits:
+        if self.datasets:
             return
         generator = torch.Generator().manual_seed(self.seed)
         for split, n in self.sizes.items():
             x, y, biased, answer = make_retrieval(n, generator=generator, **self.spec)
-            self.splits[split] = TensorDataset(x, y, biased, answer)
-
-    def train_dataloader(self):
-        return DataLoader(self.splits["train"], self.batch_size, shuffle=True,
-                          generator=torch.Generator().manual_seed(self.seed))
-
-    def val_dataloader(self):
-        return DataLoader(self.splits["val"], self.batch_size)
-
-    def test_dataloader(self):
-        return DataLoader(self.splits["test"], self.batch_size)
+            self.datasets[split] = TensorDataset(x, y, biased, answer)

@@ -12,7 +12,7 @@ def build(cfg):
     from .data import ForecastDataModule
     from .model import ForecastTask, PatchTST
 
-    datamodule = ForecastDataModule(cfg.data, seed=cfg.seed)
+    datamodule = ForecastDataModule(cfg.data)
     net = PatchTST(datamodule.num_channels, cfg.data.seq_len, cfg.data.pred_len,
                    **OmegaConf.to_container(cfg.model), attention=OmegaConf.to_container(cfg.attention))
     return datamodule, ForecastTask(net, cfg.optim)

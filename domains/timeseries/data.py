@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytorch_lightning as pl
 import torch
 from sklearn.preprocessing import StandardScaler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from common.data import DataError, require_path
+from common.data import DataError, SplitDataModule, require_path
 
 SPLITS = ("train", "val", "test")
 # Rows per 30-day "month" of the ETT files: hourly (ETTh*) or every 15 minutes (ETTm*).
@@ -102,15 +101,15 @@ class Windows(Dataset):
         return self.series[i:cut], self.series[cut:cut + self.pred_len]
 
 
-class ForecastDataModule(pl.LightningDataModule):
+class ForecastDataModule(SplitDataModule):
     """Windows of a standardised multivariate series; batches are ``(x [B, seq_len, C], y [B, pred_len, C])``.
 
     ``cfg`` keys: dataset, root, split, seq_len, pred_len, batch_size, eval_batch_size, num_workers.
     """
 
-    def __init__(self, cfg, seed: int = 0):
-        super().__init__()
-        self.cfg, self.seed = cfg, seed
+    def __init__(self, cfg):
+        super().__init__(cfg.batch_size, eval_batch_size=cfg.eval_batch_size, num_workers=cfg.num_workers)
+        self.cfg = cfg
         self._splits: dict[str, Tensor] | None = None
 
     def load(self) -> tuple[pd.DataFrame, str]:
@@ -150,19 +149,6 @@ class ForecastDataModule(pl.LightningDataModule):
         return Windows(self.splits[split], self.cfg.seq_len, self.cfg.pred_len)
 
     def setup(self, stage: str | None = None) -> None:
-        self.splits  # noqa: B018 -- load now, so bad data fails before training starts
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.windows("train"), batch_size=self.cfg.batch_size, shuffle=True,
-                          num_workers=self.cfg.num_workers,
-                          generator=torch.Generator().manual_seed(self.seed))
-
-    # Evaluation keeps every window (drop_last=False): dropping the last partial batch, as older
-    # forecasting code did, silently scores a subset of the test windows.
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.windows("val"), batch_size=self.cfg.eval_batch_size, drop_last=False,
-                          num_workers=self.cfg.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.windows("test"), batch_size=self.cfg.eval_batch_size, drop_last=False,
-                          num_workers=self.cfg.num_workers)
+        # Load now, so bad data fails before training starts. Evaluation keeps every window (no
+        # drop_last): dropping the last partial batch, as older forecasting code did, scores a subset.
+        self.datasets = {split: self.windows(split) for split in SPLITS}

@@ -13,14 +13,13 @@ import random
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
-from common.data import DataError, cached, class_folder_files, seeded_split
+from common.data import DataError, SplitDataModule, cached, class_folder_files, seeded_split
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 MNIST_CLASSES = [str(d) for d in range(10)]
@@ -121,13 +120,12 @@ class ImageFiles(Dataset):
         return (random_erase(tensor) if random.random() < aug["erase"] else tensor), label
 
 
-class VisionDataModule(pl.LightningDataModule):
+class VisionDataModule(SplitDataModule):
     """``cfg`` is the ``data`` section of the vision config."""
 
     def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__()
+        super().__init__(cfg.batch_size, eval_batch_size=cfg.eval_batch_size, num_workers=cfg.num_workers)
         self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
-        self.datasets: dict[str, Dataset] = {}
         if cfg.dataset == "mnist":
             self.classes = MNIST_CLASSES
         elif cfg.dataset == "imagefolder":
@@ -176,18 +174,3 @@ class VisionDataModule(pl.LightningDataModule):
     def _image_files(self, files: list[tuple[Path, int]], train: bool) -> ImageFiles:
         cfg = self.cfg
         return ImageFiles(files, cfg.image_size, cfg.channels, cfg.crop_pct, dict(cfg.augment) if train else None)
-
-    def _loader(self, split: str, batch_size: int, shuffle: bool) -> DataLoader:
-        if len(self.datasets[split]) == 0:
-            raise DataError(f"the {split} split is empty; use more images or change data.split")
-        return DataLoader(self.datasets[split], batch_size=batch_size, shuffle=shuffle, drop_last=False,
-                          num_workers=self.cfg.num_workers, persistent_workers=self.cfg.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.cfg.batch_size, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.cfg.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.cfg.eval_batch_size, shuffle=False)
