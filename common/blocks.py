@@ -28,12 +28,26 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016): drop a sample's whole residual branch with probability p."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
 class EncoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)). Extra keyword arguments (``variant``, ``seq_len``,
     ``qk_gain_init``) go to the attention module."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, layer_scale: float | None = None, **attention):
+                 attn_dropout: float = 0.0, layer_scale: float | None = None, drop_path: float = 0.0, **attention):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = MultiheadAttention(dim, num_heads, dropout=attn_dropout, **attention)
@@ -42,6 +56,7 @@ class EncoderLayer(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
+        self.drop_path = DropPath(drop_path)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None,
                 prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -49,17 +64,19 @@ class EncoderLayer(nn.Module):
         h = self.norm1(x)
         h, _, values = self.attn(h, h, h, key_padding_mask=key_padding_mask, attn_bias=attn_bias,
                                  prev_values=prev_values, return_values=True)
-        x = x + self.drop(self.ls1(h))
-        x = x + self.ls2(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.drop(self.ls1(h)))
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         return x, values
 
 
 class Encoder(nn.Module):
-    """A stack of pre-norm layers with a final LayerNorm. ``attn_bias`` is shared by every layer."""
+    """A stack of pre-norm layers with a final LayerNorm. ``attn_bias`` is shared by every layer;
+    ``drop_path`` rises linearly from 0 at the first layer to its value at the last (DeiT)."""
 
-    def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, **layer):
+    def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, drop_path: float = 0.0, **layer):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, **layer) for _ in range(depth))
+        rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path]
+        self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, drop_path=r, **layer) for r in rates)
         self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None) -> Tensor:

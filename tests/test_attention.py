@@ -245,3 +245,16 @@ def test_torch_compile_matches_eager():
 def test_unknown_variant_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown attention variant 'questt'; choose from standard"):
         get_variant("questt")
+
+
+def test_drop_path_is_identity_in_eval_and_drops_whole_samples_in_training():
+    from common.blocks import DropPath
+
+    layer = DropPath(0.5)
+    x = torch.ones(1000, 3, 4)
+    assert torch.equal(layer.eval()(x), x)
+    y = layer.train()(x)
+    kept = y[:, 0, 0] != 0
+    assert torch.all(y[kept] == 2.0) and torch.all(y[~kept] == 0.0) and 400 < int(kept.sum()) < 600
+    enc = Encoder(8, 3, 2, drop_path=0.2)
+    assert [layer.drop_path.p for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])

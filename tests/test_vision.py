@@ -32,7 +32,8 @@ def config(cache_dir, *overrides, merge=None):
 def test_vit_every_variant_trains(variant):
     torch.manual_seed(0)
     net = ViT(10, image_size=28, channels=1, mean=[0.1307], std=[0.3081], patch_size=7, dim=16, depth=2, heads=2,
-              mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0, layer_scale=None, attention={"variant": variant})
+              mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0, drop_path=0.1, layer_scale=None,
+              attention={"variant": variant})
     images = torch.rand(3, 1, 28, 28, requires_grad=True)
     logits = net(images)
     assert logits.shape == (3, 10) and torch.isfinite(logits).all()

@@ -14,7 +14,7 @@ from common.task import ClassificationTask
 class ViT(nn.Module):
     def __init__(self, num_classes: int, *, image_size: int, channels: int, mean: list[float], std: list[float],
                  patch_size: int, dim: int, depth: int, heads: int, mlp_ratio: float, dropout: float,
-                 attn_dropout: float, layer_scale: float | None, attention: dict):
+                 attn_dropout: float, drop_path: float, layer_scale: float | None, attention: dict):
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
@@ -28,7 +28,7 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, dim))
         self.pos_drop = nn.Dropout(dropout)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
-                               layer_scale=layer_scale, seq_len=num_tokens, **attention)
+                               drop_path=drop_path, layer_scale=layer_scale, seq_len=num_tokens, **attention)
         self.head = nn.Linear(dim, num_classes)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
