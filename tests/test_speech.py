@@ -11,23 +11,14 @@ from common.attention import VARIANTS
 from common.data import DataError
 from domains.speech.data import SPLITS, SpeechDataModule, espeak_dataset, speech_commands_splits
 from domains.speech.model import ConformerEncoder, KeywordSpotter, add_noise
-from omegaconf import OmegaConf
 from runners.config import compose
 
 SMOKE = ["domain=speech", "preset=smoke"]
 
 
-def smoke_cfg(updates: dict):
-    """The smoke config with dotted-key updates (set here: the runner rejects list values on its command line)."""
-    cfg = OmegaConf.create(OmegaConf.to_container(compose(SMOKE)))
-    for key, value in updates.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return cfg
-
-
-def tiny_generation(seed=0):
-    return smoke_cfg({"data.keywords": ["yes", "stop"], "data.espeak.seed": seed,
-                      "data.espeak.clips_per_word": {"train": 2, "val": 1, "test": 1}, "data.espeak.babble.pool": 1})
+def tiny_generation(seed=0, *overrides):
+    return compose([*SMOKE, "data.keywords=['yes',stop]", f"data.espeak.seed={seed}",
+                    "data.espeak.clips_per_word={train: 2, val: 1, test: 1}", "data.espeak.babble.pool=1", *overrides])
 
 
 def wav_bytes(root):
@@ -51,6 +42,12 @@ def test_espeak_generation_is_deterministic_with_held_out_voices(tmp_path):
     voices = {split: {p.name.split("_")[0] for p in (first / split).rglob("*.wav")} for split in SPLITS}
     assert voices["test"] <= set(cfg.data.espeak.voices.test)
     assert not voices["test"] & set(cfg.data.espeak.voices.train)
+
+
+def test_a_voice_in_two_splits_is_refused(tmp_path):
+    cfg = tiny_generation(0, "data.espeak.voices.test=[m8,m1]")
+    with pytest.raises(DataError, match="m1 are in both train and test"):
+        espeak_dataset(cfg.data.espeak, ["yes"], 16000, 1.0, tmp_path)
 
 
 def write_tone(path, rate=8000, seconds=0.5, freq=440.0):
@@ -79,7 +76,7 @@ def test_speech_commands_layout_splits_and_bad_files(tmp_path):
     assert names["test"] == ["no/ccc_nohash_0.wav", "up/ccc_nohash_0.wav", "yes/ccc_nohash_0.wav"]
     assert "yes/aaa_nohash_0.wav" in names["train"] and len(names["train"]) == 5  # 3 good + broken + empty
 
-    cfg = smoke_cfg({"data.dataset": "speech_commands", "data.root": str(tmp_path), "data.keywords": ["yes", "up"]})
+    cfg = compose([*SMOKE, "data.dataset=speech_commands", f"data.root={tmp_path}", "data.keywords=['yes',up]"])
     with pytest.warns(UserWarning) as caught:
         dm = SpeechDataModule(cfg.data, cache_dir=tmp_path / "cache")
     reported = " ".join(str(w.message) for w in caught)
@@ -100,7 +97,7 @@ def test_class_folder_tree(tmp_path):
     for word in ("left", "right"):
         for n in range(10):
             write_tone(tmp_path / word / f"{n}.wav", rate=16000, seconds=1.5)
-    cfg = smoke_cfg({"data.dataset": "folder", "data.root": str(tmp_path), "data.keywords": None})
+    cfg = compose([*SMOKE, "data.dataset=folder", f"data.root={tmp_path}", "data.keywords=null"])
     dm = SpeechDataModule(cfg.data, cache_dir=tmp_path / "cache")
     assert dm.classes == ["left", "right"]
     assert sum(len(dm.datasets[s]) for s in SPLITS) == 20

@@ -12,16 +12,15 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import soundfile as sf
 import torch
 import torchaudio.functional as AF
 from omegaconf import DictConfig, OmegaConf
 from scipy.signal import resample_poly
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from common.data import DataError, class_folder_files, require_path, seeded_split
+from common.data import DataError, SplitDataModule, class_folder_files, require_path, seeded_split
 
 from .synth import SynthesisError, Utterance, synthesise
 
@@ -217,13 +216,12 @@ def espeak_dataset(spec: DictConfig, keywords: list[str], sample_rate: int, clip
 
 
 # -------------------------------------------------------------------------------------------- datamodule
-class SpeechDataModule(pl.LightningDataModule):
+class SpeechDataModule(SplitDataModule):
     """``cfg`` is the domain's ``data`` section. ``classes`` is known after construction (the model
     needs it); the audio is generated or indexed then too, so a bad root fails at build time."""
 
     def __init__(self, cfg: DictConfig, cache_dir: str | Path):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg.batch_size, num_workers=cfg.num_workers, collate_fn=collate)
         keywords = list(cfg.keywords) if cfg.keywords is not None else None
         for word in keywords or []:
             if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
@@ -243,23 +241,8 @@ class SpeechDataModule(pl.LightningDataModule):
         else:
             raise DataError(f"unknown speech dataset {cfg.dataset!r}; choose from espeak, speech_commands, folder")
         max_samples = int(round(cfg.clip_seconds * cfg.sample_rate))
-        self.datasets = {}
         for split in SPLITS:
             items = readable(splits[split])
             if not items:
                 raise DataError(f"no readable audio in the {split} split of dataset {cfg.dataset!r}")
             self.datasets[split] = AudioClips(items, cfg.sample_rate, max_samples)
-
-    def _loader(self, split: str) -> DataLoader:
-        return DataLoader(self.datasets[split], batch_size=self.cfg.batch_size, shuffle=split == "train",
-                          num_workers=self.cfg.num_workers, collate_fn=collate,
-                          persistent_workers=self.cfg.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

@@ -90,7 +90,8 @@ def synthesise(utterances: list[Utterance]) -> tuple[int, list[np.ndarray]]:
         requests.write_text(json.dumps([list(u) for u in utterances]))
         done = subprocess.run([sys.executable, __file__, str(requests), str(result)], capture_output=True, text=True)
         if done.returncode != 0:
-            raise SynthesisError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "eSpeak NG failed")
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "eSpeak NG failed"
+            raise SynthesisError(last.removeprefix(f"{SynthesisError.__name__}: "))
         with np.load(result) as audio:
             return int(audio["sample_rate"]), [audio[str(i)] for i in range(len(utterances))]
 
