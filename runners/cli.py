@@ -29,8 +29,10 @@ def train_main(argv: list[str]) -> int:
     record = run(cfg)
     if rank_zero_only.rank != 0:
         return 0
+    primary = f"test/{record['primary_metric']}"
+    shown = sorted(record["metrics"], key=lambda k: (k != primary, k))[:8]  # per-class metrics can run to hundreds
     print(f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']} "
-          + " ".join(f"{k}={v:.4g}" for k, v in sorted(record["metrics"].items()))
+          + " ".join(f"{k}={record['metrics'][k]:.4g}" for k in shown)
           + (f" ({record['error']})" if record["error"] else "")
           + (f" diverged at step {record['divergence']['step']}" if record["divergence"] else ""))
     return 0

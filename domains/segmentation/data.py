@@ -53,31 +53,39 @@ def texture(size: int, strength: float, generator: torch.Generator) -> Tensor:
 
 
 def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, digits_per_image: tuple[int, int],
-                   digit_size: tuple[int, int], dilate: int, texture_strength: float,
-                   generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``count`` scenes: ``digits_per_image`` digits (ink in [0, 1]) drawn from ``digits`` at random sizes and positions,
-    each in a colour far from its background's mean; later digits occlude earlier ones. A pixel is
-    labelled digit+1 where the digit's ink covers more than half of it, else 0 (background). Strokes
-    are first widened by ``dilate`` pixels (of the 28-pixel original) so that small digits stay
-    objects a few patches wide rather than hairlines."""
-    if dilate:
-        digits = F.max_pool2d(digits[:, None], 2 * dilate + 1, stride=1, padding=dilate)[:, 0]
+                   digit_size: tuple[int, int], dilate: int, label_dilate: int, texture_strength: float,
+                   max_overlap: float, placement_tries: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` scenes: ``digits_per_image`` digits (ink in [0, 1]) drawn from ``digits`` at random
+    sizes and positions, each in its own colour far from the background under it, overlapping earlier
+    digits' regions by at most ``max_overlap`` (``placement_tries`` positions are tried). Strokes are
+    widened by ``dilate`` pixels (of the 28-pixel original) to draw the digit and by ``label_dilate`` to
+    label it: a digit is an object region of digit+1 around its strokes, not a hairline that a
+    patch-resolution segmenter could never trace. Everything else is 0 (background)."""
+    widen = lambda x, r: F.max_pool2d(x[:, None], 2 * r + 1, stride=1, padding=r)[:, 0] if r else x  # noqa: E731
+    digits, regions = widen(digits, dilate), widen(digits, label_dilate)
     randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=generator))  # noqa: E731
     images = torch.empty(count, 3, image_size, image_size, dtype=torch.uint8)
     masks = torch.zeros(count, image_size, image_size, dtype=torch.uint8)
     for i in range(count):
         image = texture(image_size, texture_strength, generator)
-        # A cyclic shift of at least 0.3 per channel keeps the ink visible on its background.
-        colour = (image.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
         for _ in range(randint(*digits_per_image)):
             pick = randint(0, len(digits) - 1)
             size = min(randint(*digit_size), image_size)
-            ink = F.interpolate(digits[pick][None, None], size=(size, size), mode="bilinear",
-                                antialias=True, align_corners=False)[0]
-            top, left = randint(0, image_size - size), randint(0, image_size - size)
-            window = (slice(top, top + size), slice(left, left + size))
-            image[:, window[0], window[1]] = image[:, window[0], window[1]] * (1 - ink) + colour[:, None, None] * ink
-            masks[i][window][ink[0] > 0.5] = int(labels[pick]) + 1
+            ink, region = F.interpolate(torch.stack([digits[pick], regions[pick]])[None], size=(size, size),
+                                        mode="bilinear", antialias=True, align_corners=False)[0]
+            # Digits may touch but not hide each other: occlusion by a same-looking stroke is unlearnable.
+            for _ in range(placement_tries):
+                top, left = randint(0, image_size - size), randint(0, image_size - size)
+                window = (slice(top, top + size), slice(left, left + size))
+                if (masks[i][window][region > 0.5] > 0).float().mean() <= max_overlap:
+                    break
+            else:
+                continue  # no room left: this scene gets fewer digits
+            # A cyclic shift of at least 0.3 per channel keeps the ink visible on its background.
+            patch = image[:, window[0], window[1]]
+            colour = (patch.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
+            image[:, window[0], window[1]] = patch * (1 - ink) + colour[:, None, None] * ink
+            masks[i][window][region > 0.5] = int(labels[pick]) + 1
         images[i] = (image * 255).round().to(torch.uint8)
     return images, masks
 
@@ -92,7 +100,8 @@ def digit_scenes(cfg, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
     return {
         stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes.image_size,
                               tuple(scenes.digits_per_image), tuple(scenes.digit_size), scenes.dilate,
-                              scenes.texture, generator)
+                              scenes.label_dilate, scenes.texture, scenes.max_overlap, scenes.placement_tries,
+                              generator)
         for stage, pool in zip(("train", "val", "test"), pools)
     }
 
@@ -112,7 +121,8 @@ class TensorSegmentation(Dataset):
 
 def image_mask_pairs(image_dir: Path, mask_dir: Path) -> list[tuple[Path, Path]]:
     """Every image of ``image_dir`` with the ``.png`` mask of the same stem in ``mask_dir``."""
-    images = sorted(p for p in require_path(image_dir, "image folder").iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+    found = require_path(image_dir, "image folder").iterdir()
+    images = sorted(p for p in found if p.suffix.lower() in IMAGE_EXTENSIONS)
     require_path(mask_dir, "mask folder")
     if not images:
         raise DataError(f"image folder {image_dir} has no images ({'/'.join(IMAGE_EXTENSIONS)})")
@@ -155,7 +165,8 @@ class FileSegmentation(Dataset):
         if labels.ndim != 2:
             raise DataError(f"{mask_path}: mask must have one channel of labels, found shape {labels.shape}")
         if image.size != mask.size:
-            raise DataError(f"{mask_path}: mask size {mask.size} differs from image {image_path.name} size {image.size}")
+            raise DataError(f"{mask_path}: mask size {mask.size} differs from image {image_path.name} "
+                            f"size {image.size}")
         labels = torch.from_numpy(labels.astype(np.int64))
         if self.reduce_zero_label:
             labels = torch.where((labels == 0) | (labels == self.ignore_index), self.ignore_index, labels - 1)
@@ -251,7 +262,8 @@ class SegmentationDataModule(pl.LightningDataModule):
         transforms = {"train": train, "val": evaluate, "test": evaluate}
         if cfg.dataset == "digits":
             key = json.dumps(OmegaConf.to_container(cfg.scenes) | {"split": list(cfg.split)}, sort_keys=True)
-            path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.pt"
+            digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+            path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{digest}.pt"
             scenes = cached(path, lambda: digit_scenes(cfg, self.seed))
             self.datasets = {s: TensorSegmentation(*scenes[s], transforms[s]) for s in transforms}
             return

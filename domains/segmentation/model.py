@@ -61,9 +61,9 @@ class Segmenter(nn.Module):
     """Images [B, 3, H, W] in [0, 1] → class logits [B, classes, H, W] for any H, W."""
 
     def __init__(self, num_classes: int, *, crop_size: int, patch_size: int, dim: int, depth: int, heads: int,
-                 mlp_ratio: float, dropout: float, decoder: str, decoder_dim: int, decoder_depth: int,
-                 decoder_heads: int, window_stride: int | None, pixel_mean: list[float], pixel_std: list[float],
-                 attention: dict):
+                 mlp_ratio: float, dropout: float, drop_path: float, decoder: str, decoder_dim: int,
+                 decoder_depth: int, decoder_heads: int, window_stride: int | None, pixel_mean: list[float],
+                 pixel_std: list[float], attention: dict):
         super().__init__()
         if crop_size % patch_size:
             raise ValueError(f"crop_size {crop_size} is not a multiple of patch_size {patch_size}")
@@ -74,7 +74,8 @@ class Segmenter(nn.Module):
         grid = crop_size // patch_size
         self.patch_embed = nn.Conv2d(3, dim, patch_size, stride=patch_size)
         self.pos_embed = nn.Parameter(torch.randn(1, dim, grid, grid) * 0.02)
-        self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, seq_len=grid**2, **attention)
+        self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, drop_path=drop_path,
+                               seq_len=grid**2, **attention)
         if decoder == "mask":
             self.decoder = MaskTransformer(num_classes, dim, dim=decoder_dim, depth=decoder_depth, heads=decoder_heads,
                                            seq_len=grid**2, mlp_ratio=mlp_ratio, dropout=dropout, attention=attention)
@@ -94,7 +95,8 @@ class Segmenter(nn.Module):
         if pos.shape[-2:] != grid:
             pos = F.interpolate(pos, size=grid, mode="bicubic", align_corners=False)
         tokens = self.encoder((tokens + pos).flatten(2).transpose(1, 2))
-        logits = F.interpolate(self.decoder(tokens, tuple(grid)), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        logits = F.interpolate(self.decoder(tokens, tuple(grid)), size=x.shape[-2:], mode="bilinear",
+                               align_corners=False)
         return logits[..., :height, :width]
 
     def sliding_window(self, images: Tensor) -> Tensor:
@@ -124,8 +126,9 @@ class SegmentationTask(Task):
         super().__init__(optim)
         self.net, self.ignore_index, self.class_names, self.seed = net, ignore_index, class_names, seed
         # validate_args=False: checking every pixel label costs as much as a training step here.
-        jaccard = lambda average: MulticlassJaccardIndex(num_classes, average=average, ignore_index=ignore_index,  # noqa: E731
-                                                         validate_args=False)
+        def jaccard(average: str) -> MulticlassJaccardIndex:
+            return MulticlassJaccardIndex(num_classes, average=average, ignore_index=ignore_index, validate_args=False)
+
         self.set_metrics(MetricCollection({
             "miou": jaccard("macro"),
             "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False),
