@@ -21,15 +21,6 @@ CONFIG = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "domai
 MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C", "N#CC#N", "OCC(O)CO", "CCN(CC)CC", "O=C=O"] * 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny graphs: extra intra-op threads only spin, badly so on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def data_cfg(**overrides) -> dict:
     cfg = OmegaConf.to_container(CONFIG.data)
     cfg.update(batch_size=4, rwse_steps=4, **overrides)

@@ -28,15 +28,6 @@ def compose(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/no
     return cfg
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: extra threads only contend on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("segmentation-cache")

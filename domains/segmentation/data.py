@@ -13,17 +13,16 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from common.data import DataError, cached, require_path, seeded_split
+from common.data import DataError, SplitDataModule, cached, require_path, seeded_split
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
@@ -235,14 +234,13 @@ class PadCollate:
 
 # ---------------------------------------------------------------- the data module
 
-class SegmentationDataModule(pl.LightningDataModule):
+class SegmentationDataModule(SplitDataModule):
     """``cfg.dataset``: digits (embedded default) | ade20k | folder. ``num_classes``, ``ignore_index``
     and ``class_names`` are known before ``setup`` so the model can be built first."""
 
     def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__()
+        super().__init__(cfg.batch_size, num_workers=cfg.num_workers, collate_fn=PadCollate(cfg.ignore_index))
         self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
-        self.datasets: dict[str, Dataset] = {}
         if cfg.dataset == "digits":
             self.num_classes, self.ignore_index = len(DIGIT_CLASSES), cfg.ignore_index
             self.class_names = list(DIGIT_CLASSES)
@@ -282,17 +280,3 @@ class SegmentationDataModule(pl.LightningDataModule):
             reduce_zero_label = cfg.reduce_zero_label
         self.datasets = {s: FileSegmentation(pairs[s], self.num_classes, self.ignore_index, reduce_zero_label,
                                              transforms[s]) for s in transforms}
-
-    def _loader(self, stage: str) -> DataLoader:
-        return DataLoader(self.datasets[stage], batch_size=self.cfg.batch_size, shuffle=stage == "train",
-                          drop_last=False, num_workers=self.cfg.num_workers, collate_fn=PadCollate(self.ignore_index),
-                          persistent_workers=self.cfg.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
