@@ -60,7 +60,8 @@ def write_modelnet_tree(root):
     text = (root / "chair" / "train" / "chair_0.off").read_text()
     (root / "chair" / "train" / "chair_0.off").write_text(text.replace("OFF\n", "OFF", 1))
     (root / "chair" / "train" / "broken.off").write_text("not a mesh")
-    cloud = sphere.sample_points_uniformly(100)
+    o3d.utility.random.seed(0)
+    cloud = sphere.sample_points_uniformly(1000)  # a dense scan, so its 64 farthest points spread evenly
     o3d.io.write_point_cloud(str(root / "lamp" / "test" / "scan.ply"), cloud)
 
 
@@ -70,11 +71,11 @@ def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path):
     dm.setup()
     assert dm.classes == ["chair", "lamp"]
     assert dm.skipped == [str(tmp_path / "ModelNet2" / "chair" / "train" / "broken.off")]
-    test_points, test_labels = dm.splits["test"].tensors
+    test_points, test_labels = dm.datasets["test"].tensors
     assert sorted(test_labels.tolist()) == [0, 0, 1, 1, 1]
-    train_labels = torch.cat([dm.splits["train"].tensors[1], dm.splits["val"].tensors[1]])
+    train_labels = torch.cat([dm.datasets["train"].tensors[1], dm.datasets["val"].tensors[1]])
     assert sorted(train_labels.tolist()) == [0] * 4 + [1] * 4  # validation comes out of train
-    assert len(dm.splits["val"]) == 4
+    assert len(dm.datasets["val"]) == 4
     assert test_points.shape == (5, 64, 3)
     radius = test_points.norm(dim=-1).amax(-1)
     assert torch.allclose(radius, torch.ones(5)) and test_points.mean(1).abs().max() < 1e-5
@@ -88,7 +89,7 @@ def test_folder_without_splits_and_bad_roots(tmp_path):
     dm = PointCloudDataModule(data_cfg(dataset="folder", root=str(tmp_path / "tree"), test_fraction=0.25),
                               tmp_path / "cache", 0)
     dm.setup()
-    assert sum(len(s) for s in dm.splits.values()) == 13 and len(dm.skipped) == 1
+    assert sum(len(s) for s in dm.datasets.values()) == 13 and len(dm.skipped) == 1
     with pytest.raises(DataError, match="needs data.root"):
         PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "missing")), tmp_path, 0)
     (tmp_path / "tree" / "empty_class").mkdir()
@@ -98,7 +99,7 @@ def test_folder_without_splits_and_bad_roots(tmp_path):
     flat.mkdir(parents=True)
     o3d.io.write_triangle_mesh(str(flat / "a.off"), o3d.geometry.TriangleMesh.create_box())
     with pytest.raises(DataError, match="ModelNet layout"):
-        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "flat")), tmp_path / "c2", 0).setup()
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "flat")), tmp_path / "c2", 0)
 
 
 def test_generated_shapes_deterministic_per_seed():
@@ -127,7 +128,7 @@ def test_drop_points_keeps_size_and_only_kept_positions():
 def test_every_variant_trains(variant):
     torch.manual_seed(0)
     net = PointTransformer(5, dim=16, depth=2, heads=2, num_groups=8, group_size=4, tokenizer_hidden=8, pos_hidden=8,
-                           head_hidden=8, head_dropout=0.0, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
+                           head_hidden=8, head_dropout=0.0, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0, drop_path=0.1,
                            attention={"variant": variant, "qk_gain_init": None})
     logits = net(torch.randn(3, 32, 3))
     logits.sum().backward()

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import open3d as o3d
-import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
-from common.data import DataError, cached, class_folder_files, require_path, seeded_split
+from common.data import DataError, SplitDataModule, cached, class_folder_files, seeded_split
 
 from .shapes import SHAPES, generate_shapes
 
@@ -69,11 +68,12 @@ def normalise_unit_sphere(points: Tensor) -> Tensor:
 
 
 def sample_files(files: list[tuple[Path, int]], num_points: int) -> dict:
-    """Every file sampled to ``num_points``; unreadable ones are reported by path, skipped and counted."""
+    """Every file sampled to ``num_points``; unreadable ones are reported by path, skipped and counted.
+    ``kept`` lists the indices into ``files`` of the clouds returned."""
     rng = np.random.default_rng(SAMPLING_SEED)
     o3d.utility.random.seed(SAMPLING_SEED)
-    points, labels, paths, skipped = [], [], [], []
-    for path, label in files:
+    points, labels, kept, skipped = [], [], [], []
+    for index, (path, label) in enumerate(files):
         try:
             points.append(read_points(path, num_points, rng))
         except DataError as err:
@@ -81,11 +81,11 @@ def sample_files(files: list[tuple[Path, int]], num_points: int) -> dict:
             skipped.append(str(path))
             continue
         labels.append(label)
-        paths.append(str(path))
+        kept.append(index)
     if not points:
         raise DataError(f"no readable mesh or point file among {len(files)} files")
     return {"points": normalise_unit_sphere(torch.from_numpy(np.stack(points))),
-            "labels": torch.tensor(labels), "paths": paths, "skipped": skipped}
+            "labels": torch.tensor(labels), "kept": kept, "skipped": skipped}
 
 
 # --- augmentation (batched, on any device) ------------------------------------------------------
@@ -117,18 +117,19 @@ def drop_points(points: Tensor, ratio: Tensor | float, generator=None) -> Tensor
     # Kept points first, in random order; then each slot reads a kept point (itself, if it was kept).
     order = torch.argsort(dropped.to(points.dtype) + _rand((batch, n), points, generator), dim=1)
     kept = (~dropped).sum(1, keepdim=True)
-    slot = torch.where(dropped, (_rand((batch, n), points, generator) * kept).long(), 0)
+    slot = (_rand((batch, n), points, generator) * kept).long().minimum(kept - 1)  # float rounding can reach kept
+    slot = torch.where(dropped, slot, 0)
     source = torch.where(dropped, order.gather(1, slot), torch.arange(n, device=points.device))
     return points.gather(1, source[..., None].expand(-1, -1, 3))
 
 
 # --- datamodule ----------------------------------------------------------------------------------
 
-class PointCloudDataModule(pl.LightningDataModule):
+class PointCloudDataModule(SplitDataModule):
     """Batches ``(points [B, N, 3], labels [B])``. ``cfg`` is the ``data`` section of the domain YAML."""
 
     def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__()
+        super().__init__(cfg.batch_size, num_workers=cfg.num_workers)
         self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
         if cfg.dataset == "shapes":
             self.classes = list(SHAPES)
@@ -136,11 +137,13 @@ class PointCloudDataModule(pl.LightningDataModule):
             if cfg.root is None or not Path(cfg.root).expanduser().exists():
                 raise DataError(f"dataset {cfg.dataset!r} needs data.root, an existing folder of class folders "
                                 f"(got {cfg.root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
-            self.root = require_path(cfg.root)
+            self.root = Path(cfg.root).expanduser()
             self.files, self.classes = class_folder_files(self.root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+            found = {self._modelnet_split(path) for path, _ in self.files}
+            if cfg.dataset == "modelnet" and not {"train", "test"} <= found:
+                raise DataError(f"{self.root} is not in ModelNet layout <class>/{{train,test}}/*.off")
         else:
             raise DataError(f"unknown pointcloud dataset {cfg.dataset!r}; choose shapes, modelnet or folder")
-        self.splits: dict[str, TensorDataset] | None = None
         self.skipped: list[str] = []
 
     @property
@@ -148,8 +151,8 @@ class PointCloudDataModule(pl.LightningDataModule):
         return len(self.classes)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.splits is None:
-            self.splits = self._shapes() if self.cfg.dataset == "shapes" else self._tree()
+        if not self.datasets:
+            self.datasets = self._shapes() if self.cfg.dataset == "shapes" else self._tree()
 
     def _shapes(self) -> dict[str, TensorDataset]:
         shapes, n = self.cfg.shapes, self.cfg.num_points
@@ -174,39 +177,28 @@ class PointCloudDataModule(pl.LightningDataModule):
         if self.skipped:
             log.warning("%d unreadable or empty files skipped under %s, e.g. %s", len(self.skipped), root,
                         self.skipped[0])
-        test, train = self._split_test(root, data["paths"])
+        test, train = self._split_test([self.files[i][0] for i in data["kept"]])
         # Model selection never looks at test: validation comes out of the training files.
         fraction = self.cfg.val_fraction
-        fit, val, _ = seeded_split(len(train), (1 - fraction, fraction, 0.0), self.cfg.split_seed)
+        fit, _, val = seeded_split(len(train), (1 - fraction, 0.0, fraction), self.cfg.split_seed)
         parts = {"train": train[fit], "val": train[val], "test": test}
         return {split: TensorDataset(data["points"][idx], data["labels"][idx]) for split, idx in parts.items()}
 
-    def _split_test(self, root: Path, paths: list[str]) -> tuple[Tensor, Tensor]:
-        """Indices of the test and training files: by the ``train``/``test`` folders of the ModelNet
+    def _modelnet_split(self, path: Path) -> str | None:
+        """``train`` or ``test`` for ``<class>/<split>/.../file``, else None."""
+        folders = path.relative_to(self.root).parts[1:-1]
+        return next((split for split in ("train", "test") if split in folders), None)
+
+    def _split_test(self, paths: list[Path]) -> tuple[Tensor, Tensor]:
+        """Indices of the test and training clouds: by the ``train``/``test`` folders of the ModelNet
         layout, or a seeded random split of a plain class-per-folder tree."""
         if self.cfg.dataset == "modelnet":
-            parts = [Path(p).relative_to(root).parts for p in paths]
-            is_test = torch.tensor(["test" in p[1:-1] for p in parts])
-            is_train = torch.tensor(["train" in p[1:-1] for p in parts])
-            if not is_test.any() or not is_train.any():
-                raise DataError(f"{root} is not in ModelNet layout <class>/{{train,test}}/*.off")
-            return is_test.nonzero()[:, 0], is_train.nonzero()[:, 0]
+            splits = [self._modelnet_split(path) for path in paths]
+            return (torch.tensor([i for i, s in enumerate(splits) if s == "test"], dtype=torch.long),
+                    torch.tensor([i for i, s in enumerate(splits) if s == "train"], dtype=torch.long))
         fraction = self.cfg.test_fraction
         train, _, test = seeded_split(len(paths), (1 - fraction, 0.0, fraction), self.cfg.split_seed)
-        return torch.tensor(test), torch.tensor(train)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=self.cfg.batch_size, shuffle=shuffle,
-                          num_workers=self.cfg.num_workers)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("val", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
+        return torch.tensor(test, dtype=torch.long), torch.tensor(train, dtype=torch.long)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is None or not self.trainer.training:

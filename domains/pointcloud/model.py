@@ -63,9 +63,11 @@ class MiniPointNet(nn.Module):
 
 
 class PointTransformer(nn.Module):
+    """Clouds [B, N, 3] -> logits: ``num_groups`` tokens of ``group_size`` neighbours each, plus a cls token."""
+
     def __init__(self, num_classes: int, *, dim: int, depth: int, heads: int, num_groups: int, group_size: int,
                  tokenizer_hidden: int, pos_hidden: int, head_hidden: int, head_dropout: float,
-                 mlp_ratio: float, dropout: float, attn_dropout: float, attention: dict):
+                 mlp_ratio: float, dropout: float, attn_dropout: float, drop_path: float, attention: dict):
         super().__init__()
         self.num_groups, self.group_size = num_groups, group_size
         self.tokenizer = MiniPointNet(dim, tokenizer_hidden)
@@ -73,7 +75,7 @@ class PointTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.cls_pos = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
-                               seq_len=num_groups + 1, **attention)
+                               drop_path=drop_path, seq_len=num_groups + 1, **attention)
         self.head = nn.Sequential(nn.Linear(2 * dim, head_hidden), nn.LayerNorm(head_hidden), nn.GELU(),
                                   nn.Dropout(head_dropout), nn.Linear(head_hidden, num_classes))
 
