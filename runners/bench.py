@@ -51,11 +51,12 @@ def _sync(device: str) -> None:
 
 
 def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per forward+backward, variants interleaved so drift hits all of them alike."""
+    """Median seconds per forward+backward. Variants are interleaved, and each round starts at the next
+    variant, so neither drift nor a position in the round favours any of them."""
     inputs = {v: make_inputs(shape, v, device) for v in variants}
     times = {v: [] for v in variants}
     for r in range(warmup + repeats):
-        for v in variants:
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             _sync(device)
             t0 = time.perf_counter()
             step(v, *inputs[v])
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quest bench", description=__doc__)
     parser.add_argument("--shape", default="8,8,1024,64", help="batch,heads,tokens,head_dim for the timing table")
     parser.add_argument("--long", default="1,4,16384,64", help="long-sequence shape (timing of standard/quest, memory)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")

@@ -45,7 +45,8 @@ def load_sweep(path: str | Path) -> dict:
 
 
 def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
-    """Every run of the sweep as ``quest train`` arguments, in a fixed order."""
+    """Every run of the sweep as ``quest train`` arguments, seed by seed: a sweep stopped early has
+    covered every domain and variant at the first seeds rather than a few domains at all seeds."""
     domains = spec.get("domains", "all")
     domains = domain_names() if domains == "all" else list(domains)
     variants = spec.get("variants", "all")
@@ -54,7 +55,7 @@ def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
     out = output_dir or spec.get("output_dir", "runs")
     runs = []
-    for domain, combo, variant, seed in itertools.product(domains, combos, variants, spec.get("seeds", [0])):
+    for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), domains, combos, variants):
         args = [f"domain={domain}", f"attention={variant}", f"seed={seed}", f"output_dir={out}"]
         if "preset" in spec:
             args.append(f"preset={spec['preset']}")
