@@ -88,8 +88,9 @@ IDENTITY = {"domain", "dataset", "variant", "seed", "preset", "status", "primary
 
 
 def paired_difference(ok: pd.DataFrame, variant: str, metric: str) -> str:
-    """Mean difference to `standard` over runs matched by seed (and any other config, via preset and
-    dataset being fixed per table), with a two-sided paired t-test when there are >= 2 pairs."""
+    """Mean difference to `standard` over runs paired by seed (each seed's runs averaged over any other
+    swept settings; preset and dataset are fixed per table), with a two-sided paired t-test when there
+    are >= 2 pairs."""
     if variant == "standard" or metric not in ok:
         return "–"
     a = ok[ok["variant"] == variant].groupby("seed")[metric].mean()

@@ -55,15 +55,19 @@ def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tup
             plt.close(fig)
         curves = _probe_curves(group)
         if curves:
-            fig, axes = plt.subplots(1, len(curves), figsize=(3.3 * len(curves), 3), squeeze=False)
-            for ax, (stat, table) in zip(axes[0], sorted(curves.items())):
+            cols = min(4, len(curves))
+            rows = -(-len(curves) // cols)
+            fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+            for ax in axes.flat[len(curves):]:
+                ax.axis("off")
+            for ax, (stat, table) in zip(axes.flat, sorted(curves.items())):
                 for variant in _order(table.columns):
                     ax.plot(table.index, table[variant], label=variant, lw=1.2)
                 ax.set_title(stat, fontsize=9)
                 ax.set_xlabel("step")
                 if "norm" in stat or "logit" in stat:
                     ax.set_yscale("symlog")
-            axes[0][-1].legend(fontsize=7, loc="best")
+            axes.flat[len(curves) - 1].legend(fontsize=7, loc="best")
             fig.suptitle(f"{domain} ({preset}): stability probes over training", fontsize=10)
             fig.tight_layout()
             paths.append(folder / f"{domain}_{preset}_probes.png")
