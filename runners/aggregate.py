@@ -24,10 +24,11 @@ ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
 GROUP = ["domain", "dataset", "preset"]  # one table per group: runs of different sizes never mix
 
 
-def load_runs(root: str | Path) -> pd.DataFrame:
-    """One row per run: identity columns plus every test metric. Malformed records are reported, skipped."""
+def load_runs(*roots: str | Path) -> pd.DataFrame:
+    """One row per run under any of ``roots``: identity columns plus every test metric. Malformed
+    records are reported and skipped."""
     rows = []
-    for path in find_records(root):
+    for path in (p for root in roots for p in find_records(root)):
         try:
             rec = read_record(path)
         except RecordError as err:
@@ -39,7 +40,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         row.update({k: v for k, v in rec.get("robustness", {}).items() if k.startswith(ROBUSTNESS)})
         rows.append(row)
     if not rows:
-        raise FileNotFoundError(f"no run records under {root}")
+        raise FileNotFoundError(f"no run records under {', '.join(map(str, roots))}")
     return pd.DataFrame(rows)
 
 
@@ -144,11 +145,11 @@ def render(runs: pd.DataFrame, plots: dict[tuple[str, str], list[str]] | None = 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quest aggregate", description=__doc__)
-    parser.add_argument("runs", help="a directory of runs (searched recursively for record.json)")
+    parser.add_argument("runs", nargs="+", help="directories of runs (searched recursively for record.json)")
     parser.add_argument("-o", "--output", default="RESULTS.md", help="markdown file to write")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    runs = load_runs(args.runs)
+    runs = load_runs(*args.runs)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = {}
