@@ -153,13 +153,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     runs = load_runs(*args.runs)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    extras = out.parent / out.stem  # RESULTS.md -> RESULTS/ for the CSV and the plots
+    extras.mkdir(parents=True, exist_ok=True)
     plots = {}
     if not args.no_plots:
         from runners.plots import write_plots
 
-        plots = write_plots(runs, out.parent / f"{out.stem}_plots", relative_to=out.parent)
+        plots = write_plots(runs, extras, relative_to=out.parent)
     out.write_text(render(runs, plots, args.runs))
-    runs.to_csv(out.with_suffix(".csv"), index=False)
-    print(f"aggregate: {len(runs)} runs -> {out} and {out.with_suffix('.csv')}")
+    runs.to_csv(extras / "runs.csv", index=False)
+    print(f"aggregate: {len(runs)} runs -> {out}, {extras / 'runs.csv'}")
     return 0
