@@ -16,50 +16,25 @@ Each variant is a rewrite of (q, k) followed by one call to
 QUEST's logit is ‖q_i‖·cos(q_i, k_j): the query norm sets the sharpness of its own row, while no key
 can grow its norm to take attention from every query at once.  Explicit [tokens × tokens] logits are
 only formed when asked for (``need_weights`` or a stability probe).
+
+A variant is one ``Variant`` entry in ``VARIANTS``: which of q and k are L2-normalised, whether the
+1/sqrt(d) scale stays, whether it is elliptical, and its ``fold``, the ``QKFold`` class that owns its
+learnable scales (``LayerGain``, ``HeadGain``, ``DimScale``; plain ``QKFold`` when it has none).
+
+Layers of a stack share one ``AttentionState``: each attention module reads the previous layer's
+values from it (elliptical variants need them) and leaves its own, so a stack never needs to know
+which variant it runs. This module needs torch only (PyG for the edge path, imported on use).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common import probes
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    norm_q: bool
-    norm_k: bool
-    scaled: bool  # divide the logit by sqrt(head_dim)
-    gain: str | None = None  # learnable scale: None | "layer" | "head" | "dim"
-    elliptical: bool = False
-
-
-VARIANTS: dict[str, Variant] = {
-    v.name: v
-    for v in (
-        Variant("standard", norm_q=False, norm_k=False, scaled=True),
-        Variant("quest", norm_q=False, norm_k=True, scaled=False),
-        Variant("qnorm", norm_q=True, norm_k=False, scaled=False),
-        Variant("qknorm", norm_q=True, norm_k=True, scaled=False, gain="layer"),
-        Variant("qknorm_hs", norm_q=True, norm_k=True, scaled=False, gain="head"),
-        Variant("qknorm_ds", norm_q=True, norm_k=True, scaled=False, gain="dim"),
-        Variant("elliptical", norm_q=False, norm_k=False, scaled=True, elliptical=True),
-        Variant("elliptical_quest", norm_q=False, norm_k=True, scaled=False, elliptical=True),
-    )
-}
-
-
-def get_variant(variant: str | Variant) -> Variant:
-    if isinstance(variant, Variant):
-        return variant
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    return VARIANTS[variant]
 
 
 class _L2Normalize(torch.autograd.Function):
@@ -87,37 +62,158 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return _L2Normalize.apply(x, eps)
 
 
-def fold_qk(
-    q: Tensor,
-    k: Tensor,
-    variant: str | Variant,
-    *,
-    gain: Tensor | None = None,
-    q_scale: Tensor | None = None,
-    k_scale: Tensor | None = None,
-    metric: Tensor | None = None,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor, float]:
-    """Rewrite (q, k) so that plain dot-product attention with the returned scale gives the variant's
-    logits. ``gain`` (qknorm, qknorm_hs) must broadcast against q; ``q_scale``/``k_scale`` (qknorm_ds)
-    have shape [head_dim]; ``metric`` is the elliptical weight m, and when it is None an elliptical
-    variant runs its base variant (the first layer of a stack has no previous values)."""
+def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:
+    """Henry et al. (2020): g0 = log2(L² − L) for typical length L; without L, sqrt(head_dim), so the
+    logit starts as the standard one would for unit-variance vectors."""
+    if seq_len is not None and seq_len > 1:
+        return math.log2(seq_len**2 - seq_len)
+    return math.sqrt(head_dim)
+
+
+def _per_head(x: Tensor, like: Tensor) -> Tensor:
+    """A per-head vector [H] shaped to broadcast against q with heads on dim 1 ([B, H, N, D] or [N, H, D])."""
+    return x.view(-1, *([1] * (like.dim() - 2)))
+
+
+class QKFold(nn.Module):
+    """Folds a variant into (q, k) for one attention layer, so that plain dot-product attention with
+    the returned scale gives the variant's logits. Subclasses add learnable scales in ``rescale``;
+    q and k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
+
+    def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__()
+        self.variant, self.eps = variant, eps
+
+    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def forward(self, q: Tensor, k: Tensor, metric: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
+        """``metric`` is the elliptical weight m; without it an elliptical variant runs its base
+        variant (the first layer of a stack has no previous values)."""
+        spec = self.variant
+        if spec.elliptical and metric is not None:
+            q = q * metric
+        if spec.norm_q:
+            q = l2_normalize(q, self.eps)
+        if spec.norm_k:
+            k = l2_normalize(k, self.eps)
+        q, k = self.rescale(q, k)
+        return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant.name}"
+
+
+class LayerGain(QKFold):
+    """g · q̂·k̂ with one learnable g per layer, started at ``qknorm_gain_init`` (or ``qk_gain_init``)."""
+
+    def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__(variant, num_heads, head_dim, eps=eps)
+        g0 = qk_gain_init if qk_gain_init is not None else qknorm_gain_init(seq_len, head_dim)
+        self.gain = nn.Parameter(torch.full((self.gains(num_heads),), float(g0)))
+
+    @staticmethod
+    def gains(num_heads: int) -> int:
+        return 1
+
+    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q * _per_head(self.gain, q), k
+
+
+class HeadGain(LayerGain):
+    """g_h · q̂·k̂: one learnable gain per head."""
+
+    @staticmethod
+    def gains(num_heads: int) -> int:
+        return num_heads
+
+
+class DimScale(QKFold):
+    """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos."""
+
+    def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6):
+        super().__init__(variant, num_heads, head_dim, eps=eps)
+        self.q_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
+        self.k_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
+
+    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q * self.q_scale, k * self.k_scale
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    norm_q: bool
+    norm_k: bool
+    scaled: bool  # divide the logit by sqrt(head_dim)
+    elliptical: bool = False  # q weighted by m from the previous layer's values
+    fold: type[QKFold] = QKFold  # owns the learnable scales, if any
+
+    @property
+    def learnable(self) -> bool:
+        return self.fold is not QKFold
+
+    def make_fold(self, num_heads: int, head_dim: int, **kwargs) -> QKFold:
+        return self.fold(self, num_heads, head_dim, **kwargs)
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("standard", norm_q=False, norm_k=False, scaled=True),
+        Variant("quest", norm_q=False, norm_k=True, scaled=False),
+        Variant("qnorm", norm_q=True, norm_k=False, scaled=False),
+        Variant("qknorm", norm_q=True, norm_k=True, scaled=False, fold=LayerGain),
+        Variant("qknorm_hs", norm_q=True, norm_k=True, scaled=False, fold=HeadGain),
+        Variant("qknorm_ds", norm_q=True, norm_k=True, scaled=False, fold=DimScale),
+        Variant("elliptical", norm_q=False, norm_k=False, scaled=True, elliptical=True),
+        Variant("elliptical_quest", norm_q=False, norm_k=True, scaled=False, elliptical=True),
+    )
+}
+
+
+def get_variant(variant: str | Variant) -> Variant:
+    if isinstance(variant, Variant):
+        return variant
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    return VARIANTS[variant]
+
+
+def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None = None,
+            metric: Tensor | None = None, eps: float = 1e-6) -> tuple[Tensor, Tensor, float]:
+    """(q, k, scale) such that SDPA with that scale gives the variant's logits. A variant with
+    learnable scales needs its ``fold`` module (``get_variant(name).make_fold(heads, head_dim)``)."""
     spec = get_variant(variant)
-    if spec.elliptical and metric is not None:
-        q = q * metric
-    if spec.norm_q:
-        q = l2_normalize(q, eps)
-    if spec.norm_k:
-        k = l2_normalize(k, eps)
-    if spec.gain in ("layer", "head"):
-        if gain is None:
-            raise ValueError(f"variant {spec.name!r} needs its learnable gain (use MultiheadAttention)")
-        q = q * gain
-    elif spec.gain == "dim":
-        if q_scale is None or k_scale is None:
-            raise ValueError(f"variant {spec.name!r} needs q_scale and k_scale (use MultiheadAttention)")
-        q, k = q * q_scale, k * k_scale
-    return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
+    if fold is None:
+        if spec.learnable:
+            raise ValueError(f"variant {spec.name!r} has learnable scales: pass fold=get_variant({spec.name!r})"
+                             ".make_fold(num_heads, head_dim), or use MultiheadAttention")
+        fold = QKFold(spec, q.shape[1], q.shape[-1], eps=eps)
+    return fold(q, k, metric)
+
+
+@dataclass
+class AttentionState:
+    """What each attention layer of a stack leaves for the next: its values ([B, H, N, D] dense,
+    [N, H, D] on edges, detached), from which elliptical variants compute their metric. A stack makes
+    one per forward pass and hands it to every layer."""
+
+    values: Tensor | None = field(default=None, repr=False)
+
+    def exchange(self, values: Tensor) -> Tensor | None:
+        """The previous layer's values when they match this layer's shape; stores this layer's."""
+        previous = self.values if self.values is not None and self.values.shape == values.shape else None
+        self.values = values.detach()
+        return previous
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean [q_len, k_len], True = may attend; the last query sees every key (KV-cache aligned)."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
 def merge_masks(
@@ -130,19 +226,28 @@ def merge_masks(
 ) -> tuple[Tensor | None, Tensor | None]:
     """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
     have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
-    and their output is zeroed by the caller."""
+    and their output is zeroed by the caller. Causality alone gives no mask: SDPA's ``is_causal``
+    fast path handles it."""
     mask, empty = None, None
     if key_padding_mask is not None:
         empty = key_padding_mask.all(-1)
         mask = ~(key_padding_mask & ~empty[:, None])[:, None, None, :]
     if causal and (mask is not None or attn_bias is not None):
-        tri = torch.ones(q_len, k_len, dtype=torch.bool, device=(attn_bias if mask is None else mask).device)
-        tri = tri.tril(k_len - q_len)
+        tri = causal_mask(q_len, k_len, (attn_bias if mask is None else mask).device)
         mask = tri if mask is None else mask & tri
     if attn_bias is not None:
         bias = attn_bias.to(dtype)
         mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
     return mask, empty
+
+
+def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int,
+                  k_len: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """``merge_masks`` with causality always written out, for code that forms the logits itself."""
+    mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype)
+    if mask is None and causal:
+        mask = causal_mask(q_len, k_len, device)
+    return mask
 
 
 def attend(
@@ -155,9 +260,7 @@ def attend(
     attn_bias: Tensor | None = None,
     causal: bool = False,
     dropout_p: float = 0.0,
-    gain: Tensor | None = None,
-    q_scale: Tensor | None = None,
-    k_scale: Tensor | None = None,
+    fold: QKFold | None = None,
     metric: Tensor | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
@@ -166,7 +269,7 @@ def attend(
     ``key_padding_mask`` is boolean [batch, k_tokens], True = padding; ``attn_bias`` is additive and
     broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
     """
-    qf, kf, scale = fold_qk(q, k, variant, gain=gain, q_scale=q_scale, k_scale=k_scale, metric=metric, eps=eps)
+    qf, kf, scale = fold_qk(q, k, variant, fold=fold, metric=metric, eps=eps)
     return attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=attn_bias, causal=causal,
                          dropout_p=dropout_p)
 
@@ -184,11 +287,13 @@ def attend_folded(
     probe: probes.Probe | None = None,
     raw_qk: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """SDPA on (q, k) already folded by ``fold_qk``; an enabled ``probe`` records its statistics, with
+    """SDPA on (q, k) already folded by a ``QKFold``; an enabled ``probe`` records its statistics, with
     the norms taken from ``raw_qk`` (q, k before folding)."""
-    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, qf.shape[-2], kf.shape[-2], qf.dtype)
+    q_len, k_len = qf.shape[-2], kf.shape[-2]
+    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype)
     if probe is not None and probe.enabled:
-        probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, mask, key_padding_mask)
+        probe_mask = mask if mask is not None or not causal else causal_mask(q_len, k_len, qf.device)
+        probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, probe_mask, key_padding_mask)
     out = F.scaled_dot_product_attention(
         qf, kf, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
     )
@@ -198,10 +303,16 @@ def attend_folded(
 
 
 @torch.no_grad()
-def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Tensor | None = None, eps: float = 1e-6,
+                      causal: bool = False) -> Tensor:
     """Elliptical attention's coordinate weights (Nielsen et al. 2024): m_d = mean_n |v^l_nd − v^{l−1}_nd|
-    over the valid tokens of each sample and head, divided by max_d m_d. [B, H, N, D] → [B, H, 1, D]."""
+    over the valid tokens of each sample and head, divided by max_d m_d. [B, H, N, D] → [B, H, 1, D].
+    Under ``causal`` the mean runs over each query's prefix only ([B, H, N, D]): a mean over all tokens
+    would let the future steer every past query."""
     delta = (values - prev_values).abs()
+    if causal:
+        keep = torch.ones_like(delta[..., :1]) if key_padding_mask is None else (~key_padding_mask)[:, None, :, None].to(delta.dtype)
+        return _unit_max((delta * keep).cumsum(-2) / keep.cumsum(-2).clamp_min(1.0), eps)
     if key_padding_mask is None:
         m = delta.mean(-2)
     else:
@@ -210,54 +321,30 @@ def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Ten
     return _unit_max(m, eps).unsqueeze(-2)
 
 
+@torch.no_grad()
+def edge_elliptical_metric(values: Tensor, prev_values: Tensor, batch: Tensor | None, eps: float = 1e-6) -> Tensor:
+    """The elliptical weights per graph for node-major values [N, H, D], gathered back per node."""
+    from torch_geometric.utils import scatter
+
+    delta = (values - prev_values).abs()
+    if batch is None:
+        return _unit_max(delta.mean(0, keepdim=True), eps)
+    m = scatter(delta, batch, dim=0, reduce="mean")
+    return _unit_max(m, eps)[batch]
+
+
 def _unit_max(m: Tensor, eps: float) -> Tensor:
     # Values that did not move at all carry no information: fall back to the plain metric (m = 1).
     peak = m.amax(-1, keepdim=True)
     return torch.where(peak > eps, m / peak.clamp_min(eps), torch.ones_like(m))
 
 
-def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:
-    """Henry et al. (2020): g0 = log2(L² − L) for typical length L; without L, sqrt(head_dim), so the
-    logit starts as the standard one would for unit-variance vectors."""
-    if seq_len is not None and seq_len > 1:
-        return math.log2(seq_len**2 - seq_len)
-    return math.sqrt(head_dim)
-
-
-class QKFold(nn.Module):
-    """A variant's learnable scales, folded into (q, k) for one attention layer."""
-
-    def __init__(self, variant: str, num_heads: int, head_dim: int, *, seq_len: int | None = None,
-                 qk_gain_init: float | None = None, eps: float = 1e-6):
-        super().__init__()
-        self.variant = get_variant(variant)
-        self.eps = eps
-        if self.variant.gain in ("layer", "head"):
-            g0 = qk_gain_init if qk_gain_init is not None else qknorm_gain_init(seq_len, head_dim)
-            self.gain = nn.Parameter(torch.full((num_heads if self.variant.gain == "head" else 1,), float(g0)))
-        elif self.variant.gain == "dim":
-            # c_q = c_k = d^(1/4): the logit starts at sqrt(d)·cos.
-            self.q_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
-            self.k_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
-
-    def forward(self, q: Tensor, k: Tensor, metric: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
-        """q, k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
-        gain = None
-        if self.variant.gain in ("layer", "head"):
-            gain = self.gain.view(-1, *([1] * (q.dim() - 2)))
-        return fold_qk(q, k, self.variant, gain=gain, q_scale=getattr(self, "q_scale", None),
-                       k_scale=getattr(self, "k_scale", None), metric=metric, eps=self.eps)
-
-    def extra_repr(self) -> str:
-        return f"variant={self.variant.name}"
-
-
 class MultiheadAttention(nn.Module):
     """Multi-head attention with a selectable variant; batch-first drop-in for
     ``torch.nn.MultiheadAttention`` (same parameter names, so its state dict loads as is).
 
-    Elliptical variants read the previous layer's values: pass them as ``prev_values`` and ask for this
-    layer's with ``return_values=True`` (``common.blocks`` threads them through a stack).
+    Inside a stack, pass the stack's ``AttentionState`` as ``state``: elliptical variants read the
+    previous layer's values from it, and every layer leaves its own.
     """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
@@ -271,7 +358,8 @@ class MultiheadAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim)) if bias else None
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.qk = QKFold(variant, num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init, eps=eps)
+        self.qk = get_variant(variant).make_fold(num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init,
+                                                 eps=eps)
         self.probe = probes.Probe()
         self.reset_parameters()
 
@@ -306,27 +394,25 @@ class MultiheadAttention(nn.Module):
         is_causal: bool = False,
         *,
         attn_bias: Tensor | None = None,
-        prev_values: Tensor | None = None,
-        return_values: bool = False,
-    ):
-        """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``), and this
-        layer's values [B, H, N, D] as a third item when ``return_values``."""
+        state: AttentionState | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``)."""
         key = query if key is None else key
         value = key if value is None else value
         if not self.batch_first:
             query, key, value = (x.transpose(0, 1) for x in (query, key, value))
-        batch, q_len = query.shape[:2]
         q, k, v = self._project(query, key, value)
 
-        bias = _as_bias(attn_mask, batch, self.num_heads, q.dtype)
+        bias = _as_bias(attn_mask, q.shape[0], self.num_heads, q.dtype)
         if key_padding_mask is not None and key_padding_mask.is_floating_point():  # additive, torch style
             bias = _add(bias, key_padding_mask[:, None, None, :].to(q.dtype))
             key_padding_mask = None
         bias = _add(bias, attn_bias)
 
+        prev = state.exchange(v) if state is not None else None
         metric = None
-        if self.variant.elliptical and prev_values is not None and prev_values.shape == v.shape:
-            metric = elliptical_metric(v, prev_values, key_padding_mask, self.qk.eps)
+        if self.variant.elliptical and prev is not None:
+            metric = elliptical_metric(v, prev, key_padding_mask, self.qk.eps, causal=is_causal)
         qf, kf, scale = self.qk(q, k, metric)
         out = attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=bias, causal=is_causal,
                             dropout_p=self.dropout if self.training else 0.0, probe=self.probe, raw_qk=(q, k))
@@ -336,13 +422,9 @@ class MultiheadAttention(nn.Module):
 
         weights = None
         if need_weights:  # explicit, so only on request
-            mask, _ = merge_masks(key_padding_mask, bias, is_causal, q_len, k.shape[-2], q.dtype)
-            if mask is None and is_causal:
-                mask = torch.ones(q_len, k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q_len)
+            mask = explicit_mask(key_padding_mask, bias, is_causal, q.shape[-2], k.shape[-2], q.dtype, q.device)
             weights = probes.explicit_attention(qf, kf, scale, mask)[1]
             weights = weights.mean(1) if average_attn_weights else weights
-        if return_values:
-            return out, weights, v.detach()
         return out, weights
 
 
@@ -363,8 +445,8 @@ def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 
 class EdgeMultiheadAttention(nn.Module):
     """Sparse attention over graph edges: each target node i attends over its incoming edges (i ← j),
-    softmax per target (PyG's scatter softmax). Same variants and parameters as the dense module;
-    on a fully connected graph the two agree."""
+    softmax per target (PyG's scatter softmax). Same variants, parameters and ``state`` as the dense
+    module; on a fully connected graph the two agree."""
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
                  bias: bool = True, seq_len: int | None = None, qk_gain_init: float | None = None, eps: float = 1e-6):
@@ -375,7 +457,8 @@ class EdgeMultiheadAttention(nn.Module):
         self.dropout = dropout
         self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.qk = QKFold(variant, num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init, eps=eps)
+        self.qk = get_variant(variant).make_fold(num_heads, self.head_dim, seq_len=seq_len, qk_gain_init=qk_gain_init,
+                                                 eps=eps)
         self.probe = probes.Probe()
 
     @property
@@ -383,15 +466,16 @@ class EdgeMultiheadAttention(nn.Module):
         return self.qk.variant
 
     def forward(self, x: Tensor, edge_index: Tensor, *, batch: Tensor | None = None,
-                edge_bias: Tensor | None = None, prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                edge_bias: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
         """x [N, dim], edge_index [2, E] (row 0 = source j, row 1 = target i), batch [N] graph ids,
-        edge_bias [E, H] additive. Returns the output [N, dim] and this layer's values [N, H, D]."""
+        edge_bias [E, H] additive. Returns the output [N, dim]."""
         from torch_geometric.utils import scatter, softmax
 
         q, k, v = self.in_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
+        prev = state.exchange(v) if state is not None else None
         metric = None
-        if self.variant.elliptical and prev_values is not None and prev_values.shape == v.shape:
-            metric = edge_elliptical_metric(v, prev_values, batch, self.qk.eps)
+        if self.variant.elliptical and prev is not None:
+            metric = edge_elliptical_metric(v, prev, batch, self.qk.eps)
         qf, kf, scale = self.qk(q, k, metric)
         src, dst = edge_index
         logits = (qf[dst] * kf[src]).sum(-1) * scale  # [E, H]
@@ -401,16 +485,4 @@ class EdgeMultiheadAttention(nn.Module):
             self.probe.record_edges(q, k, logits, alpha, dst, x.shape[0])
         alpha = F.dropout(alpha, self.dropout, self.training)
         out = scatter(alpha.unsqueeze(-1) * v[src], dst, dim=0, dim_size=x.shape[0], reduce="sum")
-        return self.out_proj(out.flatten(1)), v.detach()
-
-
-@torch.no_grad()
-def edge_elliptical_metric(values: Tensor, prev_values: Tensor, batch: Tensor | None, eps: float = 1e-6) -> Tensor:
-    """The elliptical weights per graph for node-major values [N, H, D], gathered back per node."""
-    from torch_geometric.utils import scatter
-
-    delta = (values - prev_values).abs()
-    if batch is None:
-        return _unit_max(delta.mean(0, keepdim=True), eps)
-    m = scatter(delta, batch, dim=0, reduce="mean")
-    return _unit_max(m, eps)[batch]
+        return self.out_proj(out.flatten(1))

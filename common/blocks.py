@@ -1,10 +1,11 @@
-"""Pre-norm Transformer encoder on ``common.attention``, threading elliptical state between layers."""
+"""Pre-norm Transformer encoder on ``common.attention``: one ``AttentionState`` per forward pass carries
+what each layer leaves for the next, and ``is_causal`` takes SDPA's causal fast path."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from common.attention import MultiheadAttention
+from common.attention import AttentionState, MultiheadAttention
 
 
 class Mlp(nn.Module):
@@ -58,15 +59,13 @@ class EncoderLayer(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None,
-                prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Returns the new x and this layer's attention values (the next layer's ``prev_values``)."""
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None, *,
+                is_causal: bool = False, state: AttentionState | None = None) -> Tensor:
         h = self.norm1(x)
-        h, _, values = self.attn(h, h, h, key_padding_mask=key_padding_mask, attn_bias=attn_bias,
-                                 prev_values=prev_values, return_values=True)
+        h, _ = self.attn(h, h, h, key_padding_mask=key_padding_mask, attn_bias=attn_bias, is_causal=is_causal,
+                         state=state)
         x = x + self.drop_path(self.drop(self.ls1(h)))
-        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
-        return x, values
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
 class Encoder(nn.Module):
@@ -79,8 +78,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, drop_path=r, **layer) for r in rates)
         self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None) -> Tensor:
-        values = None
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None, *,
+                is_causal: bool = False) -> Tensor:
+        state = AttentionState()
         for layer in self.layers:
-            x, values = layer(x, key_padding_mask, attn_bias, prev_values=values)
+            x = layer(x, key_padding_mask, attn_bias, is_causal=is_causal, state=state)
         return self.norm(x)

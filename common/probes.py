@@ -1,14 +1,12 @@
 """Stability probes: per attention layer, the max logit, mean/max query norm, mean/max key norm (before
 normalisation) and mean attention entropy — the quantities the QUEST argument rests on.
 
-Logits are formed explicitly only while a probe is enabled, on the first few samples of a batch;
-``ProbeCallback`` switches the probes of a model on every k training steps and logs what they saw.
+Logits are formed explicitly only while a probe is enabled, on the first few samples of a batch.
+This module needs torch only; ``common.callbacks.ProbeCallback`` switches the probes of a Lightning
+model on every k training steps and logs what they saw.
 """
 from __future__ import annotations
 
-import math
-
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
@@ -100,48 +98,3 @@ def summarize(per_layer: dict[str, dict[str, Tensor]]) -> dict[str, float]:
         values = torch.stack([s[stat] for s in per_layer.values() if stat in s])
         out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
     return out
-
-
-class ProbeCallback(pl.Callback):
-    """Every ``every_n_steps`` training steps, probe every attention layer on ``max_samples`` samples and
-    log ``probe/<layer>/<stat>`` plus a cross-layer summary ``probe/<stat>``. A max logit beyond
-    ``max_logit_bound`` (or a non-finite one) is reported to the module's ``mark_diverged``."""
-
-    def __init__(self, every_n_steps: int = 50, max_samples: int = 4, max_logit_bound: float | None = None):
-        self.every_n_steps = every_n_steps
-        self.max_samples = max_samples
-        self.max_logit_bound = max_logit_bound
-        self.latest: dict[str, float] = {}
-
-    def _switch(self, pl_module: pl.LightningModule, on: bool) -> dict[str, Probe]:
-        found = attention_probes(pl_module)
-        for probe in found.values():
-            probe.enabled, probe.max_samples = on, self.max_samples
-            if on:
-                probe.stats = {}
-        return found
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.every_n_steps > 0 and trainer.global_step % self.every_n_steps == 0:
-            self._switch(pl_module, True)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        found = attention_probes(pl_module)
-        if not any(p.enabled for p in found.values()):
-            return
-        self._switch(pl_module, False)
-        per_layer = {name: p.stats for name, p in found.items() if p.stats}
-        if not per_layer:
-            return
-        self.latest = summarize(per_layer)
-        # Straight to the loggers: self.log would drop steps that miss Trainer(log_every_n_steps).
-        metrics = {f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items() for stat, v in stats.items()}
-        metrics.update({f"probe/{stat}": v for stat, v in self.latest.items()})
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
-        max_logit = self.latest["max_logit"]
-        if not math.isfinite(max_logit) or (self.max_logit_bound is not None and max_logit > self.max_logit_bound):
-            mark = getattr(pl_module, "mark_diverged", None)
-            if mark is not None:
-                mark(f"max attention logit {max_logit:.3g} past bound {self.max_logit_bound}")

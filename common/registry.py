@@ -1,30 +1,49 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
-A domain is a build function ``cfg -> (LightningDataModule, LightningModule)`` plus its primary metric
-(logged as ``val/<metric>`` and ``test/<metric>``) and whether lower or higher is better. Domains
-come from a package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains``
-entry-point group (an entry point names a module that registers on import), or from code that calls
-``register_domain`` itself.
+A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus its primary metric
+(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, and its
+datasets: one mapping from dataset name to loader, which the domain's datamodule reads and the config
+check takes its valid ``data.dataset`` names from. Domains come from a package scanned by ``discover``
+(the project's ``domains/``), from the ``quest.domains`` entry-point group (an entry point names a
+module that registers on import), or from code that calls ``register_domain`` itself.
+
+A domain package is ``__init__.py`` (registers), ``data.py`` (datamodule and ``DATASETS``) and
+``model.py`` (network and task), with its config in ``configs/domain/<name>.yaml`` (or passed as
+``config=``).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ENTRY_POINT_GROUP = "quest.domains"
 
 
 @dataclass(frozen=True)
+class BuildConfig:
+    """What a domain's build function gets: the run's config sections as plain, resolved dicts."""
+
+    data: dict
+    model: dict
+    task: dict
+    optim: dict
+    attention: dict  # keyword arguments of common.attention.MultiheadAttention (variant, qk_gain_init)
+    seed: int
+    cache_dir: Path
+
+
+@dataclass(frozen=True)
 class Domain:
     name: str
-    build: Callable[[Any], tuple[Any, Any]]
+    build: Callable[[BuildConfig], tuple[Any, Any]]
     metric: str
     mode: str  # "min" or "max"
-    datasets: tuple[str, ...]
+    datasets: Mapping[str, Callable]  # dataset name -> loader
     config: dict | Path | None  # default config; None: configs/domain/<name>.yaml
 
 
@@ -32,14 +51,16 @@ _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []
 
 
-def register_domain(name: str, *, metric: str, mode: str, datasets: tuple[str, ...] = ("default",),
+def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable],
                     config: dict | str | Path | None = None):
-    """Decorator for a domain's build function."""
+    """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader."""
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
+    if not isinstance(datasets, Mapping) or not datasets:
+        raise ValueError(f"domain {name!r}: datasets must map each dataset name to its loader")
 
     def decorate(build):
-        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets),
+        _DOMAINS[name] = Domain(name, build, metric, mode, dict(datasets),
                                 Path(config) if isinstance(config, str) else config)
         return build
 

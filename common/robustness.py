@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch

@@ -1,44 +1,93 @@
-"""The LightningModule every domain builds on: optimiser and schedule from config, metric logging by
-stage, and divergence recorded as a result instead of a crash."""
+"""The LightningModule every domain builds on.
+
+A ``Task`` owns the domain's network (``net``), calls it in ``forward``, logs the loss and its metrics by
+stage, builds the optimiser and schedule from config, and records divergence as a result instead of a
+crash. A domain's task says only what differs: how a batch splits into inputs and target
+(``unpack``), its ``loss``, and, for test-time robustness, how an input is ``perturb``-ed.
+
+Test-time perturbations. ``perturbations`` maps a condition name to its settings (the task's
+``perturbations`` config). At test time every batch is also evaluated under each condition, the
+headline metric (the first of the task's metrics) is kept per condition and logged as
+``test/<metric>_<condition>``. The noise of condition c on test batch b is drawn from a generator seeded
+by (run seed, b, c) alone, so every variant of a seed faces the same perturbed test set, whatever ran
+before it.
+"""
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MetricCollection
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-STAGES = ("train", "val", "test")
+from common.data import SPLITS
+
+
+def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
+    """The generator of one condition's noise on one test batch: a function of (seed, batch, condition)."""
+    key = zlib.crc32(f"{seed}/{batch_idx}/{condition}".encode())
+    return torch.Generator(device).manual_seed(key)
 
 
 class Task(pl.LightningModule):
-    """Subclasses implement ``step(batch, stage) -> loss`` and log their metrics as ``<stage>/<name>``.
-
-    ``optim`` keys: name (adamw | adam | sgd), lr, weight_decay, betas, momentum, schedule
+    """``optim`` keys: name (adamw | adam | sgd), lr, weight_decay, betas, momentum, schedule
     (cosine | constant), warmup_steps, min_lr_ratio. Weight decay skips 1-D parameters (biases,
-    norms, attention gains).
-    """
+    norms, attention gains)."""
 
-    def __init__(self, optim: dict):
+    def __init__(self, net: nn.Module, optim: dict, metrics: dict[str, Metric], *,
+                 perturbations: dict | None = None, seed: int = 0):
+        """``metrics``: name -> torchmetrics metric, the headline first (a dict keeps its order; a
+        MetricCollection would sort the names)."""
         super().__init__()
+        self.net = net
         self.optim = dict(optim)
         self.divergence: dict | None = None
+        # No compute groups: metrics that filter their inputs differently may share a state layout, and
+        # torchmetrics would then merge them for good after the first batch.
+        collection = MetricCollection(dict(metrics), compute_groups=False)
+        for stage in SPLITS:
+            setattr(self, f"{stage}_metrics", collection.clone(prefix=f"{stage}/"))
+        self.headline = next(iter(metrics))
+        self.perturbations = dict(perturbations or {})
+        self.perturbed_metrics = nn.ModuleDict({c: metrics[self.headline].clone() for c in self.perturbations})
+        self.seed = seed
 
-    def step(self, batch, stage: str) -> Tensor:
+    # --- what a domain's task defines -------------------------------------------------------------
+    def unpack(self, batch) -> tuple:
+        """(inputs, target) of a batch."""
+        return batch
+
+    def loss(self, output, target, stage: str) -> Tensor:
         raise NotImplementedError
 
-    def set_metrics(self, metrics: MetricCollection) -> None:
-        """One copy of ``metrics`` per stage, logged as ``<stage>/<name>`` at epoch end."""
-        for stage in STAGES:
-            setattr(self, f"{stage}_metrics", metrics.clone(prefix=f"{stage}/"))
+    def predictions(self, output, target):
+        """(predictions, target) as the metrics take them."""
+        return output.detach(), target
+
+    def perturb(self, inputs, condition: str, settings, generator: torch.Generator):
+        """``inputs`` under one test-time condition; needed only when ``perturbations`` is set."""
+        raise NotImplementedError(f"{type(self).__name__} defines no test-time perturbations")
+
+    # --- shared by every domain -------------------------------------------------------------------
+    def forward(self, inputs):
+        return self.net(inputs)
+
+    def step(self, batch, stage: str) -> Tensor:
+        inputs, target = self.unpack(batch)
+        output = self(inputs)
+        loss = self.loss(output, target, stage)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(target))
+        self.update_metrics(stage, *self.predictions(output, target))
+        return loss
 
     def update_metrics(self, stage: str, preds: Tensor, target: Tensor) -> None:
         metrics = getattr(self, f"{stage}_metrics")
         metrics.update(preds, target)
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=target.shape[0])
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(target))
 
     def training_step(self, batch, batch_idx):
         loss = self.step(batch, "train")
@@ -54,6 +103,27 @@ class Task(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self.step(batch, "test")
+        if not self.perturbations:
+            return
+        inputs, target = self.unpack(batch)
+        device = target.device if isinstance(target, Tensor) else self.device
+        for condition, settings in self.perturbations.items():
+            generator = perturbation_generator(self.seed, batch_idx, condition, device)
+            output = self(self.perturb(inputs, condition, settings, generator))
+            self.perturbed_metrics[condition].update(*self.predictions(output, target))
+
+    def on_test_epoch_end(self) -> None:
+        if not self.perturbations:
+            return
+        scores = {condition: metric.compute() for condition, metric in self.perturbed_metrics.items()}
+        for name, value in self.summarize_perturbed(scores).items():
+            self.log(f"test/{name}", value)
+        for metric in self.perturbed_metrics.values():
+            metric.reset()
+
+    def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``."""
+        return {f"{self.headline}_{condition}": score for condition, score in scores.items()}
 
     def mark_diverged(self, reason: str) -> None:
         """End training now and remember why; the runner records ``status: diverged``."""
@@ -97,27 +167,21 @@ def warmup_cosine(total: int, warmup: int, min_ratio: float, cosine: bool = True
     return factor
 
 
-class ClassificationTask(Task):
-    """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc``
-    (overall) and ``macc`` (mean per-class accuracy)."""
+def classification_metrics(num_classes: int) -> dict[str, Metric]:
+    """``acc`` (overall, the headline) and ``macc`` (mean per-class accuracy)."""
+    return {"acc": MulticlassAccuracy(num_classes, average="micro"),
+            "macc": MulticlassAccuracy(num_classes, average="macro")}
 
-    def __init__(self, net: nn.Module, num_classes: int, optim: dict, label_smoothing: float = 0.0):
-        super().__init__(optim)
-        self.net = net
+
+class ClassificationTask(Task):
+    """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc`` and
+    ``macc``. Label smoothing applies to training only."""
+
+    def __init__(self, net: nn.Module, num_classes: int, optim: dict, *, label_smoothing: float = 0.0,
+                 perturbations: dict | None = None, seed: int = 0):
+        super().__init__(net, optim, classification_metrics(num_classes), perturbations=perturbations, seed=seed)
         self.num_classes = num_classes
         self.label_smoothing = label_smoothing
-        self.set_metrics(MetricCollection({
-            "acc": MulticlassAccuracy(num_classes, average="micro"),
-            "macc": MulticlassAccuracy(num_classes, average="macro"),
-        }))
 
-    def forward(self, inputs):
-        return self.net(inputs)
-
-    def step(self, batch, stage: str) -> Tensor:
-        inputs, labels = batch
-        logits = self(inputs)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=labels.shape[0])
-        self.update_metrics(stage, logits.detach(), labels)
-        return loss
+    def loss(self, logits: Tensor, labels: Tensor, stage: str) -> Tensor:
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)

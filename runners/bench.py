@@ -14,34 +14,28 @@ import time
 
 import torch
 
-from common.attention import VARIANTS, attend, elliptical_metric, fold_qk, get_variant
+from common.attention import VARIANTS, attend, elliptical_metric, get_variant
 
 
 def make_inputs(shape, variant: str, device: str, dtype=torch.float32, seed: int = 0):
+    """q, k, v, the variant's fold (its learnable scales as in a model) and, for elliptical variants,
+    previous values."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(*shape, generator=g, dtype=dtype).to(device).requires_grad_() for _ in range(3))
-    spec, (b, h, n, d) = get_variant(variant), shape
-    params = {}
-    if spec.gain == "layer":
-        params["gain"] = torch.tensor(3.0, device=device, requires_grad=True)
-    elif spec.gain == "head":
-        params["gain"] = torch.full((h, 1, 1), 3.0, device=device, requires_grad=True)
-    elif spec.gain == "dim":
-        params["q_scale"] = torch.full((d,), d**0.25, device=device, requires_grad=True)
-        params["k_scale"] = torch.full((d,), d**0.25, device=device, requires_grad=True)
+    spec, (_, heads, _, head_dim) = get_variant(variant), shape
+    fold = spec.make_fold(heads, head_dim).to(device, dtype)
     prev = torch.randn(*shape, generator=g, dtype=dtype).to(device) if spec.elliptical else None
-    return q, k, v, params, prev
+    return q, k, v, fold, prev
 
 
-def step(variant: str, q, k, v, params, prev, naive: bool = False) -> None:
+def step(variant: str, q, k, v, fold, prev, naive: bool = False) -> None:
     """One forward+backward; elliptical variants include computing their weights."""
-    if prev is not None:
-        params = {**params, "metric": elliptical_metric(v.detach(), prev)}
+    metric = elliptical_metric(v.detach(), prev) if prev is not None else None
     if naive:
-        qf, kf, scale = fold_qk(q, k, variant, **params)
+        qf, kf, scale = fold(q, k, metric)
         out = ((qf @ kf.transpose(-2, -1)) * scale).softmax(-1) @ v
     else:
-        out = attend(q, k, v, variant, **params)
+        out = attend(q, k, v, variant, fold=fold, metric=metric)
     out.sum().backward()
 
 

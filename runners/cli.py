@@ -12,9 +12,9 @@ SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.
 
 
 def train_main(argv: list[str]) -> int:
-    from runners.config import compose
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+    from runners.config import compose
     from runners.train import run
 
     parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
@@ -39,9 +39,9 @@ def train_main(argv: list[str]) -> int:
 
 
 def list_main(argv: list[str]) -> int:
+    import runners.config  # noqa: F401  (makes the project's domains package known)
     from common.attention import VARIANTS
     from common.registry import domain_names, get_domain
-    import runners.config  # noqa: F401  (makes the project's domains package known)
 
     argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
     print("domains:")

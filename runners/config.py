@@ -2,6 +2,8 @@
 
 The keys of base.yaml and the domain file are the schema: a key outside it, or a value whose type
 differs from the default's, is a one-line ``ConfigError`` naming the key and what is allowed.
+``attention=<name>`` takes any variant of ``common.attention.VARIANTS``; a variant that carries
+settings of its own may add ``configs/attention/<name>.yaml``, applied after the preset.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.attention import VARIANTS
-from common.registry import discover, get_domain
+from common.registry import BuildConfig, discover, get_domain
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
@@ -113,7 +115,10 @@ def compose(args: list[str]) -> DictConfig:
     variant = groups.get("attention", cfg.attention.variant)
     if variant not in VARIANTS:
         raise ConfigError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    _apply(cfg, OmegaConf.to_container(_load(CONFIG_DIR / "attention" / f"{variant}.yaml", "attention")), f"attention {variant}")
+    cfg.attention.variant = variant
+    settings = CONFIG_DIR / "attention" / f"{variant}.yaml"
+    if settings.exists():
+        _apply(cfg, OmegaConf.to_container(_load(settings, "attention")), f"attention {variant}")
 
     for key, value in dotted:
         apply_override(cfg, key, value, "command line")
@@ -143,3 +148,11 @@ def config_hash(cfg: DictConfig) -> str:
 
 def run_directory(cfg: DictConfig) -> Path:
     return Path(cfg.output_dir) / cfg.domain / cfg.attention.variant / f"seed{cfg.seed}-{config_hash(cfg)}"
+
+
+def build_config(cfg: DictConfig) -> BuildConfig:
+    """The plain, resolved sections a domain's build function takes."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return BuildConfig(data=plain.get("data", {}), model=plain.get("model", {}), task=plain["task"],
+                       optim=plain["optim"], attention=plain["attention"], seed=plain["seed"],
+                       cache_dir=Path(plain["cache_dir"]))

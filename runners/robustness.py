@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from common.attention import get_variant
 from common.records import read_record, write_record
 from common.registry import discover, get_domain
 from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
-from runners.config import ConfigError, apply_override, parse_overrides
+from runners.config import ConfigError, apply_override, build_config, parse_overrides
 
 ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
                    "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
@@ -63,7 +64,7 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     record = read_record(run_dir)
     cfg = load_config(run_dir, list(overrides))
     discover("domains")
-    datamodule, task = get_domain(cfg.domain).build(cfg)
+    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
     if not isinstance(task, ClassificationTask):
         raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
@@ -92,6 +93,6 @@ def main(argv: list[str]) -> int:
         results = evaluate_run(path, overrides)
         variant = OmegaConf.load(locate(path)[0] / "config.yaml").attention.variant
         print(f"{path}: " + " ".join(f"{k}={v:.4g}" for k, v in results.items()))
-        if variant.startswith("elliptical"):
+        if get_variant(variant).elliptical:
             print(f"  note: {ELLIPTICAL_NOTE}")
     return 0

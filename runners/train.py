@@ -19,11 +19,11 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from common.callbacks import ProbeCallback
 from common.data import DataError
-from common.probes import ProbeCallback
 from common.records import RECORD_NAME, SCHEMA_VERSION, write_record
 from common.registry import get_domain
-from runners.config import compose, run_directory
+from runners.config import build_config, compose, run_directory
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The run directory also holds config.yaml and checkpoints; Lightning's CSV logger warns about any neighbour.
@@ -60,7 +60,7 @@ def _run(cfg: DictConfig, domain, run_dir: Path) -> dict:
     record = _new_record(cfg, domain)
     start, trainer, failure = time.perf_counter(), None, None
     try:
-        datamodule, task = domain.build(cfg)
+        datamodule, task = domain.build(build_config(cfg))
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{domain.metric}"
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=monitor,

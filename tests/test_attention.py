@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,22 +8,26 @@ import torch.nn.functional as F
 
 from common.attention import (
     VARIANTS,
+    AttentionState,
     EdgeMultiheadAttention,
+    HeadGain,
     MultiheadAttention,
+    Variant,
     attend,
     elliptical_metric,
     get_variant,
     l2_normalize,
 )
 from common.blocks import Encoder
+from common.probes import attention_probes
 
 torch.manual_seed(0)
 B, H, N, D = 2, 3, 7, 8
 
 
-def reference_logits(q, k, variant, gain=None, q_scale=None, k_scale=None, metric=None):
-    """The table of DESIGN.md §1 written out literally."""
-    unit = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+def reference_logits(q, k, variant, fold=None, metric=None):
+    """The variant table of common/attention.py written out literally."""
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # noqa: E731
     if variant in ("elliptical", "elliptical_quest") and metric is not None:
         q = q * metric
     if variant in ("standard", "elliptical"):
@@ -31,9 +37,9 @@ def reference_logits(q, k, variant, gain=None, q_scale=None, k_scale=None, metri
     if variant == "qnorm":
         return unit(q) @ k.transpose(-2, -1)
     if variant in ("qknorm", "qknorm_hs"):
-        return gain * (unit(q) @ unit(k).transpose(-2, -1))
+        return fold.gain.view(-1, 1, 1) * (unit(q) @ unit(k).transpose(-2, -1))
     if variant == "qknorm_ds":
-        return (q_scale * unit(q)) @ (k_scale * unit(k)).transpose(-2, -1)
+        return (fold.q_scale * unit(q)) @ (fold.k_scale * unit(k)).transpose(-2, -1)
     raise AssertionError(variant)
 
 
@@ -47,15 +53,13 @@ def reference_attend(q, k, v, variant, key_padding_mask=None, attn_bias=None, **
 
 
 def variant_params(variant, dtype):
-    params = {}
-    if variant == "qknorm":
-        params["gain"] = torch.tensor(3.0, dtype=dtype, requires_grad=True)
-    if variant == "qknorm_hs":
-        params["gain"] = torch.linspace(1, 4, H, dtype=dtype).view(H, 1, 1).requires_grad_()
-    if variant == "qknorm_ds":
-        params["q_scale"] = torch.linspace(0.5, 2, D, dtype=dtype).requires_grad_()
-        params["k_scale"] = torch.linspace(2, 0.5, D, dtype=dtype).requires_grad_()
-    if variant.startswith("elliptical"):
+    """The variant's fold, its learnable scales moved off their initial values, and an elliptical metric."""
+    spec = get_variant(variant)
+    params = {"fold": spec.make_fold(H, D).to(dtype)}
+    with torch.no_grad():
+        for p in params["fold"].parameters():
+            p.copy_(torch.linspace(0.5, 3.0, p.numel(), dtype=dtype).view_as(p).flip(0) * (1 + torch.rand_like(p)))
+    if spec.elliptical:
         params["metric"] = torch.rand(B, H, 1, D, dtype=dtype)
     return params
 
@@ -77,7 +81,7 @@ def test_attend_matches_explicit_softmax(variant, masked, dtype):
     torch.testing.assert_close(out, ref, **tol)
 
     grad = torch.randn_like(out)
-    leaves = [q, k, v] + [p for p in params.values() if p.requires_grad]
+    leaves = [q, k, v, *params["fold"].parameters()]
     got = torch.autograd.grad(out, leaves, grad)
     want = torch.autograd.grad(ref, leaves, grad)
     for g, w in zip(got, want):
@@ -159,11 +163,12 @@ def test_learnable_parameters_get_gradients_and_elliptical_metric_none(variant):
     mha = MultiheadAttention(16, 2, variant, seq_len=6)
     x = torch.randn(2, 6, 16)
     prev = torch.randn(2, 2, 6, 8, requires_grad=True)
-    out, _, values = mha(x, prev_values=prev, return_values=True)
+    state = AttentionState(prev)
+    out, _ = mha(x, state=state)
     out.sum().backward()
     for name, p in mha.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    assert prev.grad is None and not values.requires_grad  # elliptical weights carry no gradient
+    assert prev.grad is None and not state.values.requires_grad  # elliptical weights carry no gradient
     extra = {n for n, _ in mha.qk.named_parameters()}
     expected = {"qknorm": {"gain"}, "qknorm_hs": {"gain"}, "qknorm_ds": {"q_scale", "k_scale"}}
     assert extra == expected.get(variant, set())
@@ -208,14 +213,14 @@ def test_edge_attention_agrees_with_dense_on_complete_graph(variant):
         edge.in_proj.weight.copy_(dense.in_proj_weight)
         edge.in_proj.bias.copy_(dense.in_proj_bias)
         edge.out_proj.load_state_dict(dense.out_proj.state_dict())
-        for (name, p), (_, p2) in zip(dense.qk.named_parameters(), edge.qk.named_parameters()):
+        for p, p2 in zip(dense.qk.parameters(), edge.qk.parameters()):
             p2.copy_(p)
     x = torch.randn(n, dim)
     src, dst = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
     edge_index = torch.stack([src.flatten(), dst.flatten()])
     prev = torch.randn(1, heads, n, dim // heads)
-    out_dense, _, _ = dense(x[None], prev_values=prev, return_values=True)
-    out_edge, _ = edge(x, edge_index, prev_values=prev[0].transpose(0, 1))
+    out_dense, _ = dense(x[None], state=AttentionState(prev))
+    out_edge = edge(x, edge_index, state=AttentionState(prev[0].transpose(0, 1)))
     torch.testing.assert_close(out_edge, out_dense[0], atol=1e-5, rtol=1e-4)
 
 
@@ -240,6 +245,64 @@ def test_torch_compile_matches_eager():
     out, ref = compiled(x)[0], mha(x)[0]
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
+
+
+def test_a_variant_is_one_entry(monkeypatch):
+    """A new variant from existing ingredients: QUEST's free query with a learnable per-head gain."""
+    monkeypatch.setitem(VARIANTS, "quest_hs", Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold=HeadGain))
+    mha = MultiheadAttention(16, 2, "quest_hs", qk_gain_init=2.0)
+    assert mha.variant.learnable and mha.qk.gain.shape == (2,)
+    q, k, v = (torch.randn(B, 2, N, 8) for _ in range(3))
+    unit_k = k / k.norm(dim=-1, keepdim=True)
+    ref = (2.0 * q @ unit_k.transpose(-2, -1)).softmax(-1) @ v
+    torch.testing.assert_close(attend(q, k, v, "quest_hs", fold=mha.qk), ref)
+    with pytest.raises(ValueError, match="learnable scales"):
+        attend(q, k, v, "quest_hs")
+
+
+def test_core_needs_torch_only():
+    code = ("import sys, common.attention, common.blocks, common.patch, common.probes; "
+            "print([m for m in ('pytorch_lightning', 'lightning', 'torchmetrics') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_causal_stack_takes_the_fast_path_and_ignores_the_future(monkeypatch):
+    enc = Encoder(16, 3, 2, variant="elliptical_quest").eval()
+    x = torch.randn(2, 6, 16)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["attn_mask"], kwargs["is_causal"]))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    out = enc(x, is_causal=True)
+    assert seen == [(None, True)] * 3  # SDPA's causal kernel, no dense triangle
+    x2 = x.clone()
+    x2[:, 4:] = 100.0  # the future
+    torch.testing.assert_close(enc(x2, is_causal=True)[:, :4], out[:, :4])
+
+
+def test_probes_of_a_causal_stack_match_the_explicit_reference():
+    enc = Encoder(16, 2, 2, variant="quest").eval()
+    inputs = {}
+    for i, layer in enumerate(enc.layers):
+        layer.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.update({i: args[0]}))
+    for probe in attention_probes(enc).values():
+        probe.enabled = True
+    enc(torch.randn(2, 6, 16), is_causal=True)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()
+    for i, layer in enumerate(enc.layers):
+        q, k, _ = layer.attn._project(inputs[i], inputs[i], inputs[i])
+        qf, kf, scale = layer.attn.qk(q, k)
+        logits = (qf @ kf.transpose(-2, -1)) * scale
+        attn = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
+        entropy = -(attn * attn.clamp_min(1e-30).log()).sum(-1).mean()
+        stats = layer.attn.probe.stats
+        torch.testing.assert_close(stats["max_logit"], logits[..., allowed].max())
+        torch.testing.assert_close(stats["entropy"], entropy)
 
 
 def test_unknown_variant_is_a_clear_error():

@@ -1,30 +1,37 @@
-"""Graph domain: featurisation, the three loaders (on fixtures in their on-disk formats), the GPS model in
-dense and sparse mode for every variant, and one smoke run through the runner."""
+"""Graph domain: featurisation, the three loaders (on fixtures in their on-disk formats), the attention
+state shared by the GPS layers in dense and sparse mode, dense padding, the regression task's scales,
+and the speed benchmark."""
 from __future__ import annotations
 
-import math
+import logging
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+import torch.nn.functional as F
 from torch_geometric.data import Batch
+from torch_geometric.transforms import AddRandomWalkPE
+from torch_geometric.utils.smiles import e_map, x_map
 
-from common.attention import VARIANTS
 from common.data import DataError
+from common.registry import BuildConfig
 from domains.graph import data as graph_data
 from domains.graph.data import QM9_FILES, GraphDataModule, featurise, smiles_to_graph
-from domains.graph.model import GPSNet
+from domains.graph.model import GPSNet, GraphTask
+from runners.config import build_config, compose
 
-CONFIG = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "domain" / "graph.yaml")
 MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C", "N#CC#N", "OCC(O)CO", "CCN(CC)CC", "O=C=O"] * 3
+# The vocabularies of PyG's atom and bond featuriser, which every molecule of these tests comes from.
+NODE_VOCAB, EDGE_VOCAB = [len(v) for v in x_map.values()], [len(v) for v in e_map.values()]
+
+
+def smoke_config(*overrides: str) -> BuildConfig:
+    return build_config(compose(["domain=graph", "preset=smoke", *overrides]))
 
 
 def data_cfg(**overrides) -> dict:
-    cfg = OmegaConf.to_container(CONFIG.data)
-    cfg.update(batch_size=4, rwse_steps=4, **overrides)
-    return cfg
+    """The smoke preset's data section over a whole fixture (no subset), in batches of 4."""
+    return {**smoke_config().data, "subset": None, "batch_size": 4, **overrides}
 
 
 @pytest.mark.parametrize("smiles, atoms, bonds", [("CCO", 3, 2), ("c1ccccc1", 6, 6), ("CC(=O)O", 4, 3), ("C", 1, 0)])
@@ -37,11 +44,12 @@ def test_featurisation_of_known_molecules(smiles, atoms, bonds):
         assert graph.x[:, 7].all()  # aromatic
 
 
-def test_unparsable_smiles_are_skipped_and_counted_once(capsys):
-    graphs = featurise(["CCO", "not a smiles", "C1CC", "CC"], torch.tensor([[1.0], [2.0], [3.0], [float("nan")]]), "test")
+def test_unparsable_smiles_are_skipped_and_counted_once(caplog):
+    with caplog.at_level(logging.WARNING, logger=graph_data.__name__):
+        graphs = featurise(["CCO", "not a smiles", "C1CC", "CC"], torch.tensor([[1.0], [2.0], [3.0], [float("nan")]]),
+                           "test")
     assert [g.y.item() for g in graphs] == [1.0]
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["warning: skipped 3 of 4 molecules in test (unparsable SMILES or missing target)"]
+    assert caplog.messages == ["skipped 3 of 4 molecules in test (unparsable SMILES or missing target)"]
 
 
 def write_qm9_fixture(root):
@@ -75,7 +83,8 @@ def test_qm9_split_subset_and_cache(tmp_path, monkeypatch):
 
 def test_csv_loader_and_its_errors(tmp_path):
     path = tmp_path / "mols.csv"
-    path.write_text("name,smiles,logp\n" + "\n".join(f"m{j},{s},{j}" for j, s in enumerate(MOLECULES + ["xyz?"])) + "\n")
+    rows = [f"m{j},{s},{j}" for j, s in enumerate(MOLECULES + ["xyz?"])]
+    path.write_text("name,smiles,logp\n" + "\n".join(rows) + "\n")
     dm = GraphDataModule(data_cfg(dataset="csv", root=str(path), targets=["logp"]), tmp_path / "cache")
     dm.setup()
     assert sum(len(dm.datasets[s]) for s in ("train", "val", "test")) == len(MOLECULES)  # the bad SMILES is skipped
@@ -119,32 +128,22 @@ def test_zinc_fixture_in_pyg_format_loads(tmp_path):
 
 
 def tiny_batch() -> Batch:
-    from torch_geometric.transforms import AddRandomWalkPE
-
-    encode = AddRandomWalkPE(4, attr_name="pe")
+    encode = AddRandomWalkPE(smoke_config().data["rwse_steps"], attr_name="pe")
     return Batch.from_data_list([encode(smiles_to_graph(s)) for s in ("CCO", "c1ccccc1", "C", "CC(=O)O")])
 
 
 def tiny_net(mode: str, variant: str, norm: str = "batch_norm") -> GPSNet:
+    """The smoke preset's GPS net (two layers) for one target."""
+    cfg = smoke_config(f"attention={variant}", f"model.attention_mode={mode}", f"model.norm={norm}")
     torch.manual_seed(0)
-    return GPSNet([119, 9, 11, 12, 9, 5, 8, 2, 2], [22, 6, 2], 1, dim=16, depth=3, heads=2, rwse_steps=4, pe_dim=4,
-                  attention_mode=mode, norm=norm, variant=variant, seq_len=6)
-
-
-@pytest.mark.parametrize("mode", ["dense", "sparse"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_every_variant_in_both_modes(mode, variant):
-    batch = tiny_batch()
-    net = tiny_net(mode, variant)
-    out = net(batch)
-    assert out.shape == (4, 1) and torch.isfinite(out).all()
-    out.sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+    return GPSNet(NODE_VOCAB, EDGE_VOCAB, 1, rwse_steps=cfg.data["rwse_steps"], seq_len=6, attention=cfg.attention,
+                  **cfg.model)
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 def test_elliptical_state_reaches_later_layers(mode):
-    """With the same weights, elliptical differs from standard only if layers 2+ got prev_values."""
+    """With the same weights, elliptical differs from standard only if layer 2 read layer 1's values from
+    the net's attention state."""
     batch = tiny_batch()
     standard, elliptical = tiny_net(mode, "standard").eval(), tiny_net(mode, "elliptical").eval()
     elliptical.load_state_dict(standard.state_dict())
@@ -158,14 +157,18 @@ def test_dense_padding_does_not_leak_between_graphs():
     assert torch.allclose(net(batch)[:1], alone, atol=1e-5)
 
 
-def test_smoke_run_through_the_runner(tmp_path):
-    from runners.train import train
-
-    record = train(["domain=graph", "preset=smoke", "attention=elliptical_quest", "model.attention_mode=sparse",
-                    f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
-    assert record["status"] == "ok", record["error"]
-    assert math.isfinite(record["metrics"]["test/mae"]) and math.isfinite(record["metrics"]["test/rmse"])
-    assert record["probes"]  # the runner's probes found the edge attention
+@pytest.mark.parametrize("loss", ["l1", "mse"])
+def test_task_trains_on_standardised_targets_and_reports_original_units(loss):
+    batch = tiny_batch()
+    batch.y = torch.tensor([[9.0], [11.0], [12.0], [7.0]])
+    mean, std = torch.tensor([10.0]), torch.tensor([2.0])
+    task = GraphTask(tiny_net("dense", "quest"), {"lr": 1e-3}, mean, std, loss=loss)
+    graph, target = task.unpack(batch)
+    out = task(graph)
+    expected = {"l1": F.l1_loss, "mse": F.mse_loss}[loss](out, (target - mean) / std)
+    assert torch.allclose(task.loss(out, target, "train"), expected)
+    preds, same_target = task.predictions(out, target)
+    assert torch.allclose(preds, out * std + mean) and same_target is target
 
 
 def test_bench_runs_both_layers(capsys):

@@ -1,24 +1,28 @@
 """Point-cloud domain: FPS and kNN kernels, the ModelNet/folder loader on written fixtures, the shape
-generator, augmentations, every attention variant, and a smoke run through the runner."""
-import math
+generator, augmentations and the test-time perturbations."""
+import logging
 
-import numpy as np
 import open3d as o3d
 import pytest
 import torch
-from omegaconf import OmegaConf
+from torch import nn
 
-from common.attention import VARIANTS
 from common.data import DataError
+from common.task import perturbation_generator
 from domains.pointcloud.data import PointCloudDataModule, drop_points
-from domains.pointcloud.model import PointTransformer, farthest_point_sample, gather_points, knn
+from domains.pointcloud.model import PointCloudTask, farthest_point_sample, gather_points, knn
 from domains.pointcloud.shapes import SHAPES, generate_shapes
+from runners.config import build_config, compose
 
-DOMAIN_YAML = OmegaConf.load("configs/domain/pointcloud.yaml")
+
+def config(*overrides):
+    return build_config(compose(["domain=pointcloud", "preset=smoke", *overrides]))
 
 
 def data_cfg(**over):
-    return OmegaConf.merge(DOMAIN_YAML.data, {"num_points": 64, "batch_size": 4, "val_fraction": 0.5}, over)
+    """The smoke data section with 64 points per cloud and half the training clouds for validation."""
+    return config("data.num_points=64", "data.batch_size=4", "data.val_fraction=0.5",
+                  *(f"data.{key}={value}" for key, value in over.items())).data
 
 
 def covering_radius(points, chosen):
@@ -65,12 +69,13 @@ def write_modelnet_tree(root):
     o3d.io.write_point_cloud(str(root / "lamp" / "test" / "scan.ply"), cloud)
 
 
-def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path):
+def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path, caplog):
     write_modelnet_tree(tmp_path / "ModelNet2")
-    dm = PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "ModelNet2")), tmp_path / "cache", 0)
-    dm.setup()
+    with caplog.at_level(logging.WARNING, logger="domains.pointcloud.data"):
+        dm = PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "ModelNet2"), tmp_path / "cache", 0)
     assert dm.classes == ["chair", "lamp"]
-    assert dm.skipped == [str(tmp_path / "ModelNet2" / "chair" / "train" / "broken.off")]
+    broken = str(tmp_path / "ModelNet2" / "chair" / "train" / "broken.off")
+    assert f"1 unreadable or empty files skipped under {tmp_path / 'ModelNet2'}, e.g. {broken}" in caplog.text
     test_points, test_labels = dm.datasets["test"].tensors
     assert sorted(test_labels.tolist()) == [0, 0, 1, 1, 1]
     train_labels = torch.cat([dm.datasets["train"].tensors[1], dm.datasets["val"].tensors[1]])
@@ -86,24 +91,23 @@ def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path):
 
 def test_folder_without_splits_and_bad_roots(tmp_path):
     write_modelnet_tree(tmp_path / "tree")
-    dm = PointCloudDataModule(data_cfg(dataset="folder", root=str(tmp_path / "tree"), test_fraction=0.25),
+    dm = PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree", test_fraction=0.25),
                               tmp_path / "cache", 0)
-    dm.setup()
-    assert sum(len(s) for s in dm.datasets.values()) == 13 and len(dm.skipped) == 1
+    assert sum(len(s) for s in dm.datasets.values()) == 13  # 14 files, one unreadable
     with pytest.raises(DataError, match="needs data.root"):
-        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "missing")), tmp_path, 0)
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "missing"), tmp_path, 0)
     (tmp_path / "tree" / "empty_class").mkdir()
     with pytest.raises(DataError, match="empty_class"):
-        PointCloudDataModule(data_cfg(dataset="folder", root=str(tmp_path / "tree")), tmp_path, 0)
+        PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree"), tmp_path, 0)
     flat = tmp_path / "flat" / "a"
     flat.mkdir(parents=True)
     o3d.io.write_triangle_mesh(str(flat / "a.off"), o3d.geometry.TriangleMesh.create_box())
     with pytest.raises(DataError, match="ModelNet layout"):
-        PointCloudDataModule(data_cfg(dataset="modelnet", root=str(tmp_path / "flat")), tmp_path / "c2", 0)
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "flat"), tmp_path / "c2", 0)
 
 
 def test_generated_shapes_deterministic_per_seed():
-    cfg = DOMAIN_YAML.data.shapes
+    cfg = config().data["shapes"]
     assert len(SHAPES) >= 10
     points, labels = generate_shapes(1, 48, seed=3, cfg=cfg)
     again, _ = generate_shapes(1, 48, seed=3, cfg=cfg)
@@ -124,24 +128,15 @@ def test_drop_points_keeps_size_and_only_kept_positions():
         assert positions <= original and 60 < len(positions) < 140
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_variant_trains(variant):
+def test_perturbations_follow_the_task_config():
+    cfg = config()
+    task = PointCloudTask(nn.Identity(), len(SHAPES), cfg.optim, seed=cfg.seed, **cfg.task)
+    assert sorted(task.perturbations) == ["dropout", "jitter"]  # logged as test/acc_dropout, test/acc_jitter
     torch.manual_seed(0)
-    net = PointTransformer(5, dim=16, depth=2, heads=2, num_groups=8, group_size=4, tokenizer_hidden=8, pos_hidden=8,
-                           head_hidden=8, head_dropout=0.0, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0, drop_path=0.1,
-                           attention={"variant": variant, "qk_gain_init": None})
-    logits = net(torch.randn(3, 32, 3))
-    logits.sum().backward()
-    assert logits.shape == (3, 5) and torch.isfinite(logits).all()
-    assert all(p.grad is not None for p in net.parameters())
-
-
-def test_smoke_run_through_runner(tmp_path):
-    from runners.train import train
-
-    record = train(["domain=pointcloud", "preset=smoke", "attention=quest", f"output_dir={tmp_path}",
-                    f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"])
-    assert record["status"] == "ok", record["error"]
-    for key in ("test/acc", "test/macc", "test/acc_jitter", "test/acc_dropout"):
-        assert math.isfinite(record["metrics"][key]) and 0 <= record["metrics"][key] <= 1
-    assert np.isfinite(record["best_val"]["value"])
+    points = torch.randn(4, 200, 3)
+    for condition, settings in task.perturbations.items():
+        once, again = (task.perturb(points, condition, settings, perturbation_generator(0, 3, condition, points.device))
+                       for _ in range(2))
+        assert once.shape == points.shape and torch.equal(once, again) and not torch.equal(once, points)
+    jittered = task.perturb(points, "jitter", task.perturbations["jitter"], torch.Generator().manual_seed(0))
+    assert (jittered - points).abs().max() <= task.perturbations["jitter"]["clip"] + 1e-6

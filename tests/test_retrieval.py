@@ -1,7 +1,12 @@
+"""Retrieval domain: the generated answer and shortcut distributions, seeding, the biased/unbiased
+accuracies, test/success and the answer-key-norm probes."""
+import pytest
+import pytorch_lightning as pl
 import torch
 
+from common.registry import get_domain
 from domains.retrieval.data import bias_vector, make_retrieval
-from runners.train import train
+from runners.config import build_config, compose
 
 SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5, bias_std=0.316)
 
@@ -9,6 +14,11 @@ SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5,
 def sample(n=4000, seed=0):
     bias = bias_vector(SPEC["key_dim"], 4.0, seed=7)
     return bias, make_retrieval(n, bias=bias, generator=torch.Generator().manual_seed(seed), **SPEC)
+
+
+def build(*overrides: str):
+    cfg = compose(["domain=retrieval", "preset=smoke", *overrides])
+    return cfg, get_domain("retrieval").build(build_config(cfg))
 
 
 def test_answer_tokens_follow_their_distributions():
@@ -32,13 +42,27 @@ def test_generation_is_deterministic_per_seed():
     assert not torch.equal(sample(seed=3)[1][0], sample(seed=4)[1][0])
 
 
-def test_smoke_run_records_success_and_answer_key_norms(run_args):
-    record = train(["domain=retrieval", "preset=smoke", "attention=quest", "probes.every_n_steps=1", *run_args])
-    assert record["status"] == "ok"
-    assert record["metrics"]["test/success"] in (0.0, 1.0)
-    assert 0.0 <= record["metrics"]["test/acc"] <= 1.0 and "test/acc_biased" in record["metrics"]
-    import pandas as pd
-    from pathlib import Path
+def test_accuracy_counts_unbiased_samples_and_acc_biased_the_biased_ones():
+    _, (_, task) = build()
+    preds = torch.tensor([0, 1, 2, 3, 4, 0])
+    labels = torch.tensor([0, 1, 0, 3, 4, 0])  # the unbiased samples 0..2 get one wrong, the biased 3..5 none
+    biased = torch.tensor([0, 0, 0, 1, 1, 1])
+    task.test_metrics.update(preds, torch.stack([labels, biased], dim=1))
+    scores = task.test_metrics.compute()
+    assert scores["test/acc"].item() == pytest.approx(2 / 3) and scores["test/acc_biased"].item() == 1.0
+    task.val_metrics.update(preds, torch.stack([labels, torch.zeros_like(biased)], dim=1))
+    assert task.val_metrics.compute()["val/acc_biased"].isnan()  # no biased sample: no score, not 0
 
-    log = pd.read_csv(Path(record["config"]["output_dir"]).rglob("metrics.csv").__next__())
-    assert log["probe/answer_key_norm_biased"].notna().any() and log["probe/max_logit"].notna().any()
+
+def test_success_threshold_and_answer_key_norms_are_logged(tmp_path):
+    cfg, (datamodule, task) = build("task.success_threshold=0.0")
+    assert task.success_threshold == 0.0
+    trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(task, datamodule)
+    for name in ("biased", "unbiased"):
+        assert trainer.callback_metrics[f"probe/answer_key_norm_{name}"] > 0, name
+    trainer.test(task, datamodule, verbose=False)
+    metrics = trainer.callback_metrics
+    assert metrics["test/success"] == 1.0  # any accuracy reaches a threshold of 0
+    assert 0.0 <= metrics["test/acc"] <= 1.0 and 0.0 <= metrics["test/acc_biased"] <= 1.0

@@ -1,5 +1,6 @@
 """Segmentation domain: metrics with ignore pixels, the ADE20K layout and its label shift, bad input,
-sliding-window inference, corruptions, every attention variant, and a smoke run."""
+sliding-window inference, corruption conditions and their summaries, the digit-scene cache, and the
+presets."""
 import math
 from pathlib import Path
 
@@ -7,25 +8,23 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
-from common.attention import VARIANTS
 from common.data import DataError
-from domains.segmentation import build
+from common.registry import get_domain
+from common.robustness import corrupt
+from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
+from runners.config import build_config, compose
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def config(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/nonexistent"):
+    """The BuildConfig of a segmentation run, composed as the runner composes it."""
+    return build_config(compose(["domain=segmentation", f"preset={preset}", f"cache_dir={cache_dir}", *overrides]))
 
 
-def compose(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/nonexistent"):
-    """base.yaml <- segmentation.yaml <- preset <- overrides, as the runner composes them."""
-    domain = OmegaConf.load(ROOT / "configs/domain/segmentation.yaml")
-    presets = domain.pop("presets")
-    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "configs/base.yaml"), domain, presets[preset],
-                          OmegaConf.from_dotlist(list(overrides)))
-    cfg.domain, cfg.cache_dir = "segmentation", str(cache_dir)
-    return cfg
+def build(*overrides: str, **kwargs):
+    return get_domain("segmentation").build(config(*overrides, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def cache_dir(tmp_path_factory):
 
 
 def test_miou_and_pixel_accuracy_against_hand_computed_example_with_ignore():
-    _, task = build(compose())
+    _, task = build()
     target = torch.tensor([[[0, 0, 1, 1], [2, 2, 255, 255]]])
     preds = torch.tensor([[[0, 1, 1, 1], [2, 0, 0, 2]]])
     task.val_metrics.update(preds, target)
@@ -67,7 +66,7 @@ def test_ade20k_layout_loads_with_zero_label_reduced(tmp_path):
     for split in ("training", "validation"):
         for i in range(2):
             write_pair(root / "images" / split, root / "annotations" / split, f"ADE_{split}_{i:08d}", labels)
-    datamodule = SegmentationDataModule(compose("data.dataset=ade20k", f"data.root={tmp_path}").data, tmp_path, 0)
+    datamodule = SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}").data, tmp_path, 0)
     assert datamodule.num_classes == 150 and datamodule.ignore_index == 255
     datamodule.setup()
     image, mask = datamodule.datasets["test"][0]
@@ -82,7 +81,7 @@ def test_ade20k_layout_loads_with_zero_label_reduced(tmp_path):
 
 def test_folder_pairs_reject_bad_input_naming_the_file(tmp_path):
     args = ("data.dataset=folder", f"data.root={tmp_path}", "data.num_classes=5", "data.split=[0.0,0.0,1.0]")
-    cfg = compose(*args).data
+    cfg = config(*args).data
     labels = np.array([[0, 1], [4, 255]])
     write_pair(tmp_path / "images", tmp_path / "masks", "good", labels, suffix=".png")
     datamodule = SegmentationDataModule(cfg, tmp_path, 0)
@@ -103,12 +102,12 @@ def test_folder_pairs_reject_bad_input_naming_the_file(tmp_path):
     with pytest.raises(DataError, match=r"orphan\.jpg: missing mask"):
         SegmentationDataModule(cfg, tmp_path, 0).setup()
     with pytest.raises(DataError, match="does not exist"):
-        SegmentationDataModule(compose("data.dataset=ade20k", f"data.root={tmp_path}/none").data, tmp_path, 0).setup()
+        SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}/none").data, tmp_path, 0).setup()
 
 
 @pytest.mark.parametrize("decoder", ["mask", "linear"])
 def test_sliding_window_equals_plain_inference_at_crop_size(decoder):
-    _, task = build(compose(f"model.decoder={decoder}", "model.window_stride=16"))
+    _, task = build(f"model.decoder={decoder}", "model.window_stride=16")
     net = task.net.eval()
     images = torch.rand(2, 3, 32, 32)
     with torch.no_grad():
@@ -119,49 +118,45 @@ def test_sliding_window_equals_plain_inference_at_crop_size(decoder):
         assert net(large).shape == (2, 11, 50, 41)
 
 
-def test_corruptions_are_deterministic_per_seed():
+def test_corruption_conditions_perturb_with_the_condition_generator_and_summarise_by_corruption():
+    _, task = build("task.perturbations.corruptions=[gaussian_noise,contrast]", "task.perturbations.severities=[1,5]")
+    assert task.perturbations == {"gaussian_noise_1": {"name": "gaussian_noise", "severity": 1},
+                                  "gaussian_noise_5": {"name": "gaussian_noise", "severity": 5},
+                                  "contrast_1": {"name": "contrast", "severity": 1},
+                                  "contrast_5": {"name": "contrast", "severity": 5}}
     images = torch.rand(2, 3, 32, 32)
-    runs = {}
-    for seed in (0, 0, 1):
-        _, task = build(compose(f"seed={seed}", "data.robustness.severities=[5]"))
-        runs.setdefault(seed, []).append(list(task.corrupted(images, batch_idx=3)))
-    names = [name for name, _ in task.conditions]
-    assert names == list(compose().data.robustness.corruptions)  # one severity each
-    for i, name in enumerate(names):
-        assert torch.equal(runs[0][0][i], runs[0][1][i]), name
-        assert runs[0][0][i].shape == images.shape and not torch.equal(runs[0][0][i], images), name
-        if name.endswith("noise"):
-            assert not torch.equal(runs[0][0][i], runs[1][0][i]), name
-    other_batch = list(task.corrupted(images, batch_idx=4))
-    assert not torch.equal(other_batch[names.index("gaussian_noise")], runs[1][0][names.index("gaussian_noise")])
+    for condition, settings in task.perturbations.items():
+        ours, reference = (perturbation_generator(0, 3, condition, images.device) for _ in range(2))
+        expected = corrupt(images, settings["name"], settings["severity"], reference)
+        assert torch.equal(task.perturb(images, condition, settings, ours), expected), condition
+    scores = dict(zip(task.perturbations, torch.tensor([0.4, 0.2, 0.8, 0.6])))
+    summary = {name: float(value) for name, value in task.summarize_perturbed(scores).items()}
+    assert summary == pytest.approx({"miou_corrupt": 0.5, "miou_gaussian_noise": 0.3, "miou_contrast": 0.7})
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_attention_variant_trains_in_encoder_and_decoder(variant):
-    _, task = build(compose(f"attention.variant={variant}"))
-    logits = task.net(torch.rand(2, 3, 32, 32))
-    torch.nn.functional.cross_entropy(logits, torch.randint(0, 11, (2, 32, 32))).backward()
+def test_the_variant_runs_in_encoder_and_decoder():
+    _, task = build("attention.variant=qknorm_ds")
     attention_layers = [m for m in task.net.modules() if type(m).__name__ == "MultiheadAttention"]
-    assert len(attention_layers) == 2 and all(m.variant.name == variant for m in attention_layers)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in task.net.encoder.parameters())
+    assert len(attention_layers) == 2 and all(m.variant.name == "qknorm_ds" for m in attention_layers)
 
 
 def test_digit_scenes_are_cached_and_seeded(cache_dir):
-    first = SegmentationDataModule(compose().data, cache_dir, seed=0)
+    first = SegmentationDataModule(config().data, cache_dir, seed=0)
     first.setup()
     images, masks = first.datasets["train"].images, first.datasets["train"].masks
     assert images.shape == (8, 3, 48, 48) and images.dtype == torch.uint8
     assert set(masks.unique().tolist()) <= set(range(11)) and (masks > 0).any()
     assert len(list((cache_dir / "segmentation").glob("digits-seed0-*.pt"))) == 1
-    other = SegmentationDataModule(compose().data, cache_dir, seed=1)
+    assert (cache_dir / "mnist5k.pt").exists()  # the handwriting comes from common.data.load_mnist
+    other = SegmentationDataModule(config().data, cache_dir, seed=1)
     other.setup()
     assert not torch.equal(other.datasets["train"].images, images)
 
 
-def test_smoke_run_logs_clean_and_corrupted_miou(cache_dir):
-    datamodule, task = build(compose(cache_dir=cache_dir))
-    trainer = pl.Trainer(**OmegaConf.to_container(compose().trainer), logger=False, enable_checkpointing=False,
-                         enable_model_summary=False)
+def test_test_epoch_logs_clean_corrupted_and_per_class_scores(cache_dir):
+    datamodule, task = build(cache_dir=cache_dir)
+    trainer = pl.Trainer(**compose(["domain=segmentation", "preset=smoke"]).trainer, logger=False,
+                         enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(task, datamodule)
     assert math.isfinite(float(trainer.callback_metrics["val/miou"]))
     trainer.test(task, datamodule, verbose=False)
@@ -170,22 +165,9 @@ def test_smoke_run_logs_clean_and_corrupted_miou(cache_dir):
         assert math.isfinite(float(metrics[key])), key
 
 
-def test_quest_train_smoke(tmp_path, cache_dir):
-    train = pytest.importorskip("runners.train").train
-    record = train(["domain=segmentation", "preset=smoke", "attention=quest", f"output_dir={tmp_path}",
-                    f"cache_dir={cache_dir}"])
-    assert record["status"] == "ok"
-    assert math.isfinite(record["metrics"]["test/miou"]) and math.isfinite(record["metrics"]["test/miou_corrupt"])
-
-
 @pytest.mark.parametrize("preset", ["smoke", "demo", "study", "paper"])
 def test_presets_pass_the_runner_schema_and_build(preset):
-    config = pytest.importorskip("runners.config")
-    from common.registry import discover
-
-    discover("domains")
-    cfg = config.compose(["domain=segmentation", f"preset={preset}", "attention=qknorm_hs"])
-    datamodule, task = build(cfg)
+    datamodule, task = build("attention=qknorm_hs", preset=preset)
     if preset == "paper":  # Seg-T/16: 12 layers of width 192 and 3 heads, 512 crops in 16-pixel patches
         assert len(task.net.encoder.layers) == 12 and task.net.pos_embed.shape == (1, 192, 32, 32)
         with pytest.raises(DataError, match="does not exist"):

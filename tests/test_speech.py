@@ -1,4 +1,5 @@
-"""Speech domain: eSpeak NG data, real-data loaders, padding invariance, torchaudio conventions, a smoke run."""
+"""Speech domain: eSpeak NG data, real-data loaders, padding invariance, torchaudio conventions, test-time noise."""
+import logging
 import math
 
 import numpy as np
@@ -6,19 +7,24 @@ import pytest
 import soundfile as sf
 import torch
 import torchaudio
+from torch import nn
 
 from common.attention import VARIANTS
-from common.data import DataError
-from domains.speech.data import SPLITS, SpeechDataModule, espeak_dataset, speech_commands_splits
-from domains.speech.model import ConformerEncoder, KeywordSpotter, add_noise
-from runners.config import compose
+from common.data import SPLITS, DataError
+from common.task import perturbation_generator
+from domains.speech import network
+from domains.speech.data import SpeechDataModule, espeak_dataset, speech_commands_splits
+from domains.speech.model import ConformerEncoder, KeywordTask, add_noise
+from runners.config import build_config, compose
 
-SMOKE = ["domain=speech", "preset=smoke"]
+
+def config(*overrides):
+    return build_config(compose(["domain=speech", "preset=smoke", *overrides]))
 
 
 def tiny_generation(seed=0, *overrides):
-    return compose([*SMOKE, "data.keywords=['yes',stop]", f"data.espeak.seed={seed}",
-                    "data.espeak.clips_per_word={train: 2, val: 1, test: 1}", "data.espeak.babble.pool=1", *overrides])
+    return config("data.keywords=['yes',stop]", f"data.espeak.seed={seed}", "data.espeak.babble.pool=1",
+                  "data.espeak.clips_per_word={train: 2, val: 1, test: 1}", *overrides).data
 
 
 def wav_bytes(root):
@@ -27,8 +33,11 @@ def wav_bytes(root):
 
 def test_espeak_generation_is_deterministic_with_held_out_voices(tmp_path):
     cfg = tiny_generation()
-    make = lambda cfg, where: espeak_dataset(cfg.data.espeak, list(cfg.data.keywords), cfg.data.sample_rate,
-                                             cfg.data.clip_seconds, tmp_path / where)
+
+    def make(data, where):
+        return espeak_dataset(data["espeak"], data["keywords"], data["sample_rate"], data["clip_seconds"],
+                              tmp_path / where)
+
     first, again = make(cfg, "a"), make(cfg, "b")
     files = wav_bytes(first)
     assert len(files) == 2 * (2 + 1 + 1) and files == wav_bytes(again)
@@ -40,14 +49,14 @@ def test_espeak_generation_is_deterministic_with_held_out_voices(tmp_path):
         audio = sf.read(path)[0]
         assert np.abs(audio).max() > 0.05  # a word, not silence
     voices = {split: {p.name.split("_")[0] for p in (first / split).rglob("*.wav")} for split in SPLITS}
-    assert voices["test"] <= set(cfg.data.espeak.voices.test)
-    assert not voices["test"] & set(cfg.data.espeak.voices.train)
+    assert voices["test"] <= set(cfg["espeak"]["voices"]["test"])
+    assert not voices["test"] & set(cfg["espeak"]["voices"]["train"])
 
 
 def test_a_voice_in_two_splits_is_refused(tmp_path):
     cfg = tiny_generation(0, "data.espeak.voices.test=[m8,m1]")
     with pytest.raises(DataError, match="m1 are in both train and test"):
-        espeak_dataset(cfg.data.espeak, ["yes"], 16000, 1.0, tmp_path)
+        espeak_dataset(cfg["espeak"], ["yes"], 16000, 1.0, tmp_path)
 
 
 def write_tone(path, rate=8000, seconds=0.5, freq=440.0):
@@ -67,57 +76,52 @@ def speech_commands_fixture(root):
     sf.write(root / "no" / "empty_nohash_0.wav", np.zeros(0), 8000)
 
 
-def test_speech_commands_layout_splits_and_bad_files(tmp_path):
+def speech_commands(root, *overrides):
+    return config("data.dataset=speech_commands", f"data.root={root}", *overrides).data
+
+
+def test_speech_commands_layout_splits_and_bad_files(tmp_path, caplog):
     speech_commands_fixture(tmp_path)
-    splits, classes = speech_commands_splits(tmp_path)
+    splits, classes = speech_commands_splits(speech_commands(tmp_path, "data.keywords=null"), tmp_path / "cache")
     assert classes == ["no", "up", "yes"]  # _background_noise_ is not a word
     names = {s: sorted(p.relative_to(tmp_path).as_posix() for p, _ in items) for s, items in splits.items()}
     assert names["val"] == ["no/bbb_nohash_0.wav", "up/bbb_nohash_0.wav", "yes/bbb_nohash_0.wav"]
     assert names["test"] == ["no/ccc_nohash_0.wav", "up/ccc_nohash_0.wav", "yes/ccc_nohash_0.wav"]
     assert "yes/aaa_nohash_0.wav" in names["train"] and len(names["train"]) == 5  # 3 good + broken + empty
 
-    cfg = compose([*SMOKE, "data.dataset=speech_commands", f"data.root={tmp_path}", "data.keywords=['yes',up]"])
-    with pytest.warns(UserWarning) as caught:
-        dm = SpeechDataModule(cfg.data, cache_dir=tmp_path / "cache")
-    reported = " ".join(str(w.message) for w in caught)
-    assert "broken_nohash_0.wav" in reported and "no/empty_nohash_0.wav" not in reported  # "no" not kept
+    with caplog.at_level(logging.WARNING, logger="domains.speech.data"):
+        dm = SpeechDataModule(speech_commands(tmp_path, "data.keywords=['yes',up]"), cache_dir=tmp_path / "cache")
+    assert "broken_nohash_0.wav" in caplog.text and "no/empty_nohash_0.wav" not in caplog.text  # "no" not kept
     assert dm.classes == ["yes", "up"] and len(dm.datasets["train"]) == 2
     (wave, lengths), labels = next(iter(dm.train_dataloader()))
     assert wave.shape == (2, 8000) and lengths.tolist() == [8000, 8000]  # 0.5 s at 8 kHz, resampled to 16 kHz
     assert sorted(labels.tolist()) == [0, 1]
 
     with pytest.raises(DataError, match="does not exist"):
-        SpeechDataModule(compose([*SMOKE, "data.dataset=speech_commands", f"data.root={tmp_path / 'nope'}"]).data, tmp_path)
+        SpeechDataModule(speech_commands(tmp_path / "nope"), tmp_path)
+    with pytest.raises(DataError, match="data.root is required"):
+        SpeechDataModule(config("data.dataset=folder").data, tmp_path)
     (tmp_path / "testing_list.txt").unlink()
     with pytest.raises(DataError, match="testing_list.txt"):
-        speech_commands_splits(tmp_path)
+        speech_commands_splits(speech_commands(tmp_path), tmp_path / "cache")
 
 
 def test_class_folder_tree(tmp_path):
     for word in ("left", "right"):
         for n in range(10):
             write_tone(tmp_path / word / f"{n}.wav", rate=16000, seconds=1.5)
-    cfg = compose([*SMOKE, "data.dataset=folder", f"data.root={tmp_path}", "data.keywords=null"])
-    dm = SpeechDataModule(cfg.data, cache_dir=tmp_path / "cache")
+    dm = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", "data.keywords=null").data,
+                          cache_dir=tmp_path / "cache")
     assert dm.classes == ["left", "right"]
     assert sum(len(dm.datasets[s]) for s in SPLITS) == 20
     wave, label = dm.datasets["train"][0]
     assert wave.shape == (16000,)  # cut to clip_seconds
 
 
-def tiny_net(variant, num_classes=3):
-    return KeywordSpotter(num_classes, sample_rate=16000, clip_samples=16000,
-                          features={"n_mels": 16, "win_ms": 25.0, "hop_ms": 10.0},
-                          spec_augment={"n_freq_masks": 1, "freq_mask_param": 4, "n_time_masks": 1,
-                                        "time_mask_param": 5, "p": 0.2},
-                          subsampling_channels=4, dim=16, depth=2, heads=2, ffn_ratio=2.0, kernel_size=5,
-                          dropout=0.0, num_buckets=8, max_distance=16, attention={"variant": variant})
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_padding_does_not_change_valid_outputs(variant):
     torch.manual_seed(0)
-    net = tiny_net(variant)
+    net = network(config(f"attention={variant}"), num_classes=3)  # the smoke model
     with torch.no_grad():  # nonzero relative-position bias, so padding would show through it
         for layer in net.encoder.conformer_layers:
             layer.rel_pos.table.weight.normal_()
@@ -174,10 +178,15 @@ def test_added_noise_has_the_requested_snr():
         assert abs(float(snr) - 10.0) < 0.5
 
 
-def test_smoke_run(tmp_path):
-    from runners.train import train
-
-    record = train([*SMOKE, "attention=elliptical_quest", f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
-    assert record["status"] == "ok", record["error"]
-    for key in ("test/acc", "test/acc_snr10", "test/acc_snr0"):
-        assert math.isfinite(record["metrics"][key])
+def test_noise_conditions_follow_the_task_config():
+    cfg = config()
+    task = KeywordTask(nn.Identity(), 3, cfg.optim, seed=cfg.seed, **cfg.task)
+    assert list(task.perturbations) == ["snr10", "snr0"]  # logged as test/acc_snr10, test/acc_snr0
+    torch.manual_seed(0)
+    wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 8000])
+    for condition, settings in task.perturbations.items():
+        once, again = (task.perturb((wave, lengths), condition, settings,
+                                    perturbation_generator(0, 1, condition, wave.device)) for _ in range(2))
+        assert torch.equal(once[0], again[0]) and torch.equal(once[1], lengths)
+        snr = 10 * torch.log10(wave.square().mean() / (once[0] - wave).square().mean())
+        assert abs(float(snr) - settings["snr_db"]) < 0.5

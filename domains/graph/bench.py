@@ -17,6 +17,8 @@ from torch_geometric.data import Batch
 from torch_geometric.datasets import FakeDataset
 from torch_geometric.nn import GPSConv, global_add_pool
 
+from common.attention import AttentionState
+
 from .model import GPSLayer, gine
 
 
@@ -26,9 +28,9 @@ class OursStack(nn.Module):
         self.layers = nn.ModuleList(GPSLayer(dim, heads, "dense", variant="standard") for _ in range(depth))
 
     def forward(self, g: Batch) -> torch.Tensor:
-        x, values = g.x, None
+        x, state = g.x, AttentionState()
         for layer in self.layers:
-            x, values = layer(x, g.edge_index, g.edge_attr, g.batch, prev_values=values)
+            x = layer(x, g.edge_index, g.edge_attr, g.batch, state=state)
         return x
 
 
@@ -93,9 +95,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             rates[name].append(steps_per_second(model.to(args.device).train(), graph, args.steps))
 
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    print(f"device {args.device} ({torch.get_num_threads()} threads), {args.graphs} graphs x ~{args.nodes} nodes ({graph.num_nodes} nodes, "
-          f"{graph.num_edges} edges), dim {args.dim}, depth {args.depth}, heads {args.heads}, "
-          f"median of {args.rounds} rounds x {args.steps} steps")
+    print(f"device {args.device} ({torch.get_num_threads()} threads), {args.graphs} graphs x ~{args.nodes} nodes "
+          f"({graph.num_nodes} nodes, {graph.num_edges} edges), dim {args.dim}, depth {args.depth}, "
+          f"heads {args.heads}, median of {args.rounds} rounds x {args.steps} steps")
     print(f"{'model':40s} {'params':>8s} {'steps/s':>9s}")
     for name, model in models.items():
         print(f"{name:40s} {sum(p.numel() for p in model.parameters()):8d} {medians[name]:9.2f}")

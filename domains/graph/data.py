@@ -3,14 +3,14 @@ PyG's on-disk format, or any CSV of SMILES + target column(s).
 
 Every molecule becomes a PyG ``Data`` with long-typed categorical atom features ``x`` [N, F], bond
 features ``edge_attr`` [E, F'], targets ``y`` [1, T] and random-walk structural encodings ``pe``
-[N, rwse_steps]. The featurised splits are cached under ``cache_dir`` (one file per data config), so
-only the first run pays for RDKit and the encodings.
+[N, rwse_steps]. ``DATASETS`` maps each dataset name to the function that loads its graphs per split;
+the featurised splits are cached under ``cache_dir`` (one file per data config), so only the first run
+pays for RDKit and the encodings.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
+import logging
 import pickle
 from pathlib import Path
 
@@ -20,9 +20,10 @@ from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.loader import DataLoader
 from torch_geometric.transforms import AddRandomWalkPE
 
-from common.data import DataError, SplitDataModule, cached, require_path, seeded_split
+from common.data import SPLITS, DataError, SplitDataModule, cached, require_path, seeded_split, short_hash
 
-SPLITS = ("train", "val", "test")
+log = logging.getLogger(__name__)
+
 QM9_FILES = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
 # The usual short names of the QM9 targets -> qm9pack's columns (any column name works as well).
 QM9_COLUMNS = {
@@ -79,7 +80,8 @@ def featurise(smiles: list[str], targets: torch.Tensor, source: str) -> list[Dat
             graph.y = y.view(1, -1)
             graphs.append(graph)
     if skipped := len(smiles) - len(graphs):
-        print(f"warning: skipped {skipped} of {len(smiles)} molecules in {source} (unparsable SMILES or missing target)")
+        log.warning("skipped %d of %d molecules in %s (unparsable SMILES or missing target)", skipped, len(smiles),
+                    source)
     return graphs
 
 
@@ -96,6 +98,65 @@ def read_table(path: Path, smiles_column: str, targets: list[str]) -> pd.DataFra
     return pd.read_csv(path, usecols=[smiles_column, *targets])
 
 
+Splits = dict[str, list[Data]]  # graphs per split
+
+
+def subset_rows(table: pd.DataFrame, data: dict) -> pd.DataFrame:
+    """``data.subset`` rows drawn with ``split_seed``, in file order; all of them when subset is null."""
+    if data["subset"] is None or data["subset"] >= len(table):
+        return table
+    order = torch.randperm(len(table), generator=torch.Generator().manual_seed(data["split_seed"]))
+    return table.iloc[order[: data["subset"]].sort().values.numpy()]
+
+
+def table_splits(table: pd.DataFrame, smiles_column: str, targets: list[str], source: str, data: dict) -> Splits:
+    """The featurised molecules of a table, split by ``data.split`` with ``split_seed``."""
+    table = subset_rows(table, data)
+    values = torch.tensor(table[targets].to_numpy(dtype="float32"))
+    graphs = featurise(table[smiles_column].tolist(), values, source)
+    parts = seeded_split(len(graphs), tuple(data["split"]), data["split_seed"])
+    return {split: [graphs[i] for i in idx] for split, idx in zip(SPLITS, parts)}
+
+
+def qm9_splits(data: dict) -> Splits:
+    folder = require_path(data["root"], "QM9 folder") if data["root"] else qm9pack_folder()
+    targets = [QM9_COLUMNS.get(t, t) for t in data["targets"]]
+    tables = [read_table(folder / name, "SMILES", targets) for name in QM9_FILES]
+    return table_splits(pd.concat(tables, ignore_index=True), "SMILES", targets, f"QM9 ({folder})", data)
+
+
+def csv_splits(data: dict) -> Splits:
+    if data["root"] is None:
+        raise DataError("dataset csv needs data.root=<file.csv>")
+    path = Path(data["root"]).expanduser()
+    table = read_table(path, data["smiles_column"], data["targets"])
+    return table_splits(table, data["smiles_column"], data["targets"], str(path), data)
+
+
+def zinc_splits(data: dict) -> Splits:
+    """ZINC-12k through PyG (its own processed cache lives under root) in its own split; graphs get 2-D
+    edge features and [1, 1] targets like the other datasets. Without files PyG tries to download them."""
+    from torch_geometric.datasets import ZINC
+
+    if data["root"] is None:
+        raise DataError("dataset zinc needs data.root=<folder for PyG's ZINC (raw/ holds its pickles)>")
+    root = Path(data["root"]).expanduser()
+    present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
+    splits = {}
+    for split in SPLITS:
+        try:
+            dataset = ZINC(str(root), subset=True, split=split)
+        except (OSError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError) as err:
+            what = "unreadable" if present else f"missing ({', '.join(ZINC_RAW_FILES)}) and could not be downloaded"
+            raise DataError(f"ZINC files under {root / 'raw'} are {what}: {type(err).__name__}") from None
+        splits[split] = [Data(x=g.x, edge_index=g.edge_index, edge_attr=g.edge_attr.view(-1, 1), y=g.y.view(1, 1))
+                         for g in dataset]
+    return splits
+
+
+DATASETS = {"qm9": qm9_splits, "zinc": zinc_splits, "csv": csv_splits}
+
+
 class GraphDataModule(SplitDataModule):
     """Train/val/test molecule graphs; after ``setup()`` also the vocabulary sizes of the categorical
     atom/bond features, the train-split target mean/std, and the typical graph size and degree."""
@@ -104,20 +165,16 @@ class GraphDataModule(SplitDataModule):
 
     def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"])
-        self.cfg = dict(data)
-        self.cfg["targets"] = list(self.cfg["targets"])
-        self.cfg["split"] = list(self.cfg["split"])
+        self.cfg = data
         self.cache_dir = Path(cache_dir)
 
-    # -- loading -------------------------------------------------------------------------------
     def cache_path(self) -> Path:
         cfg = self.cfg
         keys = ("dataset", "root", "targets", "smiles_column", "subset", "split", "split_seed", "rwse_steps")
         content = {k: cfg[k] for k in keys}
         if cfg["root"] is not None:
             content["root"] = str(Path(cfg["root"]).expanduser().resolve())
-        digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
-        return self.cache_dir / "graph" / f"{cfg['dataset']}-{cfg['subset'] or 'all'}-{digest}.pt"
+        return self.cache_dir / "graph" / f"{cfg['dataset']}-{cfg['subset'] or 'all'}-{short_hash(content)}.pt"
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -126,63 +183,13 @@ class GraphDataModule(SplitDataModule):
         self.datasets = {split: GraphSet(collated[split]) for split in SPLITS}
 
     def _build(self) -> dict:
-        loaders = {"qm9": self._qm9, "zinc": self._zinc, "csv": self._csv}
-        if self.cfg["dataset"] not in loaders:
-            raise DataError(f"unknown graph dataset {self.cfg['dataset']!r}; choose from {', '.join(loaders)}")
-        splits = loaders[self.cfg["dataset"]]()
+        splits = DATASETS[self.cfg["dataset"]](self.cfg)
         for split, graphs in splits.items():
             if not graphs:
-                raise DataError(f"{self.cfg['dataset']}: the {split} split is empty (use more data or other split fractions)")
+                raise DataError(f"{self.cfg['dataset']}: the {split} split is empty "
+                                "(use more data or other split fractions)")
         encode = AddRandomWalkPE(self.cfg["rwse_steps"], attr_name="pe")
         return {split: GraphSet.collate([encode(g) for g in graphs]) for split, graphs in splits.items()}
-
-    def _subset(self, table: pd.DataFrame) -> pd.DataFrame:
-        if self.cfg["subset"] is None or self.cfg["subset"] >= len(table):
-            return table
-        order = torch.randperm(len(table), generator=torch.Generator().manual_seed(self.cfg["split_seed"]))
-        return table.iloc[order[: self.cfg["subset"]].sort().values.numpy()]
-
-    def _split(self, graphs: list[Data]) -> dict[str, list[Data]]:
-        parts = seeded_split(len(graphs), tuple(self.cfg["split"]), self.cfg["split_seed"])
-        return {split: [graphs[i] for i in idx] for split, idx in zip(SPLITS, parts)}
-
-    def _from_table(self, table: pd.DataFrame, smiles_column: str, targets: list[str], source: str) -> dict:
-        table = self._subset(table)
-        values = torch.tensor(table[targets].to_numpy(dtype="float32"))
-        return self._split(featurise(table[smiles_column].tolist(), values, source))
-
-    def _qm9(self) -> dict:
-        folder = require_path(self.cfg["root"], "QM9 folder") if self.cfg["root"] else qm9pack_folder()
-        targets = [QM9_COLUMNS.get(t, t) for t in self.cfg["targets"]]
-        tables = [read_table(folder / name, "SMILES", targets) for name in QM9_FILES]
-        return self._from_table(pd.concat(tables, ignore_index=True), "SMILES", targets, f"QM9 ({folder})")
-
-    def _csv(self) -> dict:
-        if self.cfg["root"] is None:
-            raise DataError("dataset csv needs data.root=<file.csv>")
-        path = Path(self.cfg["root"]).expanduser()
-        table = read_table(path, self.cfg["smiles_column"], self.cfg["targets"])
-        return self._from_table(table, self.cfg["smiles_column"], self.cfg["targets"], str(path))
-
-    def _zinc(self) -> dict:
-        """ZINC-12k through PyG (its own processed cache lives under root); graphs get 2-D edge features
-        and [1, 1] targets like the other datasets. Without files PyG tries to download them."""
-        from torch_geometric.datasets import ZINC
-
-        if self.cfg["root"] is None:
-            raise DataError("dataset zinc needs data.root=<folder for PyG's ZINC (raw/ holds its pickles)>")
-        root = Path(self.cfg["root"]).expanduser()
-        present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
-        splits = {}
-        for split in SPLITS:
-            try:
-                dataset = ZINC(str(root), subset=True, split=split)
-            except (OSError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError) as err:
-                what = "unreadable" if present else f"missing ({', '.join(ZINC_RAW_FILES)}) and could not be downloaded"
-                raise DataError(f"ZINC files under {root / 'raw'} are {what}: {type(err).__name__}") from None
-            splits[split] = [Data(x=g.x, edge_index=g.edge_index, edge_attr=g.edge_attr.view(-1, 1), y=g.y.view(1, 1))
-                             for g in dataset]
-        return splits
 
     # -- statistics the model is built from ----------------------------------------------------
     def _all(self, key: str) -> torch.Tensor:

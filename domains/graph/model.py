@@ -4,7 +4,8 @@ One GPS layer runs a local message-passing layer (GINEConv on bond features) and
 parallel, each with a residual and a norm, sums them, then applies an MLP with its own residual and
 norm. Global attention is either dense (every node of a graph attends over all nodes of that graph:
 ``to_dense_batch`` + key-padding mask) or sparse (each node attends over its neighbours and itself
-through ``EdgeMultiheadAttention``). Elliptical variants get the previous layer's values in both modes.
+through ``EdgeMultiheadAttention``). In both modes the layers of a net share one ``AttentionState`` per
+forward pass, which carries what each attention layer leaves for the next (elliptical variants need it).
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GINEConv, global_add_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, to_dense_batch
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
-from common.attention import EdgeMultiheadAttention, MultiheadAttention
+from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention
 from common.task import Task
 
 NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm}
@@ -35,8 +36,7 @@ def _choice(table: dict, name: str, what: str):
 
 
 class GlobalAttention(nn.Module):
-    """Attention of each node over its whole graph (``dense``) or over its incoming edges (``sparse``).
-    Returns the node outputs and this layer's values (the next layer's ``prev_values``)."""
+    """Attention of each node over its whole graph (``dense``) or over its incoming edges (``sparse``)."""
 
     def __init__(self, dim: int, heads: int, mode: str, *, dropout: float = 0.0, **attention):
         super().__init__()
@@ -44,14 +44,12 @@ class GlobalAttention(nn.Module):
         module = _choice({"dense": MultiheadAttention, "sparse": EdgeMultiheadAttention}, mode, "attention_mode")
         self.attn = module(dim, heads, dropout=dropout, **attention)
 
-    def forward(self, x: Tensor, batch: Tensor, attn_edge_index: Tensor | None,
-                prev_values: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, batch: Tensor, attn_edge_index: Tensor | None, state: AttentionState | None) -> Tensor:
         if self.mode == "sparse":
-            return self.attn(x, attn_edge_index, batch=batch, prev_values=prev_values)
+            return self.attn(x, attn_edge_index, batch=batch, state=state)
         dense, mask = to_dense_batch(x, batch)
-        out, _, values = self.attn(dense, dense, dense, key_padding_mask=~mask, prev_values=prev_values,
-                                   return_values=True)
-        return out[mask], values
+        out, _ = self.attn(dense, dense, dense, key_padding_mask=~mask, state=state)
+        return out[mask]
 
 
 class GPSLayer(nn.Module):
@@ -69,11 +67,11 @@ class GPSLayer(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, *,
-                attn_edge_index: Tensor | None = None, prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                attn_edge_index: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
         local = self.norm_local(x + self.drop(self.local(x, edge_index, edge_attr)))
-        h, values = self.attn(x, batch, attn_edge_index, prev_values)
+        h = self.attn(x, batch, attn_edge_index, state)
         out = local + self.norm_attn(x + self.drop(h))
-        return self.norm_out(out + self.mlp(out)), values
+        return self.norm_out(out + self.mlp(out))
 
 
 class CategoricalEmbedding(nn.Module):
@@ -88,11 +86,14 @@ class CategoricalEmbedding(nn.Module):
 
 
 class GPSNet(nn.Module):
-    """Atom embedding ‖ projected RWSE → GPS layers → graph pooling → MLP head, one output per target."""
+    """Atom embedding ‖ projected RWSE → GPS layers → graph pooling → MLP head, one output per target.
+    ``attention`` holds the keyword arguments of the attention modules (variant, qk_gain_init); ``seq_len``
+    is the typical number of keys per query, from which qknorm's gain starts."""
 
     def __init__(self, node_vocab: list[int], edge_vocab: list[int], num_targets: int, *, dim: int, depth: int,
-                 heads: int, rwse_steps: int, pe_dim: int, attention_mode: str = "dense", dropout: float = 0.0,
-                 attn_dropout: float = 0.0, norm: str = "batch_norm", pool: str = "add", **attention):
+                 heads: int, rwse_steps: int, pe_dim: int, attention: dict, seq_len: int | None = None,
+                 attention_mode: str = "dense", dropout: float = 0.0, attn_dropout: float = 0.0,
+                 norm: str = "batch_norm", pool: str = "add"):
         super().__init__()
         if not 0 < pe_dim < dim:
             raise ValueError(f"pe_dim ({pe_dim}) must lie between 0 and dim ({dim})")
@@ -102,7 +103,8 @@ class GPSNet(nn.Module):
         self.pe = nn.Linear(rwse_steps, pe_dim)
         self.bonds = CategoricalEmbedding(edge_vocab, dim)
         self.layers = nn.ModuleList(
-            GPSLayer(dim, heads, attention_mode, dropout=dropout, attn_dropout=attn_dropout, norm=norm, **attention)
+            GPSLayer(dim, heads, attention_mode, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
+                     seq_len=seq_len, **attention)
             for _ in range(depth))
         self.pool = _choice(POOLS, pool, "pool")
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_targets))
@@ -112,31 +114,28 @@ class GPSNet(nn.Module):
         edge_attr = self.bonds(graph.edge_attr)
         # Sparse attention: neighbours plus the node itself, so an isolated atom still attends somewhere.
         attn_edges = add_self_loops(graph.edge_index, num_nodes=x.shape[0])[0] if self.sparse else None
-        values = None
+        state = AttentionState()
         for layer in self.layers:
-            x, values = layer(x, graph.edge_index, edge_attr, graph.batch, attn_edge_index=attn_edges,
-                              prev_values=values)
+            x = layer(x, graph.edge_index, edge_attr, graph.batch, attn_edge_index=attn_edges, state=state)
         return self.head(self.pool(x, graph.batch))
 
 
 class GraphTask(Task):
-    """Regression on standardised targets; ``mae`` and ``rmse`` are reported in the original units."""
+    """Regression of ``graph.y``: the net predicts targets standardised with the train split's mean and std
+    (``loss``: l1 | mse on that scale), while ``mae`` and ``rmse`` are reported in the original units."""
 
-    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, loss: str = "l1"):
-        super().__init__(optim)
-        self.net = net
+    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, *, loss: str = "l1"):
+        metrics = {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)}
+        super().__init__(net, optim, metrics)
         self.loss_fn = _choice(LOSSES, loss, "loss")
         self.register_buffer("target_mean", target_mean.float())
         self.register_buffer("target_std", target_std.float())
-        self.set_metrics(MetricCollection({"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)}))
 
-    def forward(self, graph) -> Tensor:
-        """Predictions in the targets' original units, [graphs, targets]."""
-        return self.net(graph) * self.target_std + self.target_mean
+    def unpack(self, graph) -> tuple:
+        return graph, graph.y
 
-    def step(self, graph, stage: str) -> Tensor:
-        pred = self.net(graph)
-        loss = self.loss_fn(pred, (graph.y - self.target_mean) / self.target_std)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=graph.num_graphs)
-        self.update_metrics(stage, pred.detach() * self.target_std + self.target_mean, graph.y)
-        return loss
+    def loss(self, output: Tensor, target: Tensor, stage: str) -> Tensor:
+        return self.loss_fn(output, (target - self.target_mean) / self.target_std)
+
+    def predictions(self, output: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        return output.detach() * self.target_std + self.target_mean, target

@@ -1,23 +1,23 @@
 """Point-cloud classification data: generated shapes (default), ModelNet10/40 in its original
 ``<class>/{train,test}/*.off`` layout, or any class-per-folder tree of meshes or point files, all read
 and sampled with open3d, normalised to the unit sphere and cached as [M, num_points, 3] tensors.
-Training batches are augmented on the device (scale/shift, jitter, point dropout)."""
+``DATASETS`` maps each dataset name to its loader. Training batches are augmented on the device
+(scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time perturbations."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import open3d as o3d
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from common.data import DataError, SplitDataModule, cached, class_folder_files, seeded_split
+from common.data import SPLITS, DataError, SplitDataModule, cached, class_folder_files, seeded_split, short_hash
 
 from .shapes import SHAPES, generate_shapes
 
@@ -123,89 +123,112 @@ def drop_points(points: Tensor, ratio: Tensor | float, generator=None) -> Tensor
     return points.gather(1, source[..., None].expand(-1, -1, 3))
 
 
+# --- datasets: each loader gives (datasets per split, class names) --------------------------------
+
+Splits = tuple[dict[str, TensorDataset], list[str]]
+
+
+def shapes_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+    """The generated shapes, each split from its own seed, cached per recipe."""
+    shapes, n = data["shapes"], data["num_points"]
+    params = {k: v for k, v in shapes.items() if not k.endswith("_per_class")}
+    splits = {}
+    for index, split in enumerate(SPLITS):
+        count = shapes[f"{split}_per_class"]
+        key = short_hash([params, count, n, seed, split])
+        # Splits draw from distinct seeds, so no test shape is a copy of a training shape.
+        build = partial(generate_shapes, count, n, seed * len(SPLITS) + index, shapes)
+        points, labels = cached(cache_dir / f"pointcloud-shapes-{split}-{key}.pt", build)
+        splits[split] = TensorDataset(normalise_unit_sphere(points), labels)
+    return splits, list(SHAPES)
+
+
+def _modelnet_split(root: Path, path: Path) -> str | None:
+    """``train`` or ``test`` for ``<class>/<split>/.../file``, else None."""
+    folders = path.relative_to(root).parts[1:-1]
+    return next((split for split in ("train", "test") if split in folders), None)
+
+
+def modelnet_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+    """ModelNet's ``<class>/{train,test}/*.off``: the folders say which clouds are test."""
+    root, files, classes = _class_tree(data)
+    if not {"train", "test"} <= {_modelnet_split(root, path) for path, _ in files}:
+        raise DataError(f"{root} is not in ModelNet layout <class>/{{train,test}}/*.off")
+
+    def test_and_train(paths: list[Path]) -> tuple[list[int], list[int]]:
+        splits = [_modelnet_split(root, path) for path in paths]
+        return [i for i, s in enumerate(splits) if s == "test"], [i for i, s in enumerate(splits) if s == "train"]
+
+    return _sampled_splits(data, cache_dir, root, files, test_and_train), classes
+
+
+def folder_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+    """Any class-per-folder tree; a random share (``test_fraction``, seeded by ``split_seed``) is test."""
+    root, files, classes = _class_tree(data)
+
+    def test_and_train(paths: list[Path]) -> tuple[list[int], list[int]]:
+        fraction = data["test_fraction"]
+        train, _, test = seeded_split(len(paths), (1 - fraction, 0.0, fraction), data["split_seed"])
+        return test, train
+
+    return _sampled_splits(data, cache_dir, root, files, test_and_train), classes
+
+
+def _class_tree(data: dict) -> tuple[Path, list[tuple[Path, int]], list[str]]:
+    """The root of a modelnet or folder tree, its (file, label) pairs and class names."""
+    root = data["root"]
+    if root is None or not Path(root).expanduser().exists():
+        raise DataError(f"dataset {data['dataset']!r} needs data.root, an existing folder of class folders "
+                        f"(got {root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
+    root = Path(root).expanduser()
+    return root, *class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+
+
+def _sampled_splits(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]],
+                    test_and_train: Callable[[list[Path]], tuple[list[int], list[int]]]) -> dict[str, TensorDataset]:
+    """The tree's files sampled once (cached), split into test and training clouds by ``test_and_train``
+    (indices into the readable files' paths); validation comes out of the training clouds."""
+    listing = [(str(p.relative_to(root)), p.stat().st_size, label) for p, label in files]
+    key = short_hash([str(root.resolve()), data["num_points"], listing])
+    clouds = cached(cache_dir / f"pointcloud-{root.resolve().name}-{key}.pt",
+                    lambda: sample_files(files, data["num_points"]))
+    if clouds["skipped"]:
+        log.warning("%d unreadable or empty files skipped under %s, e.g. %s", len(clouds["skipped"]), root,
+                    clouds["skipped"][0])
+    paths = [files[i][0] for i in clouds["kept"]]
+    test, train = (torch.tensor(idx, dtype=torch.long) for idx in test_and_train(paths))
+    # Model selection never looks at test: validation comes out of the training files.
+    fraction = data["val_fraction"]
+    fit, _, val = seeded_split(len(train), (1 - fraction, 0.0, fraction), data["split_seed"])
+    parts = {"train": train[fit], "val": train[val], "test": test}
+    return {split: TensorDataset(clouds["points"][idx], clouds["labels"][idx]) for split, idx in parts.items()}
+
+
+DATASETS: dict[str, Callable[[dict, Path, int], Splits]] = {
+    "shapes": shapes_splits, "modelnet": modelnet_splits, "folder": folder_splits}
+
+
 # --- datamodule ----------------------------------------------------------------------------------
 
 class PointCloudDataModule(SplitDataModule):
-    """Batches ``(points [B, N, 3], labels [B])``. ``cfg`` is the ``data`` section of the domain YAML."""
+    """Batches ``(points [B, N, 3], labels [B])``. ``data`` is the ``data`` section of the domain config;
+    the clouds are generated or sampled (or read from the cache) on construction."""
 
-    def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__(cfg.batch_size, num_workers=cfg.num_workers)
-        self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
-        if cfg.dataset == "shapes":
-            self.classes = list(SHAPES)
-        elif cfg.dataset in ("modelnet", "folder"):
-            if cfg.root is None or not Path(cfg.root).expanduser().exists():
-                raise DataError(f"dataset {cfg.dataset!r} needs data.root, an existing folder of class folders "
-                                f"(got {cfg.root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
-            self.root = Path(cfg.root).expanduser()
-            self.files, self.classes = class_folder_files(self.root, MESH_EXTENSIONS + POINT_EXTENSIONS)
-            found = {self._modelnet_split(path) for path, _ in self.files}
-            if cfg.dataset == "modelnet" and not {"train", "test"} <= found:
-                raise DataError(f"{self.root} is not in ModelNet layout <class>/{{train,test}}/*.off")
-        else:
-            raise DataError(f"unknown pointcloud dataset {cfg.dataset!r}; choose shapes, modelnet or folder")
-        self.skipped: list[str] = []
+    def __init__(self, data: dict, cache_dir: str | Path, seed: int):
+        super().__init__(data["batch_size"], num_workers=data["num_workers"])
+        self.augment = data["augment"]
+        self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
-    def setup(self, stage: str | None = None) -> None:
-        if not self.datasets:
-            self.datasets = self._shapes() if self.cfg.dataset == "shapes" else self._tree()
-
-    def _shapes(self) -> dict[str, TensorDataset]:
-        shapes, n = self.cfg.shapes, self.cfg.num_points
-        counts = {"train": shapes.train_per_class, "val": shapes.val_per_class, "test": shapes.test_per_class}
-        params = {k: v for k, v in OmegaConf.to_container(shapes).items() if not k.endswith("_per_class")}
-        splits = {}
-        for index, (split, count) in enumerate(counts.items()):
-            key = hashlib.sha1(repr((sorted(params.items()), count, n, self.seed, split)).encode()).hexdigest()[:12]
-            # Splits draw from distinct seeds, so no test shape is a copy of a training shape.
-            build = partial(generate_shapes, count, n, self.seed * len(counts) + index, shapes)
-            points, labels = cached(self.cache_dir / f"pointcloud-shapes-{split}-{key}.pt", build)
-            splits[split] = TensorDataset(normalise_unit_sphere(points), labels)
-        return splits
-
-    def _tree(self) -> dict[str, TensorDataset]:
-        root = self.root
-        listing = [(str(p.relative_to(root)), p.stat().st_size, label) for p, label in self.files]
-        key = hashlib.sha1(repr((str(root.resolve()), self.cfg.num_points, listing)).encode()).hexdigest()[:12]
-        data = cached(self.cache_dir / f"pointcloud-{root.resolve().name}-{key}.pt",
-                      lambda: sample_files(self.files, self.cfg.num_points))
-        self.skipped = data["skipped"]
-        if self.skipped:
-            log.warning("%d unreadable or empty files skipped under %s, e.g. %s", len(self.skipped), root,
-                        self.skipped[0])
-        test, train = self._split_test([self.files[i][0] for i in data["kept"]])
-        # Model selection never looks at test: validation comes out of the training files.
-        fraction = self.cfg.val_fraction
-        fit, _, val = seeded_split(len(train), (1 - fraction, 0.0, fraction), self.cfg.split_seed)
-        parts = {"train": train[fit], "val": train[val], "test": test}
-        return {split: TensorDataset(data["points"][idx], data["labels"][idx]) for split, idx in parts.items()}
-
-    def _modelnet_split(self, path: Path) -> str | None:
-        """``train`` or ``test`` for ``<class>/<split>/.../file``, else None."""
-        folders = path.relative_to(self.root).parts[1:-1]
-        return next((split for split in ("train", "test") if split in folders), None)
-
-    def _split_test(self, paths: list[Path]) -> tuple[Tensor, Tensor]:
-        """Indices of the test and training clouds: by the ``train``/``test`` folders of the ModelNet
-        layout, or a seeded random split of a plain class-per-folder tree."""
-        if self.cfg.dataset == "modelnet":
-            splits = [self._modelnet_split(path) for path in paths]
-            return (torch.tensor([i for i, s in enumerate(splits) if s == "test"], dtype=torch.long),
-                    torch.tensor([i for i, s in enumerate(splits) if s == "train"], dtype=torch.long))
-        fraction = self.cfg.test_fraction
-        train, _, test = seeded_split(len(paths), (1 - fraction, 0.0, fraction), self.cfg.split_seed)
-        return torch.tensor(test, dtype=torch.long), torch.tensor(train, dtype=torch.long)
-
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is None or not self.trainer.training:
             return batch
         points, labels = batch
-        aug = self.cfg.augment
-        points = scale_shift(points, tuple(aug.scale), aug.shift)
-        points = jitter(points, aug.jitter_sigma, aug.jitter_clip)
-        ratio = aug.dropout_max * torch.rand(points.shape[0], device=points.device)
+        aug = self.augment
+        points = scale_shift(points, tuple(aug["scale"]), aug["shift"])
+        points = jitter(points, aug["jitter_sigma"], aug["jitter_clip"])
+        ratio = aug["dropout_max"] * torch.rand(points.shape[0], device=points.device)
         return drop_points(points, ratio), labels

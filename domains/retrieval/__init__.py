@@ -1,14 +1,17 @@
 """The paper's mechanism study: retrieve the label of an out-of-distribution answer token, with a
-key-norm shortcut available on half the training samples."""
-from common.registry import register_domain
+key-norm shortcut available on half the training samples (``data.py`` describes the task)."""
+from common.registry import BuildConfig, register_domain
+
+from .data import DATASETS
 
 
-@register_domain("retrieval", metric="acc", mode="max", datasets=("generated",))
-def build(cfg):
+@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS)
+def build(cfg: BuildConfig):
     from .data import RetrievalDataModule
     from .model import RetrievalNet, RetrievalTask
 
-    datamodule = RetrievalDataModule(**cfg.data, seed=cfg.seed)
-    net = RetrievalNet(datamodule.input_dim, cfg.data.num_classes, seq_len=cfg.data.num_tokens, **cfg.model,
-                       attention=cfg.attention)
-    return datamodule, RetrievalTask(net, cfg.data.num_classes, cfg.optim, success_threshold=cfg.eval.success_threshold)
+    datamodule = RetrievalDataModule(cfg.data, cfg.seed)
+    num_classes = cfg.data["num_classes"]
+    net = RetrievalNet(datamodule.input_dim, num_classes, seq_len=cfg.data["num_tokens"], attention=cfg.attention,
+                       **cfg.model)
+    return datamodule, RetrievalTask(net, num_classes, cfg.optim, seed=cfg.seed, **cfg.task)

@@ -1,17 +1,25 @@
-"""Generated retrieval sequences (DESIGN.md §3, the paper's toy task).
+"""Generated retrieval sequences: the toy task of the paper's mechanism study.
 
-A sample is N tokens x_i = [key part in R^p ; one-hot label of C classes]. Non-answer key parts are
-N(0, I); the answer, at a uniform random position, has key part N(0, answer_std² I): out of
-distribution in every sample, the robust signal. With probability p_bias the answer's key part is
-instead N(b, bias_std² I) for one vector b shared by all biased samples: a shortcut a model can take
-by growing the biased answer's key norm. The target is the answer's label.
+A sample is a sequence of N tokens x_i = [k_i ; e(y_i)]: a key part k_i in R^p and the one-hot
+encoding e(y_i) of a label y_i drawn uniformly from C classes. One token, the answer, sits at a
+uniform random position; the target is its label, so a model must find the answer token and read
+its label. Non-answer key parts are N(0, I), the answer's is N(0, answer_std² I) with answer_std > 1:
+in every sample the answer is the token whose key lies outside the distribution of the others. That
+is the robust signal, and the only one on unbiased samples.
+
+The shortcut: with probability p_bias a sample is biased, and its answer's key part is instead
+N(b, bias_std² I) around one vector b (norm bias_norm, drawn once from bias_seed) shared by all
+biased samples. A model can solve those by mapping keys near b to keys of large norm, which win
+every query's attention; that does nothing for unbiased samples, so held-out accuracy on unbiased
+samples tells whether a model learned the robust solution or took the shortcut. Variants that
+normalise keys cannot grow a key's norm, so the shortcut is closed to them.
 """
 from __future__ import annotations
 
 import torch
 from torch.utils.data import TensorDataset
 
-from common.data import SplitDataModule
+from common.data import SPLITS, SplitDataModule
 
 
 def bias_vector(key_dim: int, norm: float, seed: int) -> torch.Tensor:
@@ -34,24 +42,28 @@ def make_retrieval(n: int, *, num_tokens: int, key_dim: int, num_classes: int, a
     return x, labels[rows, answer], biased, answer
 
 
-class RetrievalDataModule(SplitDataModule):
-    """Train, validation and test sets drawn from the same generator (biased with probability
-    p_bias); metrics separate biased from unbiased samples, so held-out unbiased accuracy is the score."""
+def generated(data: dict, seed: int) -> dict[str, TensorDataset]:
+    """Train, validation and test sets of ``data.<split>_size`` samples (inputs, labels, biased flags,
+    answer positions), drawn in turn from one generator seeded by the run seed."""
+    spec = {key: data[key] for key in ("num_tokens", "key_dim", "num_classes", "answer_std", "p_bias", "bias_std")}
+    bias = bias_vector(data["key_dim"], data["bias_norm"], data["bias_seed"])
+    generator = torch.Generator().manual_seed(seed)
+    return {split: TensorDataset(*make_retrieval(data[f"{split}_size"], bias=bias, generator=generator, **spec))
+            for split in SPLITS}
 
-    def __init__(self, *, dataset: str, num_tokens: int, key_dim: int, num_classes: int, answer_std: float,
-                 p_bias: float, bias_norm: float, bias_std: float, bias_seed: int, train_size: int,
-                 val_size: int, test_size: int, batch_size: int, seed: int):
-        super().__init__(batch_size)
-        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.input_dim = key_dim + num_classes
-        self.spec = dict(num_tokens=num_tokens, key_dim=key_dim, num_classes=num_classes, answer_std=answer_std,
-                         p_bias=p_bias, bias=bias_vector(key_dim, bias_norm, bias_seed), bias_std=bias_std)
-        self.seed = seed
+
+DATASETS = {"generated": generated}
+
+
+class RetrievalDataModule(SplitDataModule):
+    """The ``data.dataset`` of ``DATASETS``; every split is biased with probability p_bias, and the
+    task's metrics separate biased from unbiased samples."""
+
+    def __init__(self, data: dict, seed: int):
+        super().__init__(data["batch_size"])
+        self.data, self.seed = data, seed
+        self.input_dim = data["key_dim"] + data["num_classes"]
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        generator = torch.Generator().manual_seed(self.seed)
-        for split, n in self.sizes.items():
-            x, y, biased, answer = make_retrieval(n, generator=generator, **self.spec)
-            self.datasets[split] = TensorDataset(x, y, biased, answer)
+        if not self.datasets:
+            self.datasets = DATASETS[self.data["dataset"]](self.data, self.seed)

@@ -33,33 +33,46 @@ class RetrievalNet(nn.Module):
         return self.head(out[:, 0])
 
 
+class SubsetAccuracy(MulticlassAccuracy):
+    """Accuracy over the biased (or over the unbiased) samples only; targets are rows (label, biased).
+    NaN when there were no such samples (p_bias 0 or 1), rather than a score of 0."""
+
+    def __init__(self, num_classes: int, *, biased: bool):
+        super().__init__(num_classes, average="micro")
+        self.biased = biased
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        keep = target[:, 1].bool() == self.biased
+        if keep.any():  # torchmetrics rejects an empty batch
+            super().update(preds[keep], target[keep, 0])
+
+    def compute(self) -> Tensor:
+        seen = self.tp + self.fn  # every sample is a true positive or a false negative of its class
+        return super().compute() if seen.sum() > 0 else torch.tensor(float("nan"))
+
+
 class RetrievalTask(Task):
     """``acc`` is accuracy on unbiased samples (the robust solution), ``acc_biased`` on biased ones;
     ``test/success`` is 1 when the test ``acc`` reaches ``success_threshold``. Every training step logs
-    the answer token's key norm for biased and unbiased samples (``probe/answer_key_norm_*``)."""
+    the answer token's key norm for biased and unbiased samples (``probe/answer_key_norm_*``). Targets
+    are rows (label, biased flag), so that the metrics can tell the two kinds of sample apart."""
 
-    def __init__(self, net: RetrievalNet, num_classes: int, optim: dict, success_threshold: float):
-        super().__init__(optim)
-        self.net = net
+    def __init__(self, net: RetrievalNet, num_classes: int, optim: dict, *, success_threshold: float, seed: int = 0):
+        metrics = {"acc": SubsetAccuracy(num_classes, biased=False), "acc_biased": SubsetAccuracy(num_classes, biased=True)}
+        super().__init__(net, optim, metrics, seed=seed)
         self.success_threshold = success_threshold
-        for stage in ("train", "val", "test"):
-            for name in ("acc", "acc_biased"):
-                setattr(self, f"{stage}_{name}", MulticlassAccuracy(num_classes, average="micro"))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+    def unpack(self, batch) -> tuple[Tensor, Tensor]:
+        x, labels, biased, _ = batch
+        return x, torch.stack([labels, biased.long()], dim=1)
+
+    def loss(self, logits: Tensor, target: Tensor, stage: str) -> Tensor:
+        return F.cross_entropy(logits, target[:, 0])
 
     def step(self, batch, stage: str) -> Tensor:
-        x, labels, biased, answer = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, labels)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(labels))
-        for name, keep in (("acc", ~biased), ("acc_biased", biased)):
-            if keep.any():
-                metric = getattr(self, f"{stage}_{name}")
-                metric.update(logits.detach()[keep], labels[keep])
-                self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=int(keep.sum()))
+        loss = super().step(batch, stage)
         if stage == "train":
+            x, _, biased, answer = batch
             self._log_answer_key_norms(x, biased, answer)
         return loss
 
@@ -71,4 +84,5 @@ class RetrievalTask(Task):
                 self.log(f"probe/answer_key_norm_{name}", norms[keep].mean(), on_step=True, on_epoch=False)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/success", float(self.test_acc.compute() >= self.success_threshold))
+        super().on_test_epoch_end()
+        self.log("test/success", float(self.test_metrics["acc"].compute() >= self.success_threshold))

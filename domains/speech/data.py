@@ -1,31 +1,32 @@
 """Keyword audio: spoken words synthesised with eSpeak NG (the offline default), Speech Commands v2, or any
-class-per-folder tree of audio files. Every source gives (waveform, label) items at one sample rate;
+class-per-folder tree of audio files. ``DATASETS`` maps each dataset name to its loader, which lists the
+(file, label) items of every split; every source gives (waveform, label) items at one sample rate, and
 batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding."""
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import math
 import os
 import shutil
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import torch
 import torchaudio.functional as AF
-from omegaconf import DictConfig, OmegaConf
 from scipy.signal import resample_poly
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from common.data import DataError, SplitDataModule, class_folder_files, require_path, seeded_split
+from common.data import SPLITS, DataError, SplitDataModule, class_folder_files, require_path, seeded_split, short_hash
 
 from .synth import SynthesisError, Utterance, synthesise
 
+log = logging.getLogger(__name__)
+
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
-SPLITS = ("train", "val", "test")
 GENERATOR_VERSION = 1  # part of the cache key: bump when generate_espeak changes what it writes
 
 
@@ -43,10 +44,10 @@ def readable(items: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
         try:
             frames = sf.info(path).frames
         except (sf.LibsndfileError, RuntimeError) as err:
-            warnings.warn(f"skipping unreadable audio {path}: {err}")
+            log.warning("skipping unreadable audio %s: %s", path, err)
             continue
         if frames == 0:
-            warnings.warn(f"skipping empty audio {path}")
+            log.warning("skipping empty audio %s", path)
             continue
         kept.append((path, label))
     return kept
@@ -72,8 +73,27 @@ def collate(batch: list[tuple[torch.Tensor, int]]):
     return (pad_sequence(list(waves), batch_first=True), lengths), torch.tensor(labels)
 
 
-# ---------------------------------------------------------------------------------------------- real data
-def _keep_classes(items: list[tuple[Path, int]], names: list[str], keywords, root: Path):
+# ----------------------------------------------------------------------------------- datasets: real data
+Items = list[tuple[Path, int]]
+Splits = tuple[dict[str, Items], list[str]]  # (file, label) items per split, class names
+
+
+def _keywords(data: dict) -> list[str] | None:
+    """``data.keywords`` (None: every class folder), each checked to be a word."""
+    words = data["keywords"]
+    for word in words or []:
+        if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
+            raise DataError(f"data.keywords item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
+    return words
+
+
+def _root(data: dict) -> Path:
+    if data["root"] is None:
+        raise DataError(f"data.root is required for dataset {data['dataset']!r}")
+    return Path(data["root"])
+
+
+def _keep_classes(items: Items, names: list[str], keywords: list[str] | None, root: Path) -> tuple[Items, list[str]]:
     """Restrict to ``keywords`` (None: every class folder), relabelled in keyword order."""
     wanted = list(keywords) if keywords is not None else names
     missing = sorted(set(wanted) - set(names))
@@ -83,17 +103,17 @@ def _keep_classes(items: list[tuple[Path, int]], names: list[str], keywords, roo
     return [(p, label_of[y]) for p, y in items if y in label_of], wanted
 
 
-def speech_commands_splits(root: str | Path, keywords=None) -> tuple[dict[str, list], list[str]]:
-    """Speech Commands v2: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt`` and
-    ``testing_list.txt`` naming the held-out files; everything else trains. ``_background_noise_`` is not
-    a word (``class_folder_files`` skips folders starting with an underscore)."""
-    root = require_path(root, "Speech Commands root")
+def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
+    """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
+    and ``testing_list.txt`` naming the held-out files; everything else trains. ``_background_noise_`` is
+    not a word (``class_folder_files`` skips folders starting with an underscore)."""
+    root = require_path(_root(data), "Speech Commands root")
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
         lists[split] = {line.strip() for line in listed.read_text().splitlines() if line.strip()}
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
-    items, classes = _keep_classes(items, names, keywords, root)
+    items, classes = _keep_classes(items, names, _keywords(data), root)
     splits = {split: [] for split in SPLITS}
     for path, label in items:
         rel = path.relative_to(root).as_posix()
@@ -102,12 +122,13 @@ def speech_commands_splits(root: str | Path, keywords=None) -> tuple[dict[str, l
     return splits, classes
 
 
-def folder_splits(root: str | Path, keywords, fractions: tuple[float, float], seed: int) -> tuple[dict[str, list], list[str]]:
-    """Any ``<class>/<file>.wav`` tree, split at random (seeded) into train/val/test."""
+def folder_splits(data: dict, cache_dir: Path) -> Splits:
+    """Any ``<class>/<file>.wav`` tree at ``data.root``, split at random (``split_seed``) into train/val/test."""
+    root = _root(data)
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
-    items, classes = _keep_classes(items, names, keywords, Path(root))
-    val, test = fractions
-    parts = seeded_split(len(items), (1.0 - val - test, val), seed)
+    items, classes = _keep_classes(items, names, _keywords(data), root)
+    val, test = data["val_fraction"], data["test_fraction"]
+    parts = seeded_split(len(items), (1.0 - val - test, val, test), data["split_seed"])
     return {split: [items[i] for i in part] for split, part in zip(SPLITS, parts)}, classes
 
 
@@ -144,8 +165,8 @@ def _trim(wave: np.ndarray, threshold: float = 0.01) -> np.ndarray:
     return wave[loud[0]: loud[-1] + 1] if len(loud) else wave
 
 
-def _voice_splits(spec: DictConfig) -> dict[str, list[str]]:
-    splits = {split: list(spec.voices[split]) for split in SPLITS}
+def _voice_splits(spec: dict) -> dict[str, list[str]]:
+    splits = {split: list(spec["voices"][split]) for split in SPLITS}
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
         shared = set(splits[a]) & set(splits[b])
         if shared:
@@ -153,29 +174,40 @@ def _voice_splits(spec: DictConfig) -> dict[str, list[str]]:
     return splits
 
 
-def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, clip_seconds: float, out: Path) -> None:
-    """Write ``out/<split>/<word>/<variant>_<accent>_<n>.wav``: each clip one keyword in a random accent,
-    voice variant of its split, speed and pitch, at a random place in the clip, at a random level, under
-    background noise at a random SNR. Everything follows from ``spec.seed``."""
-    clip = int(round(clip_seconds * sample_rate))
-    accents, phrases, noises = list(spec.accents), list(spec.babble.phrases), list(spec.noise)
+def _reading(text: str, rng: np.random.Generator, variants: list[str], spec: dict) -> tuple[Utterance, str, str]:
+    """One random reading of ``text``: accent, voice variant (of the split), rate, pitch, intonation and
+    eSpeak's noise seed; also the accent and variant, which name the clip."""
+    accents = spec["accents"]
+    accent, variant = accents[rng.integers(len(accents))], variants[rng.integers(len(variants))]
+    return Utterance(text, f"{accent}+{variant}", int(rng.integers(*spec["rate"], endpoint=True)),
+                     int(rng.integers(*spec["pitch"], endpoint=True)),
+                     int(rng.integers(*spec["pitch_range"], endpoint=True)),
+                     int(rng.integers(2**31))), accent, variant
+
+
+def _plan(spec: dict, keywords: list[str], out: Path) -> tuple[list[Utterance], list[tuple]]:
+    """Every utterance to synthesise (per split: its babble pool, then its keyword clips) and, per clip,
+    (its split's babble utterances, its utterance, its path, its split's generator)."""
+    phrases, pool = spec["babble"]["phrases"], spec["babble"]["pool"]
     plans, requests = [], []
     for split_index, (split, variants) in enumerate(_voice_splits(spec).items()):
-        rng = np.random.default_rng([spec.seed, split_index])
-
-        def utterance(text: str) -> tuple[Utterance, str, str]:
-            accent, variant = accents[rng.integers(len(accents))], variants[rng.integers(len(variants))]
-            return Utterance(text, f"{accent}+{variant}", int(rng.integers(*spec.rate, endpoint=True)),
-                             int(rng.integers(*spec.pitch, endpoint=True)),
-                             int(rng.integers(*spec.pitch_range, endpoint=True)), int(rng.integers(2**31))), accent, variant
-
-        babble = [len(requests) + i for i in range(spec.babble.pool)]
-        requests += [utterance(phrases[i % len(phrases)])[0] for i in range(spec.babble.pool)]
+        rng = np.random.default_rng([spec["seed"], split_index])
+        babble = [len(requests) + i for i in range(pool)]
+        requests += [_reading(phrases[i % len(phrases)], rng, variants, spec)[0] for i in range(pool)]
         for word in keywords:
-            for n in range(spec.clips_per_word[split]):
-                u, accent, variant = utterance(word)
+            for n in range(spec["clips_per_word"][split]):
+                u, accent, variant = _reading(word, rng, variants, spec)
                 plans.append((babble, len(requests), out / split / word / f"{variant}_{accent}_{n:04d}.wav", rng))
                 requests.append(u)
+    return requests, plans
+
+
+def generate_espeak(spec: dict, keywords: list[str], sample_rate: int, clip_seconds: float, out: Path) -> None:
+    """Write ``out/<split>/<word>/<variant>_<accent>_<n>.wav``: each clip one keyword in a random accent,
+    voice variant of its split, speed and pitch, at a random place in the clip, at a random level, under
+    background noise at a random SNR. ``spec`` is ``data.espeak``; everything follows from its ``seed``."""
+    clip = int(round(clip_seconds * sample_rate))
+    requests, plans = _plan(spec, keywords, out)
     try:
         rate, waves = synthesise(requests)
     except SynthesisError as err:
@@ -186,28 +218,28 @@ def generate_espeak(spec: DictConfig, keywords: list[str], sample_rate: int, cli
     # The random draws of each split run in the order they were planned, so a rebuild is identical.
     for babble, index, path, rng in plans:
         word = _trim(audio[index])[:clip]
-        level = 10 ** (rng.uniform(*spec.level_db) / 20) / max(np.abs(word).max(), 1e-6)
+        level = 10 ** (rng.uniform(*spec["level_db"]) / 20) / max(np.abs(word).max(), 1e-6)
         speech = np.zeros(clip, dtype=np.float32)
         start = rng.integers(clip - len(word) + 1)
         speech[start:start + len(word)] = word * level
-        kind = noises[rng.integers(len(noises))]
-        noise = _noise(kind, clip, rng, [audio[i] for i in babble], spec.babble.talkers)
-        mixed = mix_at_snr(speech, noise, rng.uniform(*spec.snr_db))
+        kind = spec["noise"][rng.integers(len(spec["noise"]))]
+        noise = _noise(kind, clip, rng, [audio[i] for i in babble], spec["babble"]["talkers"])
+        mixed = mix_at_snr(speech, noise, rng.uniform(*spec["snr_db"]))
         path.parent.mkdir(parents=True, exist_ok=True)
         sf.write(path, np.clip(mixed, -1.0, 1.0), sample_rate, subtype="PCM_16")
 
 
-def espeak_dataset(spec: DictConfig, keywords: list[str], sample_rate: int, clip_seconds: float, cache_dir: str | Path) -> Path:
+def espeak_dataset(spec: dict, keywords: list[str], sample_rate: int, clip_seconds: float,
+                   cache_dir: str | Path) -> Path:
     """The generated tree for this recipe under ``cache_dir/speech``, generated on first use. A run
     builds into a private folder and renames it into place, so concurrent runs never see half a tree."""
-    recipe = json.dumps([GENERATOR_VERSION, OmegaConf.to_container(spec), list(keywords), sample_rate, clip_seconds],
-                        sort_keys=True)
-    out = Path(cache_dir) / "speech" / f"espeak-{hashlib.sha1(recipe.encode()).hexdigest()[:10]}"
+    recipe = [GENERATOR_VERSION, spec, list(keywords), sample_rate, clip_seconds]
+    out = Path(cache_dir) / "speech" / f"espeak-{short_hash(recipe)}"
     if not out.exists():
         building = out.with_name(f"{out.name}.building-{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         generate_espeak(spec, keywords, sample_rate, clip_seconds, building)
-        (building / "recipe.json").write_text(recipe)
+        (building / "recipe.json").write_text(json.dumps(recipe, sort_keys=True))
         try:
             building.rename(out)
         except OSError:  # another run finished first: theirs is identical
@@ -215,34 +247,31 @@ def espeak_dataset(spec: DictConfig, keywords: list[str], sample_rate: int, clip
     return out
 
 
+def espeak_splits(data: dict, cache_dir: Path) -> Splits:
+    """The ``data.keywords`` said by eSpeak NG, generated on first use (see ``generate_espeak``)."""
+    words = _keywords(data)
+    if not words:
+        raise DataError("the espeak dataset needs data.keywords (the words to synthesise)")
+    root = espeak_dataset(data["espeak"], words, data["sample_rate"], data["clip_seconds"], cache_dir)
+    # class_folder_files labels the word folders in sorted order
+    return {split: class_folder_files(root / split, (".wav",))[0] for split in SPLITS}, sorted(words)
+
+
+DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
+    "espeak": espeak_splits, "speech_commands": speech_commands_splits, "folder": folder_splits}
+
+
 # -------------------------------------------------------------------------------------------- datamodule
 class SpeechDataModule(SplitDataModule):
-    """``cfg`` is the domain's ``data`` section. ``classes`` is known after construction (the model
+    """``data`` is the domain's ``data`` section. ``classes`` is known after construction (the model
     needs it); the audio is generated or indexed then too, so a bad root fails at build time."""
 
-    def __init__(self, cfg: DictConfig, cache_dir: str | Path):
-        super().__init__(cfg.batch_size, num_workers=cfg.num_workers, collate_fn=collate)
-        keywords = list(cfg.keywords) if cfg.keywords is not None else None
-        for word in keywords or []:
-            if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
-                raise DataError(f"data.keywords item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
-        if cfg.dataset == "espeak":
-            if not keywords:
-                raise DataError("the espeak dataset needs data.keywords (the words to synthesise)")
-            root = espeak_dataset(cfg.espeak, keywords, cfg.sample_rate, cfg.clip_seconds, cache_dir)
-            splits = {split: class_folder_files(root / split, (".wav",))[0] for split in SPLITS}
-            self.classes = sorted(keywords)  # class_folder_files labels folders in sorted order
-        elif cfg.root is None:
-            raise DataError(f"data.root is required for dataset {cfg.dataset!r}")
-        elif cfg.dataset == "speech_commands":
-            splits, self.classes = speech_commands_splits(cfg.root, keywords)
-        elif cfg.dataset == "folder":
-            splits, self.classes = folder_splits(cfg.root, keywords, (cfg.val_fraction, cfg.test_fraction), cfg.split_seed)
-        else:
-            raise DataError(f"unknown speech dataset {cfg.dataset!r}; choose from espeak, speech_commands, folder")
-        max_samples = int(round(cfg.clip_seconds * cfg.sample_rate))
+    def __init__(self, data: dict, cache_dir: str | Path):
+        super().__init__(data["batch_size"], num_workers=data["num_workers"], collate_fn=collate)
+        splits, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir))
+        max_samples = int(round(data["clip_seconds"] * data["sample_rate"]))
         for split in SPLITS:
             items = readable(splits[split])
             if not items:
-                raise DataError(f"no readable audio in the {split} split of dataset {cfg.dataset!r}")
-            self.datasets[split] = AudioClips(items, cfg.sample_rate, max_samples)
+                raise DataError(f"no readable audio in the {split} split of dataset {data['dataset']!r}")
+            self.datasets[split] = AudioClips(items, data["sample_rate"], max_samples)

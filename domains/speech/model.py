@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 import torchaudio
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
 
-from common.attention import MultiheadAttention
+from common.attention import AttentionState, MultiheadAttention
 from common.task import ClassificationTask
 
 LOG_FLOOR = 1e-6  # added to the mel power before the log
@@ -67,7 +66,8 @@ class ConvSubsampling(nn.Module):
 
     def __init__(self, n_mels: int, channels: int, dim: int):
         super().__init__()
-        self.conv = nn.Sequential(nn.Conv2d(1, channels, 3, 2), nn.ReLU(), nn.Conv2d(channels, channels, 3, 2), nn.ReLU())
+        self.conv = nn.Sequential(nn.Conv2d(1, channels, 3, 2), nn.ReLU(), nn.Conv2d(channels, channels, 3, 2),
+                                  nn.ReLU())
         self.proj = nn.Linear(channels * self.out_len(self.out_len(n_mels)), dim)
 
     @staticmethod
@@ -127,7 +127,8 @@ class ConvolutionModule(nn.Module):
             raise ValueError(f"depthwise kernel_size must be odd to keep frames aligned, got {kernel_size}")
         self.layer_norm = nn.LayerNorm(dim)
         self.sequential = nn.Sequential(
-            nn.Conv1d(dim, 2 * dim, 1), nn.GLU(dim=1), nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim),
+            nn.Conv1d(dim, 2 * dim, 1), nn.GLU(dim=1),
+            nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim),
             nn.BatchNorm1d(dim), nn.SiLU(), nn.Conv1d(dim, dim, 1), nn.Dropout(dropout),
         )
 
@@ -160,16 +161,15 @@ class ConformerLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(dim)
 
     def forward(self, x: Tensor, padding: Tensor | None, buckets: Tensor,
-                prev_values: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Returns the new x and this layer's attention values (the next layer's ``prev_values``)."""
+                state: AttentionState | None = None) -> Tensor:
+        """``state`` is the stack's, shared by its layers (elliptical variants read the previous layer's values)."""
         x = x + 0.5 * self.ffn1(x)
         h = self.self_attn_layer_norm(x)
-        h, _, values = self.self_attn(h, h, h, key_padding_mask=padding, attn_bias=self.rel_pos(buckets),
-                                      prev_values=prev_values, return_values=True)
+        h, _ = self.self_attn(h, h, h, key_padding_mask=padding, attn_bias=self.rel_pos(buckets), state=state)
         x = x + self.self_attn_dropout(h)
         x = x + self.conv_module(x, padding)
         x = x + 0.5 * self.ffn2(x)
-        return self.final_layer_norm(x), values
+        return self.final_layer_norm(x)
 
 
 class ConformerEncoder(nn.Module):
@@ -187,9 +187,9 @@ class ConformerEncoder(nn.Module):
         padding = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths[:, None]
         padding = padding if bool(padding.any()) else None  # no padding: the unmasked, faster kernels
         buckets = relative_buckets(x.shape[1], self.num_buckets, self.max_distance, x.device)
-        values = None
+        state = AttentionState()
         for layer in self.conformer_layers:
-            x, values = layer(x, padding, buckets, prev_values=values)
+            x = layer(x, padding, buckets, state)
         return x, lengths
 
 
@@ -235,19 +235,10 @@ def add_noise(wave: Tensor, lengths: Tensor, snr_db: float, generator: torch.Gen
 
 
 class KeywordTask(ClassificationTask):
-    """Accuracy (``acc``) plus, at test time, accuracy under white noise at each of ``noise_snrs`` dB,
-    logged as ``test/acc_snr<snr>``. The noise is seeded by batch index: every variant hears the same."""
+    """Classification; at test time also on the test clips under white noise, one condition per entry of
+    ``perturbations`` (the task config: ``snr<dB>: {snr_db: <dB>}``), logged as ``test/acc_snr<dB>``."""
 
-    def __init__(self, net: nn.Module, num_classes: int, optim: dict, label_smoothing: float = 0.0,
-                 noise_snrs: tuple[float, ...] = ()):
-        super().__init__(net, num_classes, optim, label_smoothing)
-        self.noise_snrs = [float(s) for s in noise_snrs]
-        self.noisy_metrics = nn.ModuleList(MulticlassAccuracy(num_classes, average="micro") for _ in self.noise_snrs)
-
-    def test_step(self, batch, batch_idx):
-        super().test_step(batch, batch_idx)
-        (wave, lengths), labels = batch
-        generator = torch.Generator(device=wave.device).manual_seed(batch_idx)
-        for snr, metric in zip(self.noise_snrs, self.noisy_metrics):
-            metric.update(self((add_noise(wave, lengths, snr, generator), lengths)), labels)
-            self.log(f"test/acc_snr{snr:g}", metric, on_step=False, on_epoch=True, batch_size=labels.shape[0])
+    def perturb(self, inputs: tuple[Tensor, Tensor], condition: str, settings: dict,
+                generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        wave, lengths = inputs
+        return add_noise(wave, lengths, settings["snr_db"], generator), lengths

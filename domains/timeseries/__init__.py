@@ -1,18 +1,16 @@
 """Time-series forecasting: PatchTST on multivariate series (embedded Victoria electricity data, ETT,
 Weather, Electricity, Exchange-rate or any ``date``+columns CSV). Primary metric: test MSE."""
-from omegaconf import OmegaConf
+from common.registry import BuildConfig, register_domain
 
-from common.registry import register_domain
-
-DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv")
+from .data import DATASETS
 
 
 @register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS)
-def build(cfg):
+def build(cfg: BuildConfig):
     from .data import ForecastDataModule
     from .model import ForecastTask, PatchTST
 
     datamodule = ForecastDataModule(cfg.data)
-    net = PatchTST(datamodule.num_channels, cfg.data.seq_len, cfg.data.pred_len,
-                   **OmegaConf.to_container(cfg.model), attention=OmegaConf.to_container(cfg.attention))
+    net = PatchTST(datamodule.num_channels, cfg.data["seq_len"], cfg.data["pred_len"], attention=cfg.attention,
+                   **cfg.model)
     return datamodule, ForecastTask(net, cfg.optim)

