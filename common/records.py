@@ -1,7 +1,13 @@
-"""The run record: one JSON file per run, written atomically, read back with validation."""
+"""The run record: one JSON file per run, written atomically, read back with validation.
+
+Validation checks every field's type and that each value of ``metrics``, ``probes`` and (when
+``quest robustness`` has added it) ``robustness`` is a real number: an int or float, never a bool or a
+numeric string such as ``"0.5"``. NaN and ±inf are numbers here: a diverged metric may be NaN.
+"""
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -34,23 +40,49 @@ SCHEMA: dict[str, tuple[type, ...]] = {
     "versions": (dict,),
     "git_commit": (str, type(None)),
 }
+# Fields that only some records have; checked like SCHEMA when present.
+OPTIONAL: dict[str, tuple[type, ...]] = {
+    "robustness": (dict,),        # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
+}
+# Fields mapping names to numbers, which aggregation averages.
+NUMERIC_MAPS = ("metrics", "probes", "robustness")
 
 
 class RecordError(ValueError):
-    """A record file that is missing, not JSON, or does not follow the schema."""
+    """A record file that is missing, not JSON, or does not follow the schema. ``path`` is the record's
+    file (or the name given to ``validate``), ``reason`` what is wrong with it."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(str(path), reason)  # both in args: the error survives pickling (sweep workers)
+        self.path, self.reason = str(path), reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float (numpy scalars too: ``write_record`` turns them into floats), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
+    """``record`` if it follows the schema (see the module docstring), else ``RecordError`` naming ``where``."""
     missing = [k for k in SCHEMA if k not in record]
     if missing:
-        raise RecordError(f"{where}: missing field(s) {', '.join(missing)}")
-    for key, types in SCHEMA.items():
+        raise RecordError(where, f"missing field(s) {', '.join(missing)}")
+    present = {**SCHEMA, **{k: t for k, t in OPTIONAL.items() if k in record}}
+    for key, types in present.items():
         if not isinstance(record[key], types) or isinstance(record[key], bool) and bool not in types:
-            raise RecordError(f"{where}: field {key!r} has type {type(record[key]).__name__}")
+            raise RecordError(where, f"field {key!r} has type {type(record[key]).__name__}")
+    for field in (f for f in NUMERIC_MAPS if f in record):
+        for key, value in record[field].items():
+            if not _is_number(value):
+                raise RecordError(where, f"field {field!r} key {key!r} is {value!r} "
+                                         f"({type(value).__name__}), not a number")
     if record["status"] not in STATUSES:
-        raise RecordError(f"{where}: status {record['status']!r} is not one of {', '.join(STATUSES)}")
+        raise RecordError(where, f"status {record['status']!r} is not one of {', '.join(STATUSES)}")
     if record["schema"] != SCHEMA_VERSION:
-        raise RecordError(f"{where}: schema version {record['schema']} (this reader knows {SCHEMA_VERSION})")
+        raise RecordError(where, f"schema version {record['schema']} (this reader knows {SCHEMA_VERSION})")
     return record
 
 
@@ -75,11 +107,11 @@ def read_record(path: str | Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        raise RecordError(f"{path}: no such record") from None
+        raise RecordError(path, "no such record") from None
     except json.JSONDecodeError as err:
-        raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+        raise RecordError(path, f"not valid JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(record, dict):
-        raise RecordError(f"{path}: not a JSON object")
+        raise RecordError(path, "not a JSON object")
     return validate(record, str(path))
 
 

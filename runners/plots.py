@@ -1,8 +1,9 @@
-"""Figures for RESULTS.md: each domain's primary metric per variant, and its stability probes over
-training (cross-layer max logit, key and query norms, entropy, plus any other `probe/<name>` a domain
-logs), averaged over the runs of each variant."""
+"""Figures for RESULTS.md, per (domain, dataset, preset) group as the tables are: the primary metric per
+variant, and the stability probes over training (cross-layer max logit, key and query norms, entropy, plus
+any other `probe/<name>` a domain logs), averaged over the runs of each variant."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -11,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from runners.aggregate import _order  # noqa: E402
+from runners.aggregate import GROUP, _order  # noqa: E402
 
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -34,44 +35,59 @@ def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
             for stat, g in data.groupby("stat")}
 
 
-def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, str], list[str]]:
-    """Write PNGs per domain and preset; returns (domain, preset) -> paths relative to ``relative_to`` for linking."""
+def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, str, str], list[str]]:
+    """Write PNGs per (domain, dataset, preset) group, named after it; returns group -> paths relative to
+    ``relative_to`` for linking."""
     folder.mkdir(parents=True, exist_ok=True)
-    written: dict[tuple[str, str], list[str]] = {}
-    for (domain, preset), group in runs.groupby(["domain", "preset"]):
-        primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
-        ok = group[group["status"] == "ok"]
-        paths = []
-        if primary in ok and ok[primary].notna().any():
-            stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(_order(ok["variant"]))
-            fig, ax = plt.subplots(figsize=(7, 3.2))
-            ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
-            ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
-            ax.set_title(f"{domain} ({preset}): {primary} per variant")
-            ax.tick_params(axis="x", rotation=30)
-            fig.tight_layout()
-            paths.append(folder / f"{domain}_{preset}_{primary}.png")
-            fig.savefig(paths[-1], dpi=110)
-            plt.close(fig)
-        curves = _probe_curves(group)
-        if curves:
-            cols = min(4, len(curves))
-            rows = -(-len(curves) // cols)
-            fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
-            for ax in axes.flat[len(curves):]:
-                ax.axis("off")
-            for ax, (stat, table) in zip(axes.flat, sorted(curves.items())):
-                for variant in _order(table.columns):
-                    ax.plot(table.index, table[variant], label=variant, lw=1.2)
-                ax.set_title(stat, fontsize=9)
-                ax.set_xlabel("step")
-                if "norm" in stat or "logit" in stat:
-                    ax.set_yscale("symlog")
-            axes.flat[len(curves) - 1].legend(fontsize=7, loc="best")
-            fig.suptitle(f"{domain} ({preset}): stability probes over training", fontsize=10)
-            fig.tight_layout()
-            paths.append(folder / f"{domain}_{preset}_probes.png")
-            fig.savefig(paths[-1], dpi=110)
-            plt.close(fig)
-        written[(domain, preset)] = [str(p.relative_to(relative_to)) for p in paths]
+    written: dict[tuple[str, str, str], list[str]] = {}
+    for key, group in runs.groupby(GROUP):
+        # A dataset name may be a path or hold other characters a file name should not.
+        stem = folder / re.sub(r"[^\w.-]+", "-", "_".join(key))
+        title = f"{key[0]}/{key[1]} ({key[2]})"
+        paths = [p for p in (_metric_bars(group, stem, title), _probe_grid(group, stem, title)) if p]
+        written[key] = [str(p.relative_to(relative_to)) for p in paths]
     return written
+
+
+def _metric_bars(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
+    """Bar chart of the group's primary metric per variant (mean ± std over finished runs), if any."""
+    primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
+    ok = group[group["status"] == "ok"]
+    if primary not in ok or ok[primary].isna().all():
+        return None
+    stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(_order(ok["variant"]))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
+    ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.set_title(f"{title}: {primary} per variant")
+    ax.tick_params(axis="x", rotation=30)
+    return _save(fig, stem.with_name(f"{stem.name}_{primary}.png"))
+
+
+def _probe_grid(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
+    """One panel per probe statistic, one curve per variant, if the group's runs logged probes."""
+    curves = _probe_curves(group)
+    if not curves:
+        return None
+    cols = min(4, len(curves))
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(curves):]:
+        ax.axis("off")
+    for ax, (stat, table) in zip(axes.flat, sorted(curves.items())):
+        for variant in _order(table.columns):
+            ax.plot(table.index, table[variant], label=variant, lw=1.2)
+        ax.set_title(stat, fontsize=9)
+        ax.set_xlabel("step")
+        if "norm" in stat or "logit" in stat:
+            ax.set_yscale("symlog")
+    axes.flat[len(curves) - 1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{title}: stability probes over training", fontsize=10)
+    return _save(fig, stem.with_name(f"{stem.name}_probes.png"))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

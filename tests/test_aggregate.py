@@ -1,0 +1,138 @@
+"""`quest aggregate` from hand-written records (no training): schema checks of metric values, skipping and
+listing bad records, one table and one set of plots per (domain, dataset, preset), bold only where a column
+has a best."""
+import json
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy.stats import ttest_rel
+
+from common.records import SCHEMA_VERSION, RecordError, read_record, write_record
+from runners import aggregate
+from runners.cli import main as cli
+
+
+def record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
+    """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
+    return {
+        "schema": SCHEMA_VERSION, "domain": domain, "dataset": dataset, "variant": variant, "seed": seed,
+        "preset": "study", "status": status, "config": {}, "metrics": {f"test/{k}": v for k, v in metrics.items()},
+        "primary_metric": "mse", "mode": "min", "best_val": {"value": None, "epoch": None},
+        "divergence": {"step": 5, "reason": "non-finite loss"} if status == "diverged" else None, "error": None,
+        "probes": {"max_logit": 1.0}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {},
+        "git_commit": None, **fields,
+    }
+
+
+def write_runs(root, runs):
+    """``runs``: (variant, seed, metrics, extra record fields); one run directory each under ``root``."""
+    for variant, seed, metrics, fields in runs:
+        name = f"{fields.get('domain', 'a')}-{fields.get('dataset', 'd')}-{variant}-{seed}"
+        write_record(root / name, record(variant, seed, metrics, **fields))
+
+
+def sections(text):
+    """Markdown section title -> its body."""
+    return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
+
+
+@pytest.mark.parametrize("field", ["metrics", "probes", "robustness"])
+@pytest.mark.parametrize("bad", ["0.5", True, None])
+def test_schema_rejects_a_non_number_naming_file_field_and_key(tmp_path, field, bad):
+    rec = record("quest", 0, {"mse": 1.0}, robustness={"acc_pgd_eps0.1": 0.5})
+    rec[field] = {**rec[field], "x/y": bad}
+    with pytest.raises(RecordError, match=rf"record\.json: field '{field}' key 'x/y' is {re.escape(repr(bad))} "):
+        write_record(tmp_path, rec)
+    (tmp_path / "record.json").write_text(json.dumps(rec))  # one written by other means is rejected on reading
+    with pytest.raises(RecordError) as err:
+        read_record(tmp_path)
+    assert err.value.path == str(tmp_path / "record.json") and f"'{field}' key 'x/y'" in err.value.reason
+
+
+def test_schema_accepts_nan_inf_and_numpy_numbers(tmp_path):
+    rec = record("quest", 0, {"mse": math.nan, "mae": -math.inf, "n": 3, "acc": np.float32(0.25)},
+                 robustness={"acc_clean": math.nan})
+    back = read_record(write_record(tmp_path, rec))
+    assert math.isnan(back["metrics"]["test/mse"]) and back["metrics"]["test/mae"] == -math.inf
+    assert back["metrics"]["test/acc"] == 0.25 and math.isnan(back["robustness"]["acc_clean"])
+
+
+def test_a_non_numeric_metric_is_skipped_listed_and_the_rest_aggregated(tmp_path, caplog):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {}),
+                      ("quest", 1, {"mse": 3.0}, {})])
+    bad = runs / "a-d-quest-1" / "record.json"
+    bad.write_text(bad.read_text().replace('"test/mse": 3.0', '"test/mse": "0.5"'))
+    (runs / "empty").mkdir()
+    (runs / "empty" / "record.json").write_text("[]")
+    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+        assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
+    reason = "field 'metrics' key 'test/mse' is '0.5' (str), not a number"
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2 and reason in caplog.text
+    text = out.read_text()
+    assert "2 run records aggregated, 2 skipped (listed at the end)" in text
+    assert f"- `{bad}`: {reason}" in text and f"- `{runs / 'empty' / 'record.json'}`: not a JSON object" in text
+    table = sections(text)["a / d / study"]
+    assert re.search(r"\| quest +\| \*\*1\*\* +\|", table)  # quest's one readable run, the better of two
+    assert len((tmp_path / "R" / "runs.csv").read_text().splitlines()) == 1 + 2
+
+
+def test_only_bad_records_is_a_user_error(tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "record.json").write_text("{")
+    assert cli(["aggregate", str(tmp_path), "-o", str(tmp_path / "R.md")]) == 2
+    assert "no readable run records" in capsys.readouterr().err and not (tmp_path / "R.md").exists()
+
+
+def test_two_datasets_of_a_domain_get_their_own_table_and_plots(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    values = {"d1": {"standard": 1.0, "quest": 2.0}, "d2": {"standard": 8.0, "quest": 4.0}}
+    write_runs(runs, [(v, 0, {"mse": x}, {"dataset": d}) for d, by_variant in values.items()
+                      for v, x in by_variant.items()])
+    for d, by_variant in values.items():  # probe logs, so each group gets its probe figure too
+        for v, x in by_variant.items():
+            (runs / f"a-{d}-{v}-0" / "metrics.csv").write_text(f"step,probe/max_logit\n0,{x}\n10,{2 * x}\n")
+    assert aggregate.main([str(runs), "-o", str(out)]) == 0
+    text, found = out.read_text(), sections(out.read_text())
+    images = {d: [f"R/a_{d}_study_mse.png", f"R/a_{d}_study_probes.png"] for d in values}
+    for d, other in (("d1", "d2"), ("d2", "d1")):
+        body = found[f"a / {d} / study"]
+        assert all(f"({image})" in body and text.count(f"({image})") == 1 for image in images[d])
+        assert not any(image in body for image in images[other])
+    pngs = [(tmp_path / image).read_bytes() for d in values for image in images[d]]
+    assert len(set(pngs)) == 4  # distinct figures, not one drawn from both datasets' runs
+    summary = aggregate.summary_table(aggregate.load_runs(runs))
+    assert summary.loc["quest", "rank a/d1 (study)"] == "2" and summary.loc["quest", "rank a/d2 (study)"] == "1"
+    assert summary.loc["quest", "mean rank"] == "1.50"
+
+
+def test_bold_marks_the_best_unless_every_variant_ties(tmp_path):
+    # success: all 0; acc: equal means (0.4, 0.6 vs 0.5, 0.5); mae: two share the best; mse: one best.
+    per_variant = {"standard": [(0, 0.4, 1.0, 3.0), (0, 0.6, 1.0, 3.0)],
+                   "quest": [(0, 0.5, 1.0, 1.0), (0, 0.5, 1.0, 2.0)],
+                   "qknorm": [(0, 0.5, 2.0, 5.0), (0, 0.5, 2.0, 6.0)]}
+    write_runs(tmp_path, [(v, seed, dict(zip(("success", "acc", "mae", "mse"), vals)), {})
+                          for v, rows in per_variant.items() for seed, vals in enumerate(rows)])
+    table = aggregate.domain_table(aggregate.load_runs(tmp_path))
+    assert not table["success ↑"].str.contains(r"\*\*").any() and not table["acc ↑"].str.contains(r"\*\*").any()
+    assert table["mae ↓"].tolist() == ["**1 ± 0**", "**1 ± 0**", "2 ± 0"]
+    assert table["mse ↓"].tolist() == ["3 ± 0", "**1.5 ± 0.71**", "5.5 ± 0.71"]
+
+
+def test_tables_counts_paired_test_and_ranks(tmp_path):
+    values = {"standard": [1.0, 2.0, 3.0], "quest": [0.5, 1.0, 2.0]}
+    write_runs(tmp_path, [(v, seed, {"mse": x}, {}) for v, xs in values.items() for seed, x in enumerate(xs)])
+    write_runs(tmp_path, [("quest", 3, {}, {"status": "diverged"}),
+                          ("standard", 0, {"mse": 1.0}, {"domain": "b"}), ("quest", 0, {"mse": 2.0}, {"domain": "b"})])
+    runs = aggregate.load_runs(tmp_path)
+    table = aggregate.domain_table(runs[runs["domain"] == "a"])
+    assert table.loc["quest", "mse ↓"] == "**1.167 ± 0.76**" and table.loc["standard", "mse ↓"] == "2 ± 1"
+    assert table.loc["quest", "diverged"] == 1 and table.loc["quest", "runs"] == 3
+    p = ttest_rel(values["quest"], values["standard"]).pvalue
+    assert table.loc["quest", "Δmse vs standard (p)"] == f"{-0.8333:+.3g} (p={p:.2g}, n=3)"
+    summary = aggregate.summary_table(runs)
+    assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["quest", "rank b/d (study)"] == "2"
+    assert summary.loc["quest", "mean rank"] == "1.50"
