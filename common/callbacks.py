@@ -52,3 +52,31 @@ class ProbeCallback(pl.Callback):
             mark = getattr(pl_module, "mark_diverged", None)
             if mark is not None:
                 mark(f"max attention logit {max_logit:.3g} past bound {self.max_logit_bound}")
+
+
+class DivergenceCallback(pl.Callback):
+    """Ends a run as diverged when its training loss blows up while staying finite (non-finite losses are
+    caught by the task itself): above ``loss_ratio`` × max(first training loss, 1), or above ``max_loss``.
+    The floor of 1 keeps a near-zero first loss (a regression that starts well) from making the ratio
+    bound trip on ordinary noise. Either bound may be None. All ranks agree before stopping."""
+
+    def __init__(self, loss_ratio: float | None = 1e3, max_loss: float | None = 1e6):
+        self.loss_ratio, self.max_loss = loss_ratio, max_loss
+        self.first_loss: float | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None:  # the task skipped a non-finite step and has marked the run already
+            return
+        value = float(loss.detach())
+        if self.first_loss is None:
+            self.first_loss = value
+        bounds = []
+        if self.loss_ratio is not None:
+            bounds.append(self.loss_ratio * max(abs(self.first_loss), 1.0))
+        if self.max_loss is not None:
+            bounds.append(self.max_loss)
+        bad = bool(bounds) and value > min(bounds)
+        if trainer.strategy.reduce_boolean_decision(bad, all=False):
+            pl_module.mark_diverged(f"training loss {value:.3g} past bound {min(bounds):.3g}" if bad
+                                    else "training loss past its bound on another rank")

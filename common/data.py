@@ -12,17 +12,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from common.errors import DataError
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-
-
-class DataError(Exception):
-    """Bad or missing input data; the runner prints it as one line."""
 
 
 def require_path(path: str | Path, what: str = "dataset root") -> Path:
@@ -56,8 +55,28 @@ def short_hash(content: Any, length: int = 10) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
-def seeded_split(n: int, fractions: tuple[float, float, float], seed: int) -> tuple[list[int], list[int], list[int]]:
+def check_finite(frame, columns, source: str, *, allow_missing: bool = False) -> None:
+    """A ``DataError`` naming the file, the column and the first line holding NaN (unless ``allow_missing``)
+    or ±inf in ``columns`` of a pandas frame read from a CSV with a header line."""
+    for name in columns:
+        values = frame[name].to_numpy(dtype=float)
+        bad = np.isinf(values) if allow_missing else ~np.isfinite(values)
+        if bad.any():
+            row = int(bad.argmax())
+            raise DataError(f"{source}: column {name!r} holds {values[row]} at line {row + 2} (its first non-finite value)")
+
+
+def check_fractions(fractions, key: str = "data.split") -> tuple[float, float, float]:
+    """Train/val/test fractions as given in a config: three numbers >= 0 that sum to 1."""
+    values = tuple(fractions)
+    if len(values) != 3 or min(values) < 0 or abs(sum(values) - 1) > 1e-6:
+        raise DataError(f"{key} must be three train/val/test fractions >= 0 that sum to 1, got {list(values)}")
+    return values
+
+
+def seeded_split(n: int, fractions, seed: int) -> tuple[list[int], list[int], list[int]]:
     """A fixed random train/val/test partition of range(n) with the given fractions (test takes the rest)."""
+    fractions = check_fractions(fractions)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_train, n_val = int(round(fractions[0] * n)), int(round(fractions[1] * n))
     return order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:]

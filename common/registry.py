@@ -77,7 +77,8 @@ def discover(package: str) -> None:
         _PACKAGES.append(package)
 
 
-def _package_domains() -> dict[str, str]:
+def package_domains() -> dict[str, str]:
+    """Domain name -> module of the packages under every discovered package, found without importing them."""
     found = {}
     for package in _PACKAGES:
         module = importlib.import_module(package)
@@ -92,13 +93,13 @@ def _entry_points() -> dict[str, Any]:
 
 
 def domain_names() -> list[str]:
-    return sorted(set(_DOMAINS) | set(_package_domains()) | set(_entry_points()))
+    return sorted(set(_DOMAINS) | set(package_domains()) | set(_entry_points()))
 
 
 def get_domain(name: str) -> Domain:
     """The domain called ``name``, importing its module on first use."""
     if name not in _DOMAINS:
-        modules = _package_domains()
+        modules = package_domains()
         if name in modules:
             importlib.import_module(modules[name])
         elif name in (eps := _entry_points()):

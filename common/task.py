@@ -26,6 +26,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
 
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+SCHEDULES = ("cosine", "constant")
+
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
     """The generator of one condition's noise on one test batch: a function of (seed, batch, condition)."""
@@ -34,9 +37,9 @@ def perturbation_generator(seed: int, batch_idx: int, condition: str, device: to
 
 
 class Task(pl.LightningModule):
-    """``optim`` keys: name (adamw | adam | sgd), lr, weight_decay, betas, momentum, schedule
-    (cosine | constant), warmup_steps, min_lr_ratio. Weight decay skips 1-D parameters (biases,
-    norms, attention gains)."""
+    """``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
+    ``SCHEDULES``), warmup_steps, min_lr_ratio; the runner checks the names before a run starts. Weight
+    decay skips 1-D parameters (biases, norms, attention gains)."""
 
     def __init__(self, net: nn.Module, optim: dict, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
@@ -80,7 +83,9 @@ class Task(pl.LightningModule):
         inputs, target = self.unpack(batch)
         output = self(inputs)
         loss = self.loss(output, target, stage)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(target))
+        # Evaluation losses are averaged over every DDP rank (the metrics sync themselves), so a loss that is
+        # the primary metric picks the same checkpoint on every rank.
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "train", batch_size=len(target), sync_dist=stage != "train")
         self.update_metrics(stage, *self.predictions(output, target))
         return loss
 
@@ -137,15 +142,12 @@ class Task(pl.LightningModule):
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() <= 1]
         groups = [{"params": decay, "weight_decay": cfg.get("weight_decay", 0.0)},
                   {"params": no_decay, "weight_decay": 0.0}]
-        name, lr = cfg.get("name", "adamw"), cfg["lr"]
-        if name == "adamw":
-            opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))))
-        elif name == "adam":
-            opt = torch.optim.Adam(groups, lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))))
-        elif name == "sgd":
-            opt = torch.optim.SGD(groups, lr=lr, momentum=cfg.get("momentum", 0.9), nesterov=True)
+        name = cfg.get("name", "adamw")
+        if name == "sgd":
+            settings = {"momentum": cfg.get("momentum", 0.9), "nesterov": True}
         else:
-            raise ValueError(f"unknown optimiser {name!r}; choose from adamw, adam, sgd")
+            settings = {"betas": tuple(cfg.get("betas", (0.9, 0.999)))}
+        opt = OPTIMIZERS[name](groups, lr=cfg["lr"], **settings)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         lam = warmup_cosine(total, cfg.get("warmup_steps", 0), cfg.get("min_lr_ratio", 0.0),
                             cosine=cfg.get("schedule", "cosine") == "cosine")

@@ -1,9 +1,16 @@
-"""`quest` command: train | sweep | aggregate | bench | list | robustness."""
+"""`quest` command: train | sweep | aggregate | bench | list | robustness.
+
+Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths).
+Heavy packages (torch, Lightning, the domains) load only once the config's keys are known to be good, so a
+mistyped key is answered in about a second.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import traceback
 
 from omegaconf import OmegaConf
 
@@ -12,10 +19,7 @@ SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.
 
 
 def train_main(argv: list[str]) -> int:
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
     from runners.config import compose
-    from runners.train import run
 
     parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
                                      "write the record.")
@@ -26,16 +30,21 @@ def train_main(argv: list[str]) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    from runners.train import run
+
     record = run(cfg)
+    failed = int(record["status"] == "failed")
     if rank_zero_only.rank != 0:
-        return 0
+        return failed
     primary = f"test/{record['primary_metric']}"
     shown = sorted(record["metrics"], key=lambda k: (k != primary, k))[:8]  # per-class metrics can run to hundreds
     print(f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']} "
           + " ".join(f"{k}={record['metrics'][k]:.4g}" for k in shown)
           + (f" ({record['error']})" if record["error"] else "")
           + (f" diverged at step {record['divergence']['step']}" if record["divergence"] else ""))
-    return 0
+    return failed
 
 
 def list_main(argv: list[str]) -> int:
@@ -57,10 +66,11 @@ def list_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.data import DataError
+    from common.errors import ConfigError, DataError
     from common.records import RecordError
-    from runners.config import ConfigError
 
+    # The project's own warnings (a skipped file, an unreadable cache) go through logging and are shown.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in SUBCOMMANDS:
         print(__doc__.strip() + "\nusage: quest {" + ",".join(SUBCOMMANDS) + "} ... (each takes --help)", file=sys.stderr)
@@ -73,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # not the user's input: keep the traceback for whoever debugs it
+        traceback.print_exc()
+        print(f"quest: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

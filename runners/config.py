@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.attention import VARIANTS
-from common.registry import BuildConfig, discover, get_domain
+from common.errors import ConfigError
+from common.registry import BuildConfig, discover, get_domain, package_domains
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
@@ -22,10 +22,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
 # Keys that change where or how loudly a run goes, not what it computes: left out of the run's hash.
 UNHASHED = ("output_dir", "cache_dir", "threads", "trainer.enable_progress_bar", "logging")
-
-
-class ConfigError(ValueError):
-    """A config the runner cannot use; its message is one line."""
 
 
 def _load(path: Path, what: str) -> DictConfig:
@@ -95,43 +91,59 @@ def compose(args: list[str]) -> DictConfig:
     cfg = _load(CONFIG_DIR / "base.yaml", "base")
     if "domain" not in groups:
         raise ConfigError("no domain given; pass domain=<name> (see `quest list`)")
-    try:
-        domain = get_domain(groups["domain"])
-    except KeyError as err:
-        raise ConfigError(err.args[0]) from None
-    domain_cfg = domain.config if isinstance(domain.config, dict) else None
-    domain_cfg = OmegaConf.create(domain_cfg) if domain_cfg is not None else _load(
-        domain.config or CONFIG_DIR / "domain" / f"{domain.name}.yaml", f"domain {domain.name!r}")
+    name = groups["domain"]
+    domain_cfg = _domain_config(name)
     presets = domain_cfg.pop("presets", OmegaConf.create({}))
     cfg = OmegaConf.merge(cfg, domain_cfg)
-    cfg.domain = domain.name
+    cfg.domain = name
 
     preset = groups.get("preset", cfg.preset)
     if preset not in presets:
-        raise ConfigError(f"unknown preset {preset!r} for domain {domain.name!r}; choose from {', '.join(presets) or '(none)'}")
+        raise ConfigError(f"unknown preset {preset!r} for domain {name!r}; choose from {', '.join(presets) or '(none)'}")
     cfg.preset = preset
     _apply(cfg, OmegaConf.to_container(presets[preset]), f"preset {preset}")
 
-    variant = groups.get("attention", cfg.attention.variant)
-    if variant not in VARIANTS:
-        raise ConfigError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    cfg.attention.variant = variant
+    cfg.attention.variant = variant = groups.get("attention", cfg.attention.variant)
     settings = CONFIG_DIR / "attention" / f"{variant}.yaml"
     if settings.exists():
         _apply(cfg, OmegaConf.to_container(_load(settings, "attention")), f"attention {variant}")
 
     for key, value in dotted:
         apply_override(cfg, key, value, "command line")
-    if cfg.attention.variant not in VARIANTS:
-        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from {', '.join(VARIANTS)}")
-    if "dataset" in cfg.get("data", {}) and cfg.data.dataset not in domain.datasets:
-        raise ConfigError(f"unknown dataset {cfg.data.dataset!r} for domain {domain.name!r}; choose from {', '.join(domain.datasets)}")
+    _check_choices(cfg)
     try:
         OmegaConf.resolve(cfg)
     except Exception as err:
         raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _domain_config(name: str) -> DictConfig:
+    """A domain's default config. A project domain's YAML is read without importing the domain, so a
+    mistyped key is answered before torch loads; other domains are imported for theirs."""
+    path = CONFIG_DIR / "domain" / f"{name}.yaml"
+    if name in package_domains() and path.exists():
+        return _load(path, f"domain {name!r}")
+    try:
+        domain = get_domain(name)
+    except KeyError as err:
+        raise ConfigError(err.args[0]) from None
+    if isinstance(domain.config, dict):
+        return OmegaConf.create(domain.config)
+    return _load(domain.config or path, f"domain {name!r}")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    """The names a config picks: attention variant and dataset (these need torch and the domain)."""
+    from common.attention import VARIANTS
+
+    if cfg.attention.variant not in VARIANTS:
+        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from {', '.join(VARIANTS)}")
+    domain = get_domain(cfg.domain)
+    if "dataset" in cfg.get("data", {}) and cfg.data.dataset not in domain.datasets:
+        raise ConfigError(f"unknown dataset {cfg.data.dataset!r} for domain {domain.name!r}; "
+                          f"choose from {', '.join(domain.datasets)}")
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -1,10 +1,22 @@
-"""One run: config -> domain plugin -> Lightning Trainer (fit, then test on the best checkpoint) -> record."""
+"""One run: config -> domain plugin -> Lightning Trainer (fit, then test on the best checkpoint) -> record.
+
+Failure policy. Everything that can be checked before training is checked before the run directory is
+created: the optimiser and schedule names, the Lightning trainer settings (precision, accelerator
+availability, devices), and the data and model the domain builds from the config. A problem there is the
+user's (``ConfigError`` / ``DataError``: one line, exit 2) and leaves nothing behind; a ``DataError`` met
+later (data read lazily) removes the run directory too. A run that fails while training is recorded as
+``status: failed`` (traceback in ``error.log``, one per rank under DDP) and exits 1. On a full disk the
+partial checkpoints are removed and the record says so, or stderr when even the record cannot be written.
+"""
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 import traceback
 import warnings
@@ -19,16 +31,28 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from common.callbacks import ProbeCallback
-from common.data import DataError
-from common.records import RECORD_NAME, SCHEMA_VERSION, write_record
+from common.callbacks import DivergenceCallback, ProbeCallback
+from common.errors import ConfigError, DataError
+from common.records import SCHEMA_VERSION, write_record
 from common.registry import get_domain
+from common.task import OPTIMIZERS, SCHEDULES
 from runners.config import build_config, compose, run_directory
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# The run directory also holds config.yaml and checkpoints; Lightning's CSV logger warns about any neighbour.
-warnings.filterwarnings("ignore", message="Experiment logs directory .* exists")
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
+
+
+def quiet_lightning() -> None:
+    """Silence what is known noise, at its source, so the lines that matter (a skipped file, a failed run)
+    stand out: Lightning's info lines (accelerator banners, tips, loop notices) and warnings about choices
+    the presets make on purpose (no loader workers on CPU, short epochs) or about third-party internals."""
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (r"Experiment logs directory .* exists",  # the run directory also holds the record
+                    r".*does not have many workers.*",
+                    r"The number of training batches .* is smaller than the logging interval",
+                    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*"):
+        warnings.filterwarnings("ignore", message=message)
 
 
 def train(args: list[str]) -> dict:
@@ -37,30 +61,69 @@ def train(args: list[str]) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    domain = get_domain(cfg.domain)
-    run_dir = run_directory(cfg)
-    rank_zero = rank_zero_only.rank == 0  # read from the launcher's environment (DDP children, SLURM tasks)
-    if rank_zero and run_dir.exists() and not (run_dir / RECORD_NAME).exists():
-        shutil.rmtree(run_dir)  # an interrupted earlier attempt: start clean
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if rank_zero:
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
+    quiet_lightning()
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _run(cfg, domain, run_dir)
+        domain = get_domain(cfg.domain)
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)
+        check_settings(cfg)
+        record = _new_record(cfg, domain)
+        start = time.perf_counter()
+        try:
+            datamodule, task = domain.build(build_config(cfg))
+        except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
+            raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
+        run_dir = _fresh_run_directory(cfg)
+        try:
+            writes = _fit_and_test(cfg, domain, run_dir, datamodule, task, record)
+        except (ConfigError, DataError):
+            _remove(run_dir)  # the user's to fix, met only while training: leave nothing behind
+            raise
+        record["wall_time_s"] = round(time.perf_counter() - start, 3)
+        if writes:
+            _write_record(run_dir, record)
+        return record
     finally:
         torch.set_num_threads(threads)  # later runs of a sweep in this process start as this one did
 
 
-def _run(cfg: DictConfig, domain, run_dir: Path) -> dict:
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+def check_settings(cfg: DictConfig) -> None:
+    """The settings the domain does not check itself: optimiser, schedule and Lightning's trainer."""
+    if cfg.optim.name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimiser optim.name={cfg.optim.name!r}; choose from {', '.join(OPTIMIZERS)}")
+    if cfg.optim.schedule not in SCHEDULES:
+        raise ConfigError(f"unknown schedule optim.schedule={cfg.optim.schedule!r}; choose from {', '.join(SCHEDULES)}")
+    try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
+        pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
+    except Exception as err:
+        raise ConfigError(f"trainer settings: {_first_line(err)}") from None
 
-    record = _new_record(cfg, domain)
-    start, trainer, failure = time.perf_counter(), None, None
+
+def _fresh_run_directory(cfg: DictConfig) -> Path:
+    """The run directory, emptied of any earlier attempt by rank 0 (the launcher's environment says which
+    rank this is); an output directory that cannot be written is the user's to fix."""
+    run_dir = run_directory(cfg)
     try:
-        datamodule, task = domain.build(build_config(cfg))
+        if rank_zero_only.rank == 0:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True)
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot write the run directory {run_dir}: {err.strerror or err}") from None
+    return run_dir
+
+
+def _fit_and_test(cfg: DictConfig, domain, run_dir: Path, datamodule, task, record: dict) -> bool:
+    """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
+    this process writes the record (rank 0 only)."""
+    trainer = None
+    try:
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{domain.metric}"
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=monitor,
@@ -69,27 +132,63 @@ def _run(cfg: DictConfig, domain, run_dir: Path) -> dict:
         loggers = [CSVLogger(run_dir, name="", version="")]
         if cfg.logging.tensorboard:
             loggers.append(TensorBoardLogger(run_dir, name="", version="tensorboard"))
-        trainer = pl.Trainer(**cfg.trainer, default_root_dir=run_dir, logger=loggers,
-                             callbacks=[checkpoint, probes], enable_model_summary=False)
+        trainer = pl.Trainer(**cfg.trainer, default_root_dir=run_dir, logger=loggers, enable_model_summary=False,
+                             callbacks=[checkpoint, probes, DivergenceCallback(**cfg.divergence)])
         trainer.fit(task, datamodule=datamodule)
+        record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
-        record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, domain.mode)
+        if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
+            record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, domain.mode)
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)
         else:
             best = checkpoint.best_model_path or None
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False)
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    except (ConfigError, DataError):
+        raise
     except Exception as err:  # a failed run is a record too, so a sweep carries on
-        failure = err
-        record.update(status="failed", error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-        (run_dir / "error.log").write_text(traceback.format_exc())
-    record["wall_time_s"] = round(time.perf_counter() - start, 3)
-    if trainer is None or trainer.is_global_zero:
+        record.update(status="failed", error=f"{type(err).__name__}: {_first_line(err)}")
+        if _no_space(err):
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
+            record["error"] = f"no space left on {getattr(err, 'filename', None) or run_dir}"
+        rank = rank_zero_only.rank
+        _write_text(run_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
+    return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0
+
+
+def _write_record(run_dir: Path, record: dict) -> None:
+    try:
         write_record(run_dir, record)
-    if isinstance(failure, DataError):  # bad input is the user's to fix: report it as such
-        raise failure
-    return record
+    except OSError as err:  # even the record cannot be written: say so where a person or scheduler looks
+        print(f"quest: {record['status']}: {record['error'] or ''} (record not written: {err.strerror or err})",
+              file=sys.stderr)
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        print(f"quest: could not write {path}: {err.strerror or err}\n{text}", file=sys.stderr)
+
+
+def _remove(run_dir: Path) -> None:
+    if rank_zero_only.rank == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _no_space(err: BaseException) -> bool:
+    """Whether ``err`` or any error it was raised from is a full disk (ENOSPC, or a quota: EDQUOT)."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _new_record(cfg: DictConfig, domain) -> dict:

@@ -20,7 +20,16 @@ from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.loader import DataLoader
 from torch_geometric.transforms import AddRandomWalkPE
 
-from common.data import SPLITS, DataError, SplitDataModule, cached, require_path, seeded_split, short_hash
+from common.data import (
+    SPLITS,
+    DataError,
+    SplitDataModule,
+    cached,
+    check_finite,
+    require_path,
+    seeded_split,
+    short_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +104,9 @@ def read_table(path: Path, smiles_column: str, targets: list[str]) -> pd.DataFra
     missing = [c for c in (smiles_column, *targets) if c not in header]
     if missing:
         raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
-    return pd.read_csv(path, usecols=[smiles_column, *targets])
+    table = pd.read_csv(path, usecols=[smiles_column, *targets])
+    check_finite(table, targets, str(path), allow_missing=True)  # a missing target skips its molecule
+    return table
 
 
 Splits = dict[str, list[Data]]  # graphs per split

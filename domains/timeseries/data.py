@@ -19,7 +19,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from common.data import SPLITS, DataError, SplitDataModule, require_path
+from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, require_path
 
 # Rows per 30-day "month" of the ETT files: hourly (ETTh*) or every 15 minutes (ETTm*).
 ETT_MONTH_ROWS = {"ETTh1": 30 * 24, "ETTh2": 30 * 24, "ETTm1": 30 * 24 * 4, "ETTm2": 30 * 24 * 4}
@@ -66,8 +66,7 @@ def numeric_variables(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     for name in variables.columns:
         if not pd.api.types.is_numeric_dtype(variables[name]) or pd.api.types.is_bool_dtype(variables[name]):
             raise DataError(f"{source}: column {name!r} is not numeric")
-        if variables[name].isna().any():
-            raise DataError(f"{source}: column {name!r} has missing values")
+    check_finite(variables, variables.columns, source)
     return variables
 
 
@@ -80,9 +79,7 @@ def split_borders(dataset: str, rows: int, seq_len: int, fractions: tuple[float,
         if rows < ends[-1]:
             raise DataError(f"{source}: {rows} rows, but {dataset}'s 12/4/4-month split needs {ends[-1]}")
     else:
-        if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-6:
-            raise ValueError(f"data.split must be three fractions (train, val, test) summing to 1, "
-                             f"got {list(fractions)}")
+        fractions = check_fractions(fractions)
         # Val takes the rest, as in the reference code.
         n_train, n_test = int(rows * fractions[0]), int(rows * fractions[2])
         ends = [n_train, rows - n_test, rows]

@@ -74,7 +74,7 @@ def mnist_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
     if data["image_size"] != images.shape[-1]:
         images = F.interpolate(images, size=data["image_size"], mode="bilinear", antialias=True).clamp(0, 1)
     full = TensorDataset(images, digits["labels"])
-    parts = seeded_split(len(full), (*data["split"], 1 - sum(data["split"])), seed)
+    parts = seeded_split(len(full), data["split"], seed)
     return {name: Subset(full, idx) for name, idx in zip(SPLITS, parts)}, [str(d) for d in range(10)]
 
 
@@ -93,7 +93,7 @@ def imagefolder_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
         val = ImageFiles(val_files, data["channels"], evaluate)
         return {"train": ImageFiles(train_files, data["channels"], train), "val": val, "test": val}, classes
     files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
-    parts = seeded_split(len(files), (*data["split"], 1 - sum(data["split"])), seed)
+    parts = seeded_split(len(files), data["split"], seed)
     return {name: ImageFiles([files[i] for i in idx], data["channels"], train if name == "train" else evaluate)
             for name, idx in zip(SPLITS, parts)}, classes
 

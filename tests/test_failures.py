@@ -1,0 +1,122 @@
+"""The failure policy of `quest train` (README, "When things go wrong"): exit 0 for ok and diverged runs,
+1 for a run that failed while training, 2 for input the user must fix, which leaves no run directory;
+a full disk is named in the record; a finite blow-up is divergence; the console carries no known noise."""
+import errno
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ToyTask
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+from common.records import read_record
+from runners import train as train_module
+from runners.cli import main as cli
+from runners.config import compose, run_directory
+
+
+def test_ok_and_diverged_exit_0_and_a_run_time_failure_exits_1(toy_domain, run_args, monkeypatch, capsys):
+    assert cli(["train", "domain=toy", *run_args]) == 0
+    assert cli(["train", "domain=toy", "task.nan_after=2", *run_args]) == 0
+    assert "diverged: toy/quest" in capsys.readouterr().out
+
+    def broken(self, *args):
+        raise RuntimeError("the loss exploded in an unexpected way")
+
+    monkeypatch.setattr(ToyTask, "loss", broken)
+    assert cli(["train", "domain=toy", "seed=1", *run_args]) == 1
+    record = read_record(run_directory(compose(["domain=toy", "seed=1", *run_args])))
+    assert record["status"] == "failed" and "unexpected way" in record["error"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.name=foo", "unknown optimiser optim.name='foo'; choose from adamw, adam, sgd"),
+    ("optim.schedule=linear", "unknown schedule optim.schedule='linear'"),
+    ("trainer.precision=bogus", "trainer settings: Precision 'bogus' is invalid"),
+])
+def test_input_errors_exit_2_before_any_run_directory(toy_domain, run_args, tmp_path, capsys, override, message):
+    assert cli(["train", "domain=toy", override, *run_args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()  # no failed record to surface later in a table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_asking_for_a_missing_gpu_is_an_input_error(toy_domain, run_args, capsys):
+    assert cli(["train", "domain=toy", "trainer.accelerator=gpu", *run_args]) == 2
+    assert "trainer settings:" in capsys.readouterr().err
+
+
+def test_bad_data_and_model_settings_are_named_in_one_line(tmp_path, capsys):
+    csv = tmp_path / "series.csv"
+    csv.write_text("date,load,temp\n" + "".join(f"2020-01-{d:02d},{d},{'inf' if d == 7 else d}\n" for d in range(1, 29)))
+    common = ["domain=timeseries", "preset=smoke", "data.dataset=csv", f"data.root={csv}", f"output_dir={tmp_path}/runs"]
+    assert cli(["train", *common]) == 2
+    err = capsys.readouterr().err
+    assert f"{csv}: column 'temp' holds inf at line 8" in err and err.count("\n") == 1, err
+    assert cli(["train", "domain=vision", "preset=smoke", "data.split=[0.5,0.5,0.5]", f"output_dir={tmp_path}/runs",
+                f"cache_dir={tmp_path}/cache"]) == 2
+    assert "data.split must be three train/val/test fractions >= 0 that sum to 1" in capsys.readouterr().err
+    assert cli(["train", "domain=vision", "preset=smoke", "model.heads=3", f"output_dir={tmp_path}/runs",
+                f"cache_dir={tmp_path}/cache"]) == 2  # a model setting the network cannot use
+    assert "domain 'vision': dim 16 is not divisible by num_heads 3" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_dir_that_cannot_be_written_is_named(toy_domain, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert cli(["train", "domain=toy", f"output_dir={blocker}", "trainer.enable_progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the run directory {blocker}/toy/quest/" in err and "Not a directory" in err
+    assert err.count("\n") == 1
+
+
+def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain, run_args, monkeypatch, capsys):
+    def full_disk(self, checkpoint, path, storage_options=None):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", full_disk)
+    assert cli(["train", "domain=toy", *run_args]) == 1
+    run_dir = run_directory(compose(["domain=toy", *run_args]))
+    record = read_record(run_dir)
+    assert record["status"] == "failed" and record["error"].startswith("no space left on ")
+    assert not (run_dir / "checkpoints").exists() and (run_dir / "error.log").exists()
+
+    def no_record(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(train_module, "write_record", no_record)
+    assert cli(["train", "domain=toy", "seed=3", *run_args]) == 1
+    assert "quest: failed: no space left on" in capsys.readouterr().err
+
+
+def test_a_crashing_rank_keeps_its_own_error_log(toy_domain, run_args, monkeypatch):
+    monkeypatch.setattr(ToyTask, "loss", lambda self, *args: 1 / 0)
+    monkeypatch.setattr(train_module.rank_zero_only, "rank", 1)
+    record = train_module.run(compose(["domain=toy", *run_args]))
+    run_dir = run_directory(compose(["domain=toy", *run_args]))
+    assert record["status"] == "failed" and (run_dir / "error.rank1.log").exists()
+    assert not (run_dir / "error.log").exists()  # rank 0's name stays free for rank 0's traceback
+
+
+def test_a_finite_blow_up_is_divergence(run_args):
+    # The example the issue came with: a huge learning rate drove the loss to 3e24 and the run said ok.
+    record = train_module.train(["domain=retrieval", "attention=standard", "preset=smoke", "optim.lr=1e4", *run_args])
+    assert record["status"] == "diverged" and "past bound" in record["divergence"]["reason"]
+
+
+def test_the_console_carries_no_known_noise(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "runners.cli", "train", "domain=retrieval", "preset=smoke",
+                          f"output_dir={tmp_path}", "trainer.enable_progress_bar=false"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    noise = ("GPU available", "TPU available", "litlogger", "LeafSpec", "does not have many workers",
+             "Loading `train_dataloader`", "Restoring states", "`Trainer.fit` stopped")
+    assert not [line for line in (out.stdout + out.stderr).splitlines() if any(n in line for n in noise)]
+    assert out.stdout.startswith("ok: retrieval/quest")
