@@ -123,11 +123,16 @@ def load_mnist(cache_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 class SplitDataModule(pl.LightningDataModule):
-    """A datamodule whose ``setup`` fills ``self.datasets`` with its "train", "val" and "test" datasets;
-    the loaders follow from that. Evaluation keeps every sample (no ``drop_last``), and only training
-    shuffles (from the global seed, which the runner sets). ``loader_class`` may be PyG's DataLoader."""
+    """A datamodule whose constructor or ``setup`` fills ``self.datasets`` with its "train", "val" and "test"
+    datasets; the loaders follow from that. Evaluation keeps every sample (no ``drop_last``), and only
+    training shuffles (from the global seed, which the runner sets). ``loader_class`` may be PyG's DataLoader."""
 
     loader_class = DataLoader
+    classes: list[str] = []  # class names, in label order, where the data has classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
 
     def __init__(self, batch_size: int, *, eval_batch_size: int | None = None, num_workers: int = 0,
                  collate_fn: Callable | None = None):

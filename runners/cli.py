@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 import traceback
 
@@ -68,9 +67,10 @@ def list_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     from common.errors import ConfigError, DataError
     from common.records import RecordError
+    from runners import console
 
-    # The project's own warnings (a skipped file, an unreadable cache) go through logging and are shown.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console.show_project_warnings()
+    console.quiet()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in SUBCOMMANDS:
         print(__doc__.strip() + "\nusage: quest {" + ",".join(SUBCOMMANDS) + "} ... (each takes --help)", file=sys.stderr)

@@ -11,7 +11,6 @@ partial checkpoints are removed and the record says so, or stderr when even the 
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import platform
 import shutil
@@ -19,7 +18,6 @@ import subprocess
 import sys
 import time
 import traceback
-import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -36,23 +34,11 @@ from common.errors import ConfigError, DataError
 from common.records import SCHEMA_VERSION, write_record
 from common.registry import get_domain
 from common.task import OPTIMIZERS, SCHEDULES
+from runners import console
 from runners.config import build_config, compose, run_directory
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
-
-
-def quiet_lightning() -> None:
-    """Silence what is known noise, at its source, so the lines that matter (a skipped file, a failed run)
-    stand out: Lightning's info lines (accelerator banners, tips, loop notices) and warnings about choices
-    the presets make on purpose (no loader workers on CPU, short epochs) or about third-party internals."""
-    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    for message in (r"Experiment logs directory .* exists",  # the run directory also holds the record
-                    r".*does not have many workers.*",
-                    r"The number of training batches .* is smaller than the logging interval",
-                    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*"):
-        warnings.filterwarnings("ignore", message=message)
 
 
 def train(args: list[str]) -> dict:
@@ -62,7 +48,7 @@ def train(args: list[str]) -> dict:
 
 def run(cfg: DictConfig) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
-    quiet_lightning()
+    console.quiet()
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -219,10 +219,6 @@ class PointCloudDataModule(SplitDataModule):
         self.augment = data["augment"]
         self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is None or not self.trainer.training:
             return batch

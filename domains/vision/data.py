@@ -107,7 +107,3 @@ class VisionDataModule(SplitDataModule):
     def __init__(self, data: dict, cache_dir: Path, seed: int):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
         self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)

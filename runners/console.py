@@ -1,0 +1,30 @@
+"""What the console shows: the project's own warnings through ``logging``; known noise silenced at its source.
+
+Lightning's info lines (accelerator banners, tips, loop notices) and warnings about choices the presets make
+on purpose (no loader workers on CPU, short epochs) or about third-party internals would bury the lines
+that matter (a skipped file, a failed run). Importing this module loads nothing heavy."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric")
+KNOWN_NOISE = (
+    r"Experiment logs directory .* exists",  # the run directory also holds the record and config
+    r".*does not have many workers.*",
+    r"The number of training batches .* is smaller than the logging interval",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # Lightning on torch 2.14
+    r"`torch\.jit\.script` is deprecated.*",  # PyG's pooling modules, at import
+)
+
+
+def quiet() -> None:
+    for name in LIGHTNING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=message)
+
+
+def show_project_warnings() -> None:
+    """The CLI's logging: warnings and errors, named by the module that raised them."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
