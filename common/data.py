@@ -129,6 +129,15 @@ class SplitDataModule(pl.LightningDataModule):
 
     loader_class = DataLoader
     classes: list[str] = []  # class names, in label order, where the data has classes
+    split_info: dict | None = None  # set with ``describe_split``; the run record keeps it as ``split``
+
+    def describe_split(self, source: str, rule: str, members: dict[str, Iterable]) -> None:
+        """Say how the splits were made: ``source`` is ``shipped`` (the dataset's own split), ``random``
+        or ``grouped``; ``rule`` says how (a seed, a file pattern, a group key); ``members`` names each
+        split's samples (file paths relative to the root, row or sample ids). Two runs share a test set
+        exactly when their test hashes agree."""
+        self.split_info = {"source": source, "rule": rule,
+                           "hash": {split: short_hash(sorted(map(str, ids)), 12) for split, ids in members.items()}}
 
     @property
     def num_classes(self) -> int:

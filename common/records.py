@@ -43,6 +43,7 @@ SCHEMA: dict[str, tuple[type, ...]] = {
 # Fields that only some records have; checked like SCHEMA when present.
 OPTIONAL: dict[str, tuple[type, ...]] = {
     "robustness": (dict,),        # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
+    "split": (dict,),             # how the data was split: {"source", "rule", "hash": {split: membership hash}}
 }
 # Fields mapping names to numbers, which aggregation averages.
 NUMERIC_MAPS = ("metrics", "probes", "robustness")

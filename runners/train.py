@@ -123,6 +123,8 @@ def _fit_and_test(cfg: DictConfig, domain, run_dir: Path, datamodule, task, reco
         trainer.fit(task, datamodule=datamodule)
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
+        if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
+            record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
             record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, domain.mode)
         if task.divergence is not None:
