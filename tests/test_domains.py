@@ -25,8 +25,10 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def check_contract(domain: str, variant: str, cache_dir) -> None:
-    cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}"])
+def check_contract(domain: str, variant: str, cache_dir, *overrides: str) -> None:
+    """The contract on the domain's smoke preset; ``overrides`` reach other configurations of one domain
+    (another task level, another dataset)."""
+    cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}", *overrides])
     torch.manual_seed(0)
     datamodule, task = get_domain(domain).build(build_config(cfg))
     assert isinstance(task, Task)
