@@ -11,14 +11,16 @@ from common.probes import Probe, attention_probes, summarize
 
 class ProbeCallback(pl.Callback):
     """Every ``every_n_steps`` training steps, probe every attention layer on ``max_samples`` samples and
-    log ``probe/<layer>/<stat>`` plus a cross-layer summary ``probe/<stat>``. A max logit beyond
-    ``max_logit_bound`` (or a non-finite one) is reported to the module's ``mark_diverged``."""
+    log ``probe/<layer>/<stat>`` plus a cross-layer summary ``probe/<stat>``; ``trajectory`` keeps every
+    probe step's per-layer statistics for the run record. A max logit beyond ``max_logit_bound`` (or a
+    non-finite one) is reported to the module's ``mark_diverged``."""
 
     def __init__(self, every_n_steps: int = 50, max_samples: int = 4, max_logit_bound: float | None = None):
         self.every_n_steps = every_n_steps
         self.max_samples = max_samples
         self.max_logit_bound = max_logit_bound
         self.latest: dict[str, float] = {}
+        self.trajectory: dict = {"step": [], "layers": {}}  # layers: {name: {stat: [value per step]}}
 
     def _switch(self, pl_module: pl.LightningModule, on: bool) -> dict[str, Probe]:
         found = attention_probes(pl_module)
@@ -41,6 +43,11 @@ class ProbeCallback(pl.Callback):
         if not per_layer:
             return
         self.latest = summarize(per_layer)
+        self.trajectory["step"].append(int(trainer.global_step))
+        for name, stats in per_layer.items():
+            layer = self.trajectory["layers"].setdefault(name, {})
+            for stat, value in stats.items():
+                layer.setdefault(stat, []).append(float(value))
         # Straight to the loggers: self.log would drop steps that miss Trainer(log_every_n_steps).
         metrics = {f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items() for stat, v in stats.items()}
         metrics.update({f"probe/{stat}": v for stat, v in self.latest.items()})
@@ -58,11 +65,20 @@ class DivergenceCallback(pl.Callback):
     """Ends a run as diverged when its training loss blows up while staying finite (non-finite losses are
     caught by the task itself): above ``loss_ratio`` × max(first training loss, 1), or above ``max_loss``.
     The floor of 1 keeps a near-zero first loss (a regression that starts well) from making the ratio
-    bound trip on ordinary noise. Either bound may be None. All ranks agree before stopping."""
+    bound trip on ordinary noise. Either bound may be None. All ranks agree before stopping. It also
+    remembers the first, last and lowest training loss (``losses``) for the run record."""
 
     def __init__(self, loss_ratio: float | None = 1e3, max_loss: float | None = 1e6):
         self.loss_ratio, self.max_loss = loss_ratio, max_loss
         self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.best_loss = math.inf
+
+    @property
+    def losses(self) -> dict[str, float]:
+        if self.first_loss is None:
+            return {}
+        return {"train_first": self.first_loss, "train_last": self.last_loss, "train_best": self.best_loss}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -71,6 +87,7 @@ class DivergenceCallback(pl.Callback):
         value = float(loss.detach())
         if self.first_loss is None:
             self.first_loss = value
+        self.last_loss, self.best_loss = value, min(self.best_loss, value)
         bounds = []
         if self.loss_ratio is not None:
             bounds.append(self.loss_ratio * max(abs(self.first_loss), 1.0))

@@ -62,7 +62,7 @@ def lower_is_better(metric: str, primary: str, mode: str) -> bool:
     return any(tag in metric for tag in LOWER_IS_BETTER)
 
 
-def _order(variants) -> list[str]:
+def variant_order(variants) -> list[str]:
     return [v for v in VARIANTS if v in set(variants)] + sorted(set(variants) - set(VARIANTS))
 
 
@@ -89,7 +89,7 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[runs["status"] == "ok"]
     metrics = [c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()]
     metrics = sorted(metrics, key=lambda m: (m != primary, m))
-    variants = _order(runs["variant"])
+    variants = variant_order(runs["variant"])
     means = ok.groupby("variant")[metrics].mean().reindex(variants)
     stds = ok.groupby("variant")[metrics].std().reindex(variants)
     table = pd.DataFrame(index=variants)
@@ -125,7 +125,7 @@ def paired_difference(ok: pd.DataFrame, variant: str, metric: str) -> str:
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± std) and the variant's rank."""
-    variants = _order(runs["variant"])
+    variants = variant_order(runs["variant"])
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
     for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from runners.aggregate import GROUP, _order  # noqa: E402
+from runners.aggregate import GROUP, variant_order  # noqa: E402
 
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -55,7 +55,7 @@ def _metric_bars(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
     ok = group[group["status"] == "ok"]
     if primary not in ok or ok[primary].isna().all():
         return None
-    stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(_order(ok["variant"]))
+    stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(variant_order(ok["variant"]))
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
     ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
@@ -75,7 +75,7 @@ def _probe_grid(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
     for ax in axes.flat[len(curves):]:
         ax.axis("off")
     for ax, (stat, table) in zip(axes.flat, sorted(curves.items())):
-        for variant in _order(table.columns):
+        for variant in variant_order(table.columns):
             ax.plot(table.index, table[variant], label=variant, lw=1.2)
         ax.set_title(stat, fontsize=9)
         ax.set_xlabel("step")

@@ -118,15 +118,18 @@ def _fit_and_test(cfg: DictConfig, domain, run_dir: Path, datamodule, task, reco
         loggers = [CSVLogger(run_dir, name="", version="")]
         if cfg.logging.tensorboard:
             loggers.append(TensorBoardLogger(run_dir, name="", version="tensorboard"))
+        watch = DivergenceCallback(**cfg.divergence)
         trainer = pl.Trainer(**cfg.trainer, default_root_dir=run_dir, logger=loggers, enable_model_summary=False,
-                             callbacks=[checkpoint, probes, DivergenceCallback(**cfg.divergence)])
+                             callbacks=[checkpoint, probes, watch])
         trainer.fit(task, datamodule=datamodule)
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
+        record["trajectory"] = probes.trajectory
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
             record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, domain.mode)
+            record["losses"] = {**watch.losses, **_validation_losses(run_dir / "metrics.csv")}
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)
         else:
@@ -216,6 +219,15 @@ def _best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
         return {"value": None, "epoch": None}
     best = rows[monitor].idxmin() if mode == "min" else rows[monitor].idxmax()
     return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"])}
+
+
+def _validation_losses(metrics_csv: Path) -> dict[str, float]:
+    """The validation loss of the last and of the best validation epoch (for learning-rate sensitivity)."""
+    if not metrics_csv.exists():
+        return {}
+    log = pd.read_csv(metrics_csv)
+    values = log["val/loss"].dropna() if "val/loss" in log else pd.Series(dtype=float)
+    return {"val_final": float(values.iloc[-1]), "val_best": float(values.min())} if len(values) else {}
 
 
 def _hardware() -> dict:

@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
 from common.attention import MultiheadAttention
+from common.records import SCHEMA_VERSION
 from common.registry import register_domain, unregister_domain
 from common.task import Task
 
@@ -73,3 +74,15 @@ def toy_domain():
 
     yield "toy"
     unregister_domain("toy")
+
+
+def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
+    """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
+    return {
+        "schema": SCHEMA_VERSION, "domain": domain, "dataset": dataset, "variant": variant, "seed": seed,
+        "preset": "study", "status": status, "config": {}, "metrics": {f"test/{k}": v for k, v in metrics.items()},
+        "primary_metric": "mse", "mode": "min", "best_val": {"value": None, "epoch": None},
+        "divergence": {"step": 5, "reason": "non-finite loss"} if status == "diverged" else None, "error": None,
+        "probes": {"max_logit": 1.0}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {},
+        "git_commit": None, **fields,
+    }

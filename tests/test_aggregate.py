@@ -8,23 +8,12 @@ import re
 
 import numpy as np
 import pytest
+from conftest import make_record as record
 from scipy.stats import ttest_rel
 
-from common.records import SCHEMA_VERSION, RecordError, read_record, write_record
+from common.records import RecordError, read_record, write_record
 from runners import aggregate
 from runners.cli import main as cli
-
-
-def record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
-    """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
-    return {
-        "schema": SCHEMA_VERSION, "domain": domain, "dataset": dataset, "variant": variant, "seed": seed,
-        "preset": "study", "status": status, "config": {}, "metrics": {f"test/{k}": v for k, v in metrics.items()},
-        "primary_metric": "mse", "mode": "min", "best_val": {"value": None, "epoch": None},
-        "divergence": {"step": 5, "reason": "non-finite loss"} if status == "diverged" else None, "error": None,
-        "probes": {"max_logit": 1.0}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {},
-        "git_commit": None, **fields,
-    }
 
 
 def write_runs(root, runs):

@@ -1,0 +1,162 @@
+"""`quest stability <runs dir> ... [-o STABILITY.md]`: learning-rate sensitivity and logit growth.
+
+Reads the records of a learning-rate sweep (configs/sweep/stability.yaml) and writes, per domain, dataset
+and preset: final loss against learning rate (one line per variant, a band over seeds), each variant's
+learning-rate sensitivity with its spread over seeds, where runs diverged, and the max attention logit over
+training at the two highest learning rates, layer by layer.
+
+Learning-rate sensitivity follows Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
+training instabilities"): for one variant and seed, the mean over the learning-rate grid of
+min(final loss, initial loss) minus the best of those values. The final loss is the last validation loss;
+a run that diverged, or ended above its initial loss (the first training loss), counts as its initial loss.
+0 means every learning rate ends as well as the best one.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common.records import RecordError, find_records, read_record
+from runners.aggregate import GROUP, variant_order
+
+log = logging.getLogger(__name__)
+
+
+def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
+    """One row per run with its learning rate, status, divergence step, initial and final loss, and the
+    probe trajectory; records without losses (not from a run that trained) are left out."""
+    rows = []
+    for path in (p for root in roots for p in find_records(root)):
+        try:
+            rec = read_record(path)
+        except RecordError as err:
+            log.warning("skipping %s", err)
+            continue
+        losses = rec.get("losses", {})
+        if "train_first" not in losses:
+            continue
+        final = losses.get("val_final", np.nan)
+        rows.append({**{k: rec[k] for k in ("domain", "dataset", "preset", "variant", "seed", "status")},
+                     "lr": float(rec["config"]["optim"]["lr"]), "initial": losses["train_first"], "final": final,
+                     "diverged_step": (rec["divergence"] or {}).get("step"), "trajectory": rec.get("trajectory", {})})
+    if not rows:
+        raise FileNotFoundError(f"no records of trained runs under {', '.join(map(str, roots))}")
+    return pd.DataFrame(rows)
+
+
+def clipped_final(runs: pd.DataFrame) -> pd.Series:
+    """The final loss, or the initial loss where the run diverged, failed or ended above it."""
+    bad = (runs["status"] != "ok") | ~np.isfinite(runs["final"]) | (runs["final"] > runs["initial"])
+    return runs["final"].where(~bad, runs["initial"])
+
+
+def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: the sensitivity of each seed over the learning rates it has, then mean and std over seeds."""
+    runs = runs.assign(clipped=clipped_final(runs))
+    per_seed = runs.groupby(["variant", "seed"])["clipped"].agg(lambda c: c.mean() - c.min())
+    table = per_seed.groupby("variant").agg(["mean", "std", "count"])
+    return table.rename(columns={"mean": "lr_sensitivity", "std": "spread", "count": "seeds"})
+
+
+def divergence_summary(runs: pd.DataFrame) -> pd.Series:
+    """Per variant: how many runs diverged, and at which learning rates ("lr: diverged/runs")."""
+    out = {}
+    for variant, group in runs.groupby("variant"):
+        per_lr = group.groupby("lr")["status"].agg(lambda s: (s == "diverged").sum())
+        totals = group.groupby("lr")["status"].size()
+        where = ", ".join(f"{lr:.3g}: {n}/{totals[lr]}" for lr, n in per_lr.items() if n)
+        out[variant] = f"{int(per_lr.sum())}/{len(group)}" + (f" ({where})" if where else "")
+    return pd.Series(out)
+
+
+def plot_final_loss(runs: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = runs.assign(clipped=clipped_final(runs))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant in variant_order(runs["variant"]):
+        stats = runs[runs["variant"] == variant].groupby("lr")["clipped"].agg(["mean", "min", "max"])
+        ax.plot(stats.index, stats["mean"], marker="o", label=variant)
+        ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15)
+    ax.set(xscale="log", xlabel="learning rate", ylabel="final loss (clipped to the initial loss)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
+    """Max attention logit over training, one line per layer, for each variant at the two highest learning
+    rates (the first seed of each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lrs = sorted(runs["lr"].unique())[-2:]
+    variants = variant_order(runs["variant"])
+    fig, axes = plt.subplots(len(lrs), len(variants), figsize=(2.4 * len(variants), 2.2 * len(lrs)), squeeze=False,
+                             sharey="row")
+    for row, lr in enumerate(lrs):
+        for col, variant in enumerate(variants):
+            ax = axes[row][col]
+            pick = runs[(runs["lr"] == lr) & (runs["variant"] == variant)].sort_values("seed")
+            trajectory = pick.iloc[0]["trajectory"] if len(pick) else {}
+            for layer, stats in trajectory.get("layers", {}).items():
+                ax.plot(trajectory["step"], stats["max_logit"], lw=1, label=layer.split(".")[-2] if "." in layer else layer)
+            ax.set_title(f"{variant}, lr {lr:.3g}", fontsize=8)
+            ax.set_yscale("symlog")
+            ax.tick_params(labelsize=6)
+    axes[0][0].set_ylabel("max attention logit", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
+    """The markdown of one domain/dataset/preset: table, facts and figures."""
+    domain, dataset, preset = (runs[k].iloc[0] for k in GROUP)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", f"stability_{domain}_{dataset}_{preset}")
+    plot_final_loss(runs, figures / f"{stem}_final_loss.png")
+    plot_max_logits(runs, figures / f"{stem}_max_logit.png")
+    table = lr_sensitivity(runs).join(divergence_summary(runs).rename("diverged"))
+    table = table.reindex(variant_order(runs["variant"]))
+    lrs = sorted(runs["lr"].unique())
+    lines = [f"### {domain} / {dataset} ({preset})", "",
+             f"{len(runs)} runs: learning rates {', '.join(f'{lr:.3g}' for lr in lrs)} x "
+             f"{runs['variant'].nunique()} variants x seeds {sorted(map(int, runs['seed'].unique()))}.", "",
+             "| variant | LR sensitivity ↓ | spread (std over seeds) | seeds | diverged runs (lr: count) |",
+             "|---|---|---|---|---|"]
+    for variant, row in table.iterrows():
+        spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
+        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
+    rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
+    lines += ["", f"![final loss vs learning rate]({rel(stem + '_final_loss.png')})",
+              f"![max attention logit over training]({rel(stem + '_max_logit.png')})", ""]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest stability", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run directories of a learning-rate sweep")
+    parser.add_argument("-o", "--output", default="STABILITY.md", help="markdown file to write")
+    args = parser.parse_args(argv)
+    out = Path(args.output)
+    figures = out.parent / (out.stem + "_figures")
+    figures.mkdir(parents=True, exist_ok=True)
+    runs = load_lr_runs(*args.runs)
+    lines = ["## Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
+    for _, group in runs.groupby(GROUP, sort=True):
+        lines += section(group, figures, out.parent)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"stability: {len(runs)} runs -> {out}")
+    return 0

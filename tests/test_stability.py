@@ -1,0 +1,57 @@
+"""`quest stability` from hand-written records: learning-rate sensitivity as Wortsman et al. define it
+(clipped at the initial loss), divergence counts per learning rate, and its report with both figures."""
+import math
+
+import pytest
+from conftest import make_record
+
+from common.records import write_record
+from runners import stability
+from runners.cli import main as cli
+
+LRS = (1e-3, 1e-2, 1e-1)
+
+
+def lr_record(variant, seed, lr, final, status="ok"):
+    trajectory = {"step": [1, 6], "layers": {"encoder.layers.0.attn": {"max_logit": [2.0, 3.0 * lr * 100]}}}
+    rec = make_record(variant, seed, {"loss": final}, status=status, config={"optim": {"lr": lr}},
+                      losses={"train_first": 2.0, "val_final": final}, trajectory=trajectory)
+    return rec
+
+
+def write_sweep(root, finals):
+    """finals: {(variant, seed): [final loss per lr in LRS]}; NaN marks a diverged run."""
+    for (variant, seed), values in finals.items():
+        for lr, final in zip(LRS, values):
+            status = "diverged" if math.isnan(final) else "ok"
+            write_record(root / f"{variant}-{seed}-{lr}", lr_record(variant, seed, lr, final, status))
+
+
+def test_lr_sensitivity_clips_at_the_initial_loss_and_counts_divergence(tmp_path):
+    write_sweep(tmp_path, {
+        ("standard", 0): [1.0, 0.5, math.nan],  # diverged at the top: counts as the initial loss, 2.0
+        ("standard", 1): [1.0, 0.5, 3.0],       # ended above its initial loss: clipped to 2.0
+        ("quest", 0): [0.9, 0.6, 0.7],
+        ("quest", 1): [0.8, 0.6, 0.7],
+    })
+    runs = stability.load_lr_runs(tmp_path)
+    table = stability.lr_sensitivity(runs)
+    # standard: mean(1.0, 0.5, 2.0) - 0.5 = 0.6667 for both seeds; quest: 0.7333 - 0.6 and 0.7 - 0.6.
+    assert table.loc["standard", "lr_sensitivity"] == pytest.approx(3.5 / 3 - 0.5)
+    assert table.loc["standard", "spread"] == pytest.approx(0.0)
+    assert table.loc["quest", "lr_sensitivity"] == pytest.approx(((2.2 / 3 - 0.6) + (2.1 / 3 - 0.6)) / 2)
+    divergence = stability.divergence_summary(runs)
+    assert divergence["standard"] == "1/6 (0.1: 1/2)" and divergence["quest"] == "0/6"
+
+
+def test_report_has_a_table_and_both_figures(tmp_path):
+    write_sweep(tmp_path / "runs", {("standard", 0): [1.0, 0.5, math.nan], ("quest", 0): [0.9, 0.6, 0.7]})
+    out = tmp_path / "report" / "STABILITY.md"
+    out.parent.mkdir()
+    assert cli(["stability", str(tmp_path / "runs"), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "| standard | 0.6667 | – | 1 | 1/3 (0.1: 1/1) |" in text and "| quest | 0.1333 | – | 1 | 0/3 |" in text
+    assert text.index("| standard |") < text.index("| quest |")  # the project's variant order
+    for name in ("final_loss", "max_logit"):
+        image = f"STABILITY_figures/stability_a_d_study_{name}.png"
+        assert f"]({image})" in text and (out.parent / image).stat().st_size > 1000
