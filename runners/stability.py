@@ -111,11 +111,15 @@ def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
             pick = runs[(runs["lr"] == lr) & (runs["variant"] == variant)].sort_values("seed")
             trajectory = pick.iloc[0]["trajectory"] if len(pick) else {}
             for layer, stats in trajectory.get("layers", {}).items():
-                ax.plot(trajectory["step"], stats["max_logit"], lw=1, label=layer.split(".")[-2] if "." in layer else layer)
+                ax.plot(trajectory["step"], stats["max_logit"], lw=1, label=layer)
             ax.set_title(f"{variant}, lr {lr:.3g}", fontsize=8)
             ax.set_yscale("symlog")
             ax.tick_params(labelsize=6)
     axes[0][0].set_ylabel("max attention logit", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("training step", fontsize=7)
+    if axes[0][0].get_lines():
+        axes[0][0].legend(fontsize=5, title="layer", title_fontsize=5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
