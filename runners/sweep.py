@@ -1,27 +1,66 @@
 """`quest sweep <file>`: expand a grid of domains × variants × seeds (× any config values) and run it.
 
-Resumable and safe to run twice at once: a run with a record is skipped; a run is claimed through an
-exclusive lock file in its directory, and a lock whose process is gone (a sweep killed with SIGKILL)
-is taken over, so running the same command again finishes the grid. ``--workers N`` starts N local
-worker processes that share the grid through those locks, each with its share of CPU threads.
+Outcomes and exit status. A run ends ok, diverged or failed, each with a record; a run whose config or
+data is wrong (``ConfigError`` or ``DataError``, from composing it or from the runner) is invalid and
+leaves no record. The exit status is 0 when every run is ok or diverged, 1 when a run failed (or a
+worker died), 2 when a run was invalid; the output ends with the failed and invalid runs and why.
+
+Reruns. Running the sweep again skips the runs whose record says ok or diverged and retries the failed
+ones; ``--redo diverged`` reruns the diverged ones too, ``--redo all`` every run. The launching process
+decides this once, before any run starts: it removes the records to redo, each under its run's lock,
+and the runner then wipes a run directory that has no record. Runs are only ever run when they have no
+record, so a run one worker has just redone is not redone again by the next; an outcome that leaves no
+record (invalid, or an error that escaped the runner) is noted in the run's lock file for the rest of
+the sweep, and cleared by the next one, which tries the run again.
+
+Workers and progress. ``--workers N`` starts N worker processes (``quest sweep`` again, each with its
+share of CPU threads) that share the grid through the run locks. Each worker reports the outcome of
+every run it settles over a pipe to the launching process, one JSON line per run; a pipe rather than
+polling the records, because an invalid run leaves no record to poll. The launching process alone
+prints: the failure line of each failed or invalid run (stderr), one progress line for the whole sweep
+whenever the counts change (``12/56 done · 0 diverged · 1 failed · eta 4 min``, the eta being the mean
+time of the runs finished so far × the runs left / workers), and a final summary. ``--launcher slurm``
+submits the runs left to do as one job array (``SweepJob``) and returns.
+
+Locking. A run is claimed with a non-blocking ``fcntl.flock`` on ``.<run>.lock`` beside its directory
+(the runner wipes the directory itself). The kernel drops the lock when its holder exits, however it
+dies, so a lock left by a killed sweep never blocks a rerun and nothing has to take a stale lock over
+(an unlink-and-recreate takeover can let two processes in). The record is read after the lock is
+taken, so a run that another process finished and released in between is not run again. Lock files
+are never deleted: a process that opened the old file could lock it while another locks a new one.
+Across hosts, Linux implements flock on NFS with NFS byte-range locks, so SLURM array tasks on
+different nodes exclude each other too, and the server drops the locks of a dead node when its lease
+runs out (mounted with ``nolock`` or ``local_lock``, NFS locks within one node only, as Lustre does
+with ``localflock``; Lustre needs its ``flock`` mount option). A filesystem that refuses locks is a
+one-line error (exit 2) rather than a sweep run unlocked, where every worker would run every run.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import itertools
+import json
+import logging
+import math
 import os
-import socket
+import select
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from statistics import fmean
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from common.attention import VARIANTS
-from common.data import DataError
-from common.records import RECORD_NAME
+from common.errors import ConfigError, DataError
+from common.records import RECORD_NAME, RecordError, read_record
 from common.registry import domain_names
-from runners.config import CONFIG_DIR, ConfigError, compose, run_directory
+from runners.config import CONFIG_DIR, compose, run_directory
+
+log = logging.getLogger(__name__)
 
 SWEEP_KEYS = {"domains", "variants", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid", "slurm",
               "robustness"}
@@ -29,6 +68,9 @@ SWEEP_KEYS = {"domains", "variants", "seeds", "preset", "output_dir", "overrides
 SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_per_task": "gpus_per_node",
               "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "array_parallelism": "slurm_array_parallelism",
               "nodes": "nodes", "tasks_per_node": "tasks_per_node"}
+# --redo -> the recorded statuses a rerun of the sweep runs again
+RERUN = {None: {"failed"}, "diverged": {"failed", "diverged"}, "all": {"failed", "diverged", "ok", "unreadable"}}
+PROBLEMS = ("failed", "invalid")
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -40,7 +82,8 @@ def load_sweep(path: str | Path) -> dict:
     spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     unknown = set(spec) - SWEEP_KEYS
     if unknown:
-        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SWEEP_KEYS))}")
+        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; "
+                          f"valid: {', '.join(sorted(SWEEP_KEYS))}")
     return spec
 
 
@@ -66,75 +109,214 @@ def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     return runs
 
 
-def _alive(pid: int) -> bool:
+def lock_path(run_dir: Path) -> Path:
+    return run_dir.parent / f".{run_dir.name}.lock"  # beside the run dir: the runner wipes that dir
+
+
+@contextmanager
+def claimed(run_dir: Path) -> Iterator[bool]:
+    """Whether this process holds the run's lock for the ``with`` block; False when another one holds it."""
+    lock = lock_path(run_dir)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # written to: NFS grants exclusive locks on writable files
+    except OSError as err:
+        raise ConfigError(f"cannot write the lock file {lock}: {err.strerror}") from None
+    try:
+        yield _lock(fd, lock)
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def _lock(fd: int, lock: Path) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    except PermissionError:
-        return True
+    except OSError as err:
+        raise ConfigError(f"cannot lock {lock} ({err.strerror}): a sweep needs file locks where its output_dir is "
+                          "(NFS with its lock service, Lustre mounted with -o flock)") from None
     return True
 
 
-def claim(run_dir: Path) -> bool:
-    """Take the run's lock, or a stale one left by a dead process on this host."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir.parent / f".{run_dir.name}.lock"  # beside the run dir: the runner wipes that dir
-    me = f"{socket.gethostname()} {os.getpid()}"
+def recorded_status(run_dir: Path) -> str | None:
+    """The status in the run's record, None without a record; a broken record is kept as 'unreadable'."""
+    if not (run_dir / RECORD_NAME).exists():
+        return None
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
+        return read_record(run_dir)["status"]
+    except RecordError as err:
+        log.warning("%s; the sweep leaves it alone unless --redo all", err)
+        return "unreadable"
+
+
+def _outcome(index: int, status: str, error: str | None = None, run_dir: Path | None = None,
+             wall_s: float | None = None) -> dict:
+    """What a run of the sweep (its position in the expansion) came to; ``wall_s`` is None unless this
+    process ran it. This is the JSON line a worker reports."""
+    return {"index": index, "status": status, "error": error, "run_dir": str(run_dir) if run_dir else None,
+            "wall_s": wall_s}
+
+
+def _reason(err: Exception) -> str:
+    """``<Type>: <first line of the message>``, as a record's ``error``."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list[list[str]]:
+    """Before any run starts: tell ``progress`` about the invalid runs and the records the sweep keeps,
+    and remove the records it runs again (``RERUN``), each under its run's lock. Returns the runs to do."""
+    pending = []
+    for index, args in enumerate(runs):
         try:
-            host, pid = lock.read_text().split()
-        except (OSError, ValueError):
-            return False  # being written by its owner right now
-        if host != socket.gethostname() or _alive(int(pid)):
-            return False
-        lock.unlink(missing_ok=True)  # its owner is dead; whoever recreates it first wins
-        return claim(run_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(me)
-    return True
-
-
-def release(run_dir: Path) -> None:
-    (run_dir.parent / f".{run_dir.name}.lock").unlink(missing_ok=True)
-
-
-def run_all(runs: list[list[str]], robustness: bool = False) -> dict[str, int]:
-    """Run each not-yet-recorded run this process can claim; a failed run is recorded and skipped.
-    With ``robustness``, finished runs of domains with a ``robustness`` config section are then
-    attacked (``quest robustness``) and the result lands in their record."""
-    from runners.robustness import evaluate_run
-    from runners.train import run
-
-    counts = {"ok": 0, "diverged": 0, "failed": 0, "skipped": 0, "busy": 0}
-    for args in runs:
-        try:
-            cfg = compose(args)
+            run_dir = run_directory(compose(args))
         except ConfigError as err:
-            print(f"sweep: invalid run {' '.join(args)}: {err}", file=sys.stderr)
-            counts["failed"] += 1
+            progress.add(_outcome(index, "invalid", _reason(err)))
             continue
-        run_dir = run_directory(cfg)
-        if (run_dir / RECORD_NAME).exists():
-            counts["skipped"] += 1
-            continue
-        if not claim(run_dir):
-            counts["busy"] += 1
-            continue
-        try:
-            status = run(cfg)["status"]
-            if robustness and status == "ok" and "robustness" in cfg:
-                evaluate_run(run_dir)
-        except DataError as err:
-            print(f"sweep: {cfg.domain}/{cfg.attention.variant} seed {cfg.seed}: {err}", file=sys.stderr)
-            status = "failed"
-        finally:
-            release(run_dir)
-        counts[status] += 1
-        print(f"sweep: {status:8s} {cfg.domain}/{cfg.attention.variant} seed {cfg.seed} -> {run_dir}", flush=True)
+        status = _keep_or_drop(run_dir, RERUN[redo])
+        if status is None:
+            pending.append(args)
+        else:
+            progress.add(_outcome(index, status, run_dir=run_dir))
+    return pending
+
+
+def _keep_or_drop(run_dir: Path, rerun: set[str]) -> str | None:
+    """The status of the run's record if it stays; None if there is none now, or another process holds the run."""
+    with claimed(run_dir) as mine:
+        if not mine:
+            return None
+        lock_path(run_dir).write_text("")  # forget the notes of earlier sweeps (see _settled)
+        status = recorded_status(run_dir)
+        if status in rerun:
+            (run_dir / RECORD_NAME).unlink()
+            return None
+        return status
+
+
+def run_all(runs: list[list[str]], robustness: bool = False,
+            report: Callable[[dict], None] | None = None) -> dict[str, int]:
+    """Run each run that has no record and that no other process holds, and hand each outcome to
+    ``report``; returns how many runs ended in each way. With ``robustness``, finished runs of domains
+    with a ``robustness`` config section are then attacked (``quest robustness``) and the result lands
+    in their record."""
+    counts = dict.fromkeys(("ok", "diverged", "failed", "invalid", "skipped", "busy"), 0)
+    for index, args in enumerate(runs):
+        outcome = _settle(index, args, robustness)
+        recorded_before = outcome["wall_s"] is None and outcome["status"] not in ("invalid", "busy")
+        counts["skipped" if recorded_before else outcome["status"]] += 1
+        if report:
+            report(outcome)
     return counts
+
+
+def _settle(index: int, args: list[str], robustness: bool) -> dict:
+    try:
+        cfg = compose(args)
+    except ConfigError as err:
+        return _outcome(index, "invalid", _reason(err))
+    run_dir = run_directory(cfg)
+    with claimed(run_dir) as mine:
+        if not mine:
+            return _outcome(index, "busy", run_dir=run_dir)
+        settled = _settled(run_dir)  # read under the lock: another process may have just finished it
+        if settled:
+            return _outcome(index, *settled, run_dir)
+        outcome = _run(index, cfg, run_dir, robustness)
+        if not (run_dir / RECORD_NAME).exists():  # so that the sweep's other workers do not try it again
+            # through a second descriptor: closing it keeps the flock, which belongs to the first
+            lock_path(run_dir).write_text(json.dumps([outcome["status"], outcome["error"]]))
+        return outcome
+
+
+def _settled(run_dir: Path) -> tuple[str, str | None] | None:
+    """How the run was settled before: its record's status, or else the note in its lock file of an
+    outcome that leaves no record (invalid, or failed outside the runner), written by a worker of this
+    sweep (``prepare`` clears the notes of earlier sweeps, so a rerun tries the run again)."""
+    status = recorded_status(run_dir)
+    if status is not None:
+        return status, None
+    note = lock_path(run_dir).read_text()
+    return tuple(json.loads(note)) if note.startswith("[") else None  # else empty, or an old "host pid" lock
+
+
+def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
+    """Run a run whose lock this process holds (and, with ``robustness``, attack it if it is a classifier)."""
+    from runners.robustness import evaluate_run  # imported here: Lightning is slow to import and --dry-run
+    from runners.train import run  # and the parent of workers do without it
+
+    start = time.monotonic()
+    try:
+        record = run(cfg)
+    except (ConfigError, DataError) as err:  # the user's input is wrong; no record to keep
+        return _outcome(index, "invalid", _reason(err), run_dir)
+    except Exception as err:  # escaped the runner's record: still one failed run, not the end of the sweep
+        log.error("%s: %s", run_dir, _reason(err), exc_info=True)
+        return _outcome(index, "failed", _reason(err), run_dir, time.monotonic() - start)
+    if robustness and record["status"] == "ok" and "robustness" in cfg:
+        evaluate_run(run_dir)
+    return _outcome(index, record["status"], record["error"], run_dir, time.monotonic() - start)
+
+
+class Progress:
+    """The one progress line of a sweep, fed the outcomes of its runs from this process or its workers."""
+
+    def __init__(self, runs: list[list[str]], workers: int = 1):
+        self.runs, self.workers = runs, workers
+        self.outcomes: dict[int, dict] = {}
+        self.shown: int | None = None
+
+    def add(self, outcome: dict) -> None:
+        """Note a run's outcome; the first word on a run stands (workers that find it held by another process
+        or already recorded add nothing). A failed or invalid run is reported at once."""
+        if outcome["status"] == "busy" or outcome["index"] in self.outcomes:
+            return
+        self.outcomes[outcome["index"]] = outcome
+        if outcome["status"] in PROBLEMS:
+            print(f"sweep: {self.describe(outcome)}", file=sys.stderr, flush=True)
+
+    def update(self, outcome: dict) -> None:
+        self.add(outcome)
+        self.show()
+
+    def count(self, status: str) -> int:
+        return sum(o["status"] == status for o in self.outcomes.values())
+
+    def line(self) -> str:
+        done, total = len(self.outcomes), len(self.runs)
+        walls = [o["wall_s"] for o in self.outcomes.values() if o["wall_s"] is not None]
+        eta = f"{math.ceil(fmean(walls) * (total - done) / self.workers / 60)} min" if walls else "–"
+        counts = [f"{done}/{total} done", f"{self.count('diverged')} diverged", f"{self.count('failed')} failed"]
+        counts += [f"{self.count('invalid')} invalid"] if self.count("invalid") else []
+        return " · ".join(counts + [f"eta {eta}"])
+
+    def show(self) -> None:
+        """Print the progress line if a run has been settled since the last one (outcomes only grow)."""
+        if len(self.outcomes) != self.shown:
+            self.shown = len(self.outcomes)
+            print(f"sweep: {self.line()}", flush=True)
+
+    def describe(self, outcome: dict) -> str:
+        given = dict(arg.partition("=")[::2] for arg in self.runs[outcome["index"]])  # the last one wins, as in compose
+        run = f"{given['domain']}/{given['attention']} seed {given['seed']}"
+        where = f" -> {outcome['run_dir']}" if outcome["status"] == "failed" else ""
+        return f"{outcome['status']} {run}: {outcome['error']}{where}"
+
+    def problems(self) -> None:
+        """List the failed and invalid runs, with why, on stderr."""
+        problems = [o for _, o in sorted(self.outcomes.items()) if o["status"] in PROBLEMS]
+        if problems:
+            print(f"sweep: {len(problems)} run(s) failed or invalid:", file=sys.stderr)
+            print("\n".join(f"  {self.describe(o)}" for o in problems), file=sys.stderr, flush=True)
+
+    def summary(self) -> None:
+        print(f"sweep: finished, {len(self.outcomes)}/{len(self.runs)} done: "
+              + " · ".join(f"{self.count(s)} {s}" for s in ("ok", "diverged", *PROBLEMS)), flush=True)
+        self.problems()
+
+    def code(self) -> int:
+        return 2 if self.count("invalid") else 1 if self.count("failed") else 0
 
 
 class SweepJob:
@@ -161,45 +343,110 @@ def launch_slurm(runs: list[list[str]], spec: dict, folder: str | Path, cluster:
     extra = settings.pop("additional", {}) or {}
     unknown = set(settings) - set(SLURM_KEYS)
     if unknown:
-        raise ConfigError(f"unknown slurm key(s) {', '.join(sorted(unknown))}; valid: additional, {', '.join(SLURM_KEYS)}")
+        raise ConfigError(f"unknown slurm key(s) {', '.join(sorted(unknown))}; "
+                          f"valid: additional, {', '.join(SLURM_KEYS)}")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     executor.update_parameters(name="quest-sweep", **{SLURM_KEYS[k]: v for k, v in settings.items()},
                                **{f"slurm_{k}": v for k, v in extra.items()})
     return executor.map_array(SweepJob(bool(spec.get("robustness"))), runs)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__)
+def _spawn(cmd: list[str], env: dict, report_fd: int) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, pass_fds=(report_fd,))
+
+
+def run_workers(args: argparse.Namespace, count: int, progress: Progress) -> int:
+    """Run the sweep in ``count`` worker processes, feeding ``progress`` with what they report until all
+    have exited; returns the worst exit status among them (a worker killed by a signal counts as 1)."""
+    threads = max(1, (os.cpu_count() or 1) // count)
+    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, "--set", f"threads={threads}"]
+    cmd += (["--output-dir", args.output_dir] if args.output_dir else []) + [f"--set={s}" for s in args.set]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    workers, reads = [], []
+    for _ in range(count):
+        read, write = os.pipe()
+        workers.append(_spawn(cmd + ["--report-fd", str(write)], env, write))
+        os.close(write)  # the worker holds the only write end: end of file on the pipe means it exited
+        reads.append(read)
+    _follow(reads, progress)
+    return max((1 if code < 0 else code for code in (w.wait() for w in workers)), default=0)
+
+
+def _follow(reads: list[int], progress: Progress) -> None:
+    """Feed ``progress`` the JSON lines coming down the workers' pipes until every pipe is closed."""
+    pending = dict.fromkeys(reads, b"")  # each pipe's incomplete last line
+    while pending:
+        for fd in select.select(list(pending), [], [])[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                os.close(fd)
+                del pending[fd]
+                continue
+            *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
+            for line in lines:
+                progress.update(json.loads(line))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=int, default=1, help="local worker processes")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                         help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--redo", choices=("diverged", "all"),
+                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    parser.add_argument("--aggregate", metavar="RESULTS_MD", help="aggregate the sweep's runs into this file at the end")
-    args = parser.parse_args(argv)
+    parser.add_argument("--aggregate", metavar="RESULTS_MD",
+                        help="aggregate the sweep's runs into this file at the end")
+    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
+    return parser
+
+
+def submit_slurm(runs: list[list[str]], spec: dict, folder: Path) -> None:
+    if not runs:
+        print("sweep: nothing to submit, every run is recorded or invalid")
+        return
+    jobs = launch_slurm(runs, spec, folder)
+    print(f"sweep: submitted {len(jobs)} runs as array job {jobs[0].job_id.split('_')[0]} (logs in {folder})")
+
+
+def run_local(args: argparse.Namespace, runs: list[list[str]], pending: int, robustness: bool,
+              progress: Progress) -> int:
+    """Run the sweep here, or in ``--workers`` processes when more than one run is left; prints the
+    progress and the summary. Returns the exit status."""
+    progress.workers = max(1, min(args.workers, pending))
+    progress.show()
+    code = 0
+    if progress.workers > 1:
+        code = run_workers(args, progress.workers, progress)
+    else:
+        run_all(runs, robustness, report=progress.update)
+    progress.summary()
+    return max(code, progress.code())
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     spec = load_sweep(args.sweep)
     runs = expand(spec, args.output_dir, args.set)
+    robustness = bool(spec.get("robustness"))
+    if args.report_fd is not None:  # a worker: run, and leave every word to the launching process
+        with open(args.report_fd, "w", buffering=1) as pipe:
+            run_all(runs, robustness, report=lambda outcome: print(json.dumps(outcome), file=pipe))
+        return 0
     if args.dry_run:
         print("\n".join(" ".join(r) for r in runs))
         return 0
+    progress = Progress(runs)
+    pending = prepare(runs, args.redo, progress)
     if args.launcher == "slurm":
-        folder = Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm"
-        jobs = launch_slurm(runs, spec, folder)
-        print(f"sweep: submitted {len(jobs)} runs as array job {jobs[0].job_id.split('_')[0]} (logs in {folder})")
-        return 0
-    if args.workers > 1:
-        threads = max(1, (os.cpu_count() or 1) // args.workers)
-        cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, "--set", f"threads={threads}"]
-        cmd += (["--output-dir", args.output_dir] if args.output_dir else []) + [f"--set={s}" for s in args.set]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        workers = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
-        code = max(w.wait() for w in workers)
-    else:
-        counts = run_all(runs, bool(spec.get("robustness")))
-        print("sweep: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-        code = 0
+        submit_slurm(pending, spec, Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm")
+        progress.problems()
+        return progress.code()
+    code = run_local(args, runs, len(pending), robustness, progress)
     if args.aggregate:
         from runners.aggregate import main as aggregate
 

@@ -97,36 +97,6 @@ def fake_record(domain, variant, seed, value, status="ok", mode="min"):
     }
 
 
-def test_sweep_is_resumable_and_takes_over_stale_locks(toy_domain, tmp_path, capsys):
-    spec_file = tmp_path / "toy.yaml"
-    spec_file.write_text(
-        "domains: [toy]\nvariants: [standard, quest]\nseeds: [0]\npreset: demo\n"
-        f"output_dir: {tmp_path / 'runs'}\noverrides: [trainer.enable_progress_bar=false]\n"
-        "grid: {optim.lr: [0.01, 0.001]}\n"
-    )
-    runs = sweep.expand(sweep.load_sweep(spec_file))
-    assert len(runs) == 4 and "optim.lr=0.01" in runs[0]
-    # A worker killed with SIGKILL leaves its lock behind, holding a pid that no longer exists.
-    dead = compose(runs[0])
-    lock = run_directory(dead).parent / f".{run_directory(dead).name}.lock"
-    lock.parent.mkdir(parents=True)
-    lock.write_text(f"{os.uname().nodename} 999999999")
-    assert sweep.main([str(spec_file)]) == 0
-    assert "ok 4, diverged 0, failed 0, skipped 0" in capsys.readouterr().out
-    assert sweep.main([str(spec_file)]) == 0
-    assert "ok 0, diverged 0, failed 0, skipped 4" in capsys.readouterr().out
-
-
-def test_sweep_records_a_failed_run_and_goes_on(toy_domain, tmp_path, capsys):
-    spec_file = tmp_path / "bad.yaml"
-    spec_file.write_text(f"domains: [toy]\nvariants: [quest]\nseeds: [0, 1]\noutput_dir: {tmp_path}\n"
-                         "overrides: [optim.name=lion, trainer.enable_progress_bar=false]\n")
-    assert sweep.main([str(spec_file)]) == 0
-    assert "failed 2" in capsys.readouterr().out
-    records = [read_record(p) for p in tmp_path.rglob("record.json")]
-    assert len(records) == 2 and all("unknown optimiser 'lion'" in r["error"] for r in records)
-
-
 def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
     spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo",
             "output_dir": str(tmp_path), "overrides": ["trainer.enable_progress_bar=false"],

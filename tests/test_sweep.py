@@ -1,0 +1,275 @@
+"""`quest sweep`: exit status, reruns, run locks under contention, and the sweep's one progress line."""
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import conftest
+import pytest
+
+import runners.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
+from common.errors import DataError
+from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
+from runners import sweep
+from runners.config import compose, run_directory
+
+FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner
+
+
+def write_spec(tmp_path, **spec) -> str:
+    spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0], "preset": "demo",
+            "output_dir": str(tmp_path / "runs"),
+            "overrides": [f"cache_dir={tmp_path / 'cache'}", "trainer.enable_progress_bar=false"], **spec}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return str(path)
+
+
+def one_run(tmp_path, seed: int = 0) -> list[str]:
+    return ["domain=toy", "attention=quest", f"seed={seed}", f"output_dir={tmp_path / 'runs'}"]
+
+
+def fake_record(cfg, status: str) -> dict:
+    record = {key: types[0]() for key, types in SCHEMA.items()}  # a value of the right type for every field
+    record.update(schema=SCHEMA_VERSION, domain=cfg.domain, variant=cfg.attention.variant, seed=cfg.seed,
+                  status=status, error="RuntimeError: broken" if status == "failed" else None, divergence=None)
+    return record
+
+
+def recorded(tmp_path) -> dict[int, str]:
+    return {r["seed"]: r["status"] for r in map(read_record, tmp_path.rglob("record.json"))}
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """The runner replaced by one that logs "<seed> <pid>" per run, takes `delay` seconds and ends as
+    `statuses[seed]` says: ok (the default), diverged or failed with a record; "invalid" raises DataError and
+    "crash" a RuntimeError, with no record, as the runner does for bad input and for a bug outside its record."""
+    log = tmp_path / "executions"
+    fake = SimpleNamespace(statuses={}, delay=0.0)
+
+    def run(cfg):
+        with open(log, "a") as f:
+            f.write(f"{cfg.seed} {os.getpid()}\n")
+        status = fake.statuses.get(cfg.seed, "ok")
+        if status in ("invalid", "crash"):  # at once, as bad input is found before training
+            raise DataError("data file broken") if status == "invalid" else RuntimeError("bug\nmore lines")
+        time.sleep(fake.delay)
+        record = fake_record(cfg, status)
+        write_record(run_directory(cfg), record)
+        return record
+
+    def executions(column=0):
+        return [int(line.split()[column]) for line in log.read_text().splitlines()] if log.exists() else []
+
+    fake.executions = executions
+    monkeypatch.setattr("runners.train.run", run)
+    return fake
+
+
+@pytest.fixture
+def toy_breaks(monkeypatch):
+    """The toy task raises while training when task.nan_after=-2: a run that fails at run time."""
+    loss = conftest.ToyTask.loss
+
+    def breaking(self, pred, target, stage):
+        if self.nan_after == -2:
+            raise RuntimeError("toy training broke")
+        return loss(self, pred, target, stage)
+
+    monkeypatch.setattr(conftest.ToyTask, "loss", breaking)
+
+
+@pytest.mark.parametrize("grid, code, statuses, listed", [
+    ({"task.nan_after": [-1, 0]}, 0, {"ok", "diverged"}, None),  # divergence is a result
+    ({"task.nan_after": [-1, -2]}, 1, {"ok", "failed"}, "failed toy/quest seed 0: RuntimeError: toy training broke"),
+    ({"data.n": [64, "many"]}, 2, {"ok"}, "invalid toy/quest seed 0: ConfigError: config key 'data.n'"),
+])
+def test_exit_status_tells_ok_from_failed_from_invalid(toy_domain, toy_breaks, tmp_path, capsys, grid, code,
+                                                       statuses, listed):
+    assert sweep.main([write_spec(tmp_path, grid=grid)]) == code
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith("sweep: finished, 2/2 done: ")
+    assert {r["status"] for r in map(read_record, tmp_path.rglob("record.json"))} == statuses  # invalid: no record
+    if listed:  # reported as it happens and again in the closing list
+        assert err.count(listed) == 2 and "sweep: 1 run(s) failed or invalid:\n  " + listed in err
+    else:
+        assert err == ""
+
+
+@pytest.mark.parametrize("status, code, listed", [
+    ("invalid", 2, "  invalid toy/quest seed 1: DataError: data file broken"),
+    ("crash", 1, "  failed toy/quest seed 1: RuntimeError: bug -> "),  # one line, and the sweep goes on
+])
+def test_runner_errors_without_a_record(toy_domain, tmp_path, fake_run, capsys, status, code, listed):
+    spec = write_spec(tmp_path, seeds=[0, 1, 2])
+    fake_run.statuses[1] = status
+    assert sweep.main([spec]) == code
+    assert recorded(tmp_path) == {0: "ok", 2: "ok"}
+    assert listed in capsys.readouterr().err
+    del fake_run.statuses[1]  # the cause is fixed
+    assert sweep.main([spec]) == 0 and recorded(tmp_path) == {0: "ok", 1: "ok", 2: "ok"}
+
+
+def test_rerun_retries_failed_runs_keeps_the_others_and_redo_forces_them(toy_domain, tmp_path, fake_run):
+    spec = write_spec(tmp_path, seeds=[0, 1, 2])
+    fake_run.statuses.update({1: "diverged", 2: "failed"})
+    assert sweep.main([spec]) == 1
+    fake_run.statuses[2] = "ok"  # the cause of the failure is fixed
+    assert sweep.main([spec]) == 0
+    assert fake_run.executions() == [0, 1, 2, 2]
+    assert recorded(tmp_path) == {0: "ok", 1: "diverged", 2: "ok"}
+    assert sweep.main([spec, "--redo", "diverged"]) == 0
+    assert fake_run.executions()[4:] == [1]
+    assert sweep.main([spec, "--redo", "all"]) == 0
+    assert fake_run.executions()[5:] == [0, 1, 2]
+    assert sweep.main([spec]) == 0 and len(fake_run.executions()) == 8
+
+
+def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake_run):
+    """Processes that keep trying the same run, from the same moment, over a lock left by a dead one; in
+    several rounds, one run directory each, since a race may need a few tries to show."""
+    rounds = [one_run(tmp_path, seed) for seed in range(6)]
+    run_dirs = [run_directory(compose(args)) for args in rounds]
+    for run_dir in run_dirs:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        (run_dir.parent / f".{run_dir.name}.lock").write_text(f"{os.uname().nodename} 999999999")
+    fake_run.delay = 0.1
+    start = FORK.Barrier(8)
+
+    def worker():
+        for args, run_dir in zip(rounds, run_dirs):
+            start.wait()
+            deadline = time.monotonic() + 10
+            while not (run_dir / "record.json").exists() and time.monotonic() < deadline:
+                sweep.run_all([args])
+                time.sleep(0.01)
+
+    processes = [FORK.Process(target=worker) for _ in range(8)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(30)
+    assert [p.exitcode for p in processes] == [0] * 8
+    assert fake_run.executions() == list(range(6))
+
+
+def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_run, monkeypatch):
+    """Another process finishes the run and lets it go just before this one takes its lock: not run again."""
+    args = one_run(tmp_path)
+    claimed = sweep.claimed
+
+    @contextmanager
+    def finished_meanwhile(run_dir):
+        write_record(run_dir, fake_record(compose(args), "ok"))
+        with claimed(run_dir) as mine:
+            yield mine
+
+    monkeypatch.setattr(sweep, "claimed", finished_meanwhile)
+    assert sweep.run_all([args])["skipped"] == 1
+    assert fake_run.executions() == []
+
+
+def test_a_lock_dies_with_its_holder(toy_domain, tmp_path, fake_run):
+    args = one_run(tmp_path)
+    run_dir = run_directory(compose(args))
+    held = FORK.Event()
+
+    def hold():
+        with sweep.claimed(run_dir) as mine:
+            if mine:
+                held.set()
+                time.sleep(60)
+
+    holder = FORK.Process(target=hold)
+    holder.start()
+    assert held.wait(10)
+    assert sweep.run_all([args])["busy"] == 1  # a live holder keeps it
+    os.kill(holder.pid, signal.SIGKILL)  # as a sweep killed with SIGKILL: no clean-up
+    holder.join()
+    assert sweep.run_all([args])["ok"] == 1
+    assert fake_run.executions() == [0]
+
+
+def outcome(index, status, wall_s=None, **rest):
+    return {"index": index, "status": status, "error": None, "run_dir": None, "wall_s": wall_s, **rest}
+
+
+def test_progress_line_changes_only_with_the_counts(capsys):
+    progress = sweep.Progress([["domain=toy", "attention=quest", f"seed={s}"] for s in range(4)], workers=2)
+    progress.show()
+    progress.update(outcome(0, "ok", 120.0))
+    progress.update(outcome(0, "ok"))  # the same run found recorded by another worker
+    progress.update(outcome(1, "busy"))  # held by another worker, which will report it
+    progress.update(outcome(1, "failed", 60.0, error="RuntimeError: boom", run_dir="runs/r1"))
+    progress.show()
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "sweep: 0/4 done · 0 diverged · 0 failed · eta –",
+        "sweep: 1/4 done · 0 diverged · 0 failed · eta 3 min",  # 120 s × 3 left / 2 workers
+        "sweep: 2/4 done · 0 diverged · 1 failed · eta 2 min",  # 90 s × 2 left / 2 workers, rounded up
+    ]
+    assert err == "sweep: failed toy/quest seed 1: RuntimeError: boom -> runs/r1\n"
+    assert progress.code() == 1
+
+
+class Forked:
+    """A process forked from the test process, with the toy domain and the fake runner, that the sweep
+    waits for as for a worker started with `python -m runners.cli`."""
+
+    def __init__(self, target):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.process = FORK.Process(target=target)
+        self.process.start()
+
+    def wait(self):
+        self.process.join()
+        return self.process.exitcode
+
+
+def forked_worker(cmd, env, report_fd):
+    """The worker's own code (``sweep.main`` with --report-fd), forked."""
+    argv = cmd[cmd.index("sweep") + 1:]
+    return Forked(lambda: sys.exit(sweep.main(argv)))
+
+
+def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, monkeypatch, capfd):
+    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+    fake_run.statuses.update({1: "failed", 2: "invalid"})
+    fake_run.delay = 0.2
+    assert sweep.main([write_spec(tmp_path, seeds=[0, 1, 2, 3, 4]), "--workers", "2"]) == 2
+    out, err = capfd.readouterr()
+    *lines, summary = out.splitlines()
+    assert summary == "sweep: finished, 5/5 done: 3 ok · 0 diverged · 1 failed · 1 invalid"
+    assert lines[0] == "sweep: 0/5 done · 0 diverged · 0 failed · eta –"
+    line = re.compile(r"sweep: [1-5]/5 done · 0 diverged · [01] failed( · 1 invalid)? · eta (\d+ min|–)")
+    assert all(line.fullmatch(text) for text in lines[1:])
+    done = [int(line.split()[1].split("/")[0]) for line in lines]
+    assert done == sorted(set(done)) and done[-1] == 5  # one count, rising: no worker prints its own
+    assert err.count("failed toy/quest seed 1: RuntimeError: broken") == 2  # as it happened, and in the list
+    assert err.count("invalid toy/quest seed 2: DataError: data file broken") == 2
+    assert sorted(fake_run.executions()) == [0, 1, 2, 3, 4]  # the invalid run too: tried once, not per worker
+    assert len(set(fake_run.executions(column=1)) - {os.getpid()}) == 2  # run by both workers, not the parent
+
+
+def test_slurm_launch_submits_only_the_runs_left(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
+    assert sweep.main([write_spec(tmp_path, seeds=[0])]) == 0
+    submitted = []
+    monkeypatch.setattr(sweep, "launch_slurm",
+                        lambda runs, *_: submitted.extend(runs) or [SimpleNamespace(job_id="42_0")])
+    spec = write_spec(tmp_path, seeds=[0, 1], grid={"data.n": [64, "many"]})
+    assert sweep.main([spec, "--launcher", "slurm"]) == 2  # seed 0 is recorded; the "many" runs are invalid
+    assert [args[2] for args in submitted] == ["seed=1"] and "data.n=64" in submitted[0]
+    assert "submitted 1 runs as array job 42" in capsys.readouterr().out
+
+
+def test_a_worker_that_dies_fails_the_sweep(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "_spawn", lambda *_: Forked(lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    assert sweep.main([write_spec(tmp_path, seeds=[0, 1]), "--workers", "2"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("sweep: finished, 0/2 done: ")
