@@ -1,0 +1,84 @@
+"""`quest feed domain=<d> preset=<p> [key=value ...]`: will the data keep the accelerator busy?
+
+Measures, for one domain and preset, the samples per second of the data pipeline alone (the training
+loader with its configured workers, batches collated and discarded) and of the model's training step on
+the chosen device (forward, backward and an optimiser step on batches already in memory), and prints both
+with their ratio. A ratio below 1 means the device would wait for data: raise ``data.num_workers``, or
+move per-sample work onto the device.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import torch
+from pytorch_lightning.utilities import move_data_to_device
+
+from runners import console
+from runners.config import build_config, compose
+
+
+def _samples(task, batch) -> int:
+    return len(task.unpack(batch)[1])
+
+
+def data_rate(datamodule, task, batches: int) -> float:
+    """Samples/s of the training loader alone, after one batch to start its workers."""
+    loader = iter(datamodule.train_dataloader())
+    next(loader)
+    start, count = time.perf_counter(), 0
+    for batch in itertools.islice(loader, batches):
+        count += _samples(task, batch)
+    return count / (time.perf_counter() - start)
+
+
+def step_rate(datamodule, task, batches: int, device: torch.device) -> float:
+    """Samples/s of training steps on ``device`` over batches held in memory (one warm-up step first)."""
+    held = [move_data_to_device(b, device) for b in itertools.islice(iter(datamodule.train_dataloader()), batches + 1)]
+    task.to(device).train()
+    optimizer = torch.optim.AdamW(task.parameters(), lr=1e-4)
+
+    def step(batch) -> None:
+        batch = datamodule.on_after_batch_transfer(batch, 0)  # device-side augmentation is part of the step
+        inputs, target = task.unpack(batch)
+        task.loss(task(inputs), target, "train").backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step(held[0])
+    _sync(device)
+    start = time.perf_counter()
+    for batch in held[1:]:
+        step(batch)
+    _sync(device)
+    return sum(_samples(task, b) for b in held[1:]) / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest feed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="+", help="domain=<name> preset=<p> key=value ...")
+    parser.add_argument("--batches", type=int, default=20, help="batches timed for each side")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_intermixed_args(argv)
+    cfg = compose(args.overrides)
+    console.quiet()
+    from common.registry import get_domain
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    datamodule.setup("fit")
+    data = data_rate(datamodule, task, args.batches)
+    model = step_rate(datamodule, task, args.batches, torch.device(args.device))
+    workers = getattr(datamodule, "num_workers", "?")
+    print(f"{cfg.domain} ({cfg.preset}): data pipeline {data:,.0f} samples/s (num_workers={workers}); "
+          f"training step on {args.device} {model:,.0f} samples/s; data / step = {data / model:.2f}")
+    return 0
