@@ -120,3 +120,14 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 def find_records(root: str | Path) -> list[Path]:
     return sorted(Path(root).rglob(RECORD_NAME))
+
+
+def read_records(*roots: str | Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[RecordError]]:
+    """Every valid record under ``roots`` with its path, and the errors of those that are not."""
+    good, bad = [], []
+    for path in (p for root in roots for p in find_records(root)):
+        try:
+            good.append((path, read_record(path)))
+        except RecordError as err:
+            bad.append(err)
+    return good, bad

@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from common.attention import VARIANTS
-from common.records import RecordError, find_records, read_record
+from common.records import read_records
 
 LOWER_IS_BETTER = ("loss", "mse", "mae", "rmse", "err")
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics.
@@ -36,14 +36,12 @@ log = logging.getLogger(__name__)
 def load_runs(*roots: str | Path) -> pd.DataFrame:
     """One row per run under any of ``roots``: identity columns plus every test metric. Malformed
     records are skipped with a warning; ``attrs["skipped"]`` of the result lists them as (path, reason)."""
-    rows, skipped = [], []
-    for path in (p for root in roots for p in find_records(root)):
-        try:
-            rec = read_record(path)
-        except RecordError as err:
-            log.warning("aggregate: skipping %s", err)
-            skipped.append((err.path, err.reason))
-            continue
+    records, errors = read_records(*roots)
+    for err in errors:
+        log.warning("aggregate: skipping %s", err)
+    skipped = [(err.path, err.reason) for err in errors]
+    rows = []
+    for path, rec in records:
         row = {k: rec[k] for k in RECORD_FIELDS}
         row["run_dir"] = str(path.parent)
         row.update({k.removeprefix("test/"): v for k, v in rec["metrics"].items()})

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common.records import RecordError, find_records, read_record
+from common.records import read_records
 from runners.aggregate import GROUP, variant_order
 
 log = logging.getLogger(__name__)
@@ -30,13 +30,11 @@ log = logging.getLogger(__name__)
 def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
     """One row per run with its learning rate, status, divergence step, initial and final loss, and the
     probe trajectory; records without losses (not from a run that trained) are left out."""
+    records, errors = read_records(*roots)
+    for err in errors:
+        log.warning("stability: skipping %s", err)
     rows = []
-    for path in (p for root in roots for p in find_records(root)):
-        try:
-            rec = read_record(path)
-        except RecordError as err:
-            log.warning("skipping %s", err)
-            continue
+    for _, rec in records:
         losses = rec.get("losses", {})
         if "train_first" not in losses:
             continue
