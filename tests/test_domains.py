@@ -64,6 +64,27 @@ def test_every_domain_trains_every_variant(domain, variant, cache_dir):
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
+def test_every_domain_is_ready_for_accelerators(domain, cache_dir):
+    """What a GPU run would meet first, checked on CPU: bf16 autocast (as trainer.precision=bf16-mixed runs
+    the model) for a normalising and a learnable variant, and torch.compile (aot_eager: dynamo and AOT
+    autograd without minutes of code generation) giving the eager outputs."""
+    for variant in ("quest", "qknorm_ds"):
+        cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}"])
+        torch.manual_seed(0)
+        datamodule, task = get_domain(domain).build(build_config(cfg))
+        datamodule.setup("fit")
+        batch = datamodule.on_after_batch_transfer(next(iter(datamodule.train_dataloader())), 0)
+        inputs, target = task.unpack(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = task.loss(task.train()(inputs), target, "train")
+        loss.backward()
+        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in task.parameters() if p.grad is not None)
+    net = task.net.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(net, backend="aot_eager")(inputs), net(inputs), atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
 def test_smoke_run_through_quest_train(domain, tmp_path, cache_dir):
     check_smoke_run(domain, tmp_path, cache_dir)
 
