@@ -1,16 +1,18 @@
-"""Data helpers every domain shares: clear errors for bad input, class-per-folder trees, seeded
-splits, an on-disk cache for generated or featurised datasets (keyed by ``short_hash``), the MNIST
-digits two domains build on, and the ``SplitDataModule`` every datamodule derives from."""
+"""Data helpers every domain shares: clear errors for bad input, class-per-folder trees, splits (random
+or grouped from a split seed, or as a dataset ships them, each described as a ``Split``), an on-disk
+cache for generated or featurised datasets (keyed by ``short_hash``), the MNIST digits two domains build
+on, and the ``SplitDataModule`` every datamodule derives from."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -82,6 +84,134 @@ def seeded_split(n: int, fractions, seed: int) -> tuple[list[int], list[int], li
     return order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:]
 
 
+# ---------------------------------------------------------------- splits a run can name (see describe_split)
+
+class Split(NamedTuple):
+    """How a dataset was split, as ``SplitDataModule.describe_split`` takes it: ``source`` (shipped,
+    random, grouped, ordered), ``rule`` (how, in words) and ``members``: each split's sample ids (file
+    paths relative to the dataset root, row or sample ids), in the order its dataset holds them."""
+
+    source: str
+    rule: str
+    members: dict[str, list[str]]
+
+
+def _how(seed: int, pattern: str | None) -> str:
+    return f"grouped by '{pattern}', split seed {seed}" if pattern else f"at random, split seed {seed}"
+
+
+def name_groups(names: list[str], pattern: str) -> list[str]:
+    """The group of each name: the named group ``group`` of the regular expression ``pattern`` (e.g.
+    ``_(?P<group>[^_/]+)_\\d+\\.wav$`` for the speaker of ``<class>/<digit>_<speaker>_<index>.wav``),
+    searched in the name. A bad pattern or a name it does not match is a ``DataError``."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as err:
+        raise DataError(f"data.group_pattern '{pattern}' is not a regular expression ({err})") from None
+    if "group" not in regex.groupindex:
+        raise DataError(f"data.group_pattern '{pattern}' has no named group (?P<group>...) saying what to group by")
+    groups = []
+    for name in names:
+        match = regex.search(name)
+        if match is None or match["group"] is None:
+            raise DataError(f"{name} does not match data.group_pattern '{pattern}'")
+        groups.append(match["group"])
+    return groups
+
+
+def grouped_split(groups: list[str], fractions, seed: int) -> tuple[list[int], list[int], list[int]]:
+    """A train/val/test partition of range(len(groups)) that keeps every group in one split. The distinct
+    groups are shuffled (from ``seed``) and each goes to the split its middle item falls in when the items
+    are counted in that order, so the splits hold about ``fractions`` of the items. A split with a
+    positive fraction that gets no group is a ``DataError``."""
+    fractions = check_fractions(fractions)
+    items: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        items.setdefault(group, []).append(index)
+    distinct = sorted(items)
+    order = torch.randperm(len(distinct), generator=torch.Generator().manual_seed(seed)).tolist()
+    bounds = np.cumsum(fractions) * len(groups)
+    parts: tuple[list[int], list[int], list[int]] = ([], [], [])
+    counted = 0
+    for g in order:
+        members = items[distinct[g]]
+        middle = counted + len(members) / 2
+        parts[min(int(np.searchsorted(bounds, middle, side="right")), 2)].extend(members)
+        counted += len(members)
+    for split, part, fraction in zip(SPLITS, parts, fractions):
+        if fraction > 0 and not part:
+            raise DataError(f"a grouped split of {len(distinct)} groups leaves the {split} split empty "
+                            f"(fractions {list(fractions)}); use more groups or larger fractions")
+    return parts
+
+
+def split_names(names: list[str], fractions, seed: int, pattern: str | None = None) -> Split:
+    """``names`` (unique sample ids) split into train/val/test by ``fractions``: grouped by ``pattern``
+    (``name_groups``) when given, else at random, from ``seed``. Pass the data's split seed, never the
+    training seed, so every run of a dataset sees the same split."""
+    fractions = check_fractions(fractions)
+    if pattern is None:
+        parts = seeded_split(len(names), fractions, seed)
+    else:
+        parts = grouped_split(name_groups(names, pattern), fractions, seed)
+    shares = "/".join(f"{fraction:.4g}" for fraction in fractions)
+    return Split("grouped" if pattern else "random", f"fractions {shares} {_how(seed, pattern)}",
+                 {split: [names[i] for i in part] for split, part in zip(SPLITS, parts)})
+
+
+def carve_validation(split: Split, share: float, seed: int, pattern: str | None = None) -> Split:
+    """``split`` with its val set taken out of its train set: a ``share`` of it, at random or grouped by
+    ``pattern`` as ``split_names`` does; the test set stays as it is."""
+    carved = split_names(split.members["train"], (1 - share, 0.0, share), seed, pattern)
+    return Split(split.source, f"{split.rule}; val: a {share:g} share of train {_how(seed, pattern)}",
+                 {"train": carved.members["train"], "val": carved.members["test"], "test": split.members["test"]})
+
+
+def shipped_split(members: dict[str, list[str]], layout: str | None, fractions, seed: int,
+                  pattern: str | None = None) -> Split:
+    """The split a dataset ships: ``members`` of train and of val and/or test, as ``layout`` (where they
+    come from, in words; None: split folders named by the splits) has them. Without test, val is also the
+    test set (ImageNet and ADE20K keep their test labels private); without val, ``carve_validation`` takes
+    the share of train that the train/val/test ``fractions`` give val beside train."""
+    layout = layout or "split folders " + " ".join(f"{split}/" for split in members)
+    if "val" not in members:
+        train, val, _ = check_fractions(fractions)
+        share = val / (train + val) if train + val > 0 else 0.0
+        return carve_validation(Split("shipped", layout, {**members, "val": []}), share, seed, pattern)
+    if "test" not in members:
+        return Split("shipped", f"{layout}; val is also the test set", {**members, "test": members["val"]})
+    return Split("shipped", layout, {split: members[split] for split in SPLITS})
+
+
+def named(items: Iterable[tuple], root: Path) -> dict[str, tuple]:
+    """Items whose first element is a file under ``root`` (``(path, label)``, ``(image, mask)``), keyed by
+    that file's path relative to ``root``: the sample ids a ``Split`` lists."""
+    return {item[0].relative_to(root).as_posix(): item for item in items}
+
+
+def split_folders(root: Path) -> dict[str, Path]:
+    """The split folders ``root`` ships, by split: ``train/`` with ``val/`` and/or ``test/`` beside it;
+    empty when it has no ``train/`` or nothing beside it."""
+    found = {split: root / split for split in SPLITS if (root / split).is_dir()}
+    return found if "train" in found and len(found) > 1 else {}
+
+
+def class_folder_splits(root: Path, extensions: Iterable[str]) -> tuple[dict[str, list[tuple[Path, int]]], list[str]]:
+    """``class_folder_files`` of each of ``root``'s split folders (``split_folders``), labelled by the class
+    folders of train/; a class folder of val/ or test/ that train/ lacks is a ``DataError``."""
+    folders = split_folders(root)
+    files, classes = class_folder_files(folders["train"], extensions)
+    splits = {"train": files}
+    for split, folder in folders.items():
+        if split != "train":
+            found, names = class_folder_files(folder, extensions)
+            unknown = sorted(set(names) - set(classes))
+            if unknown:
+                raise DataError(f"{folder} has class folders that train/ lacks: {', '.join(unknown)}")
+            splits[split] = [(path, classes.index(names[label])) for path, label in found]
+    return splits, classes
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,10 +262,10 @@ class SplitDataModule(pl.LightningDataModule):
     split_info: dict | None = None  # set with ``describe_split``; the run record keeps it as ``split``
 
     def describe_split(self, source: str, rule: str, members: dict[str, Iterable]) -> None:
-        """Say how the splits were made: ``source`` is ``shipped`` (the dataset's own split), ``random``
-        or ``grouped``; ``rule`` says how (a seed, a file pattern, a group key); ``members`` names each
-        split's samples (file paths relative to the root, row or sample ids). Two runs share a test set
-        exactly when their test hashes agree."""
+        """Say how the splits were made: ``source`` is ``shipped`` (the dataset's own split), ``random``,
+        ``grouped`` or ``ordered`` (cut in the data's order, e.g. time); ``rule`` says how (a seed, a file
+        pattern, a group key); ``members`` names each split's samples (file paths relative to the root, row
+        or sample ids). Two runs share a test set exactly when their test hashes agree."""
         self.split_info = {"source": source, "rule": rule,
                            "hash": {split: short_hash(sorted(map(str, ids)), 12) for split, ids in members.items()}}
 

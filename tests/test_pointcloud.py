@@ -1,5 +1,6 @@
-"""Point-cloud domain: FPS and kNN kernels, the ModelNet/folder loader on written fixtures, the shape
-generator, augmentations and the test-time perturbations."""
+"""Point-cloud domain: FPS and kNN kernels, the ModelNet/folder loader on written fixtures and its splits
+(shipped folders, random, grouped; none following the training seed), the shape generator, augmentations
+and the test-time perturbations."""
 import logging
 
 import open3d as o3d
@@ -7,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.data import DataError
+from common.data import SPLITS, DataError
 from common.task import perturbation_generator
-from domains.pointcloud.data import PointCloudDataModule, drop_points
+from domains.pointcloud import build
+from domains.pointcloud.data import PointCloudDataModule, drop_points, folder_splits
 from domains.pointcloud.model import PointCloudTask, farthest_point_sample, gather_points, knn
 from domains.pointcloud.shapes import SHAPES, generate_shapes
 from runners.config import build_config, compose
@@ -72,7 +74,7 @@ def write_modelnet_tree(root):
 def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path, caplog):
     write_modelnet_tree(tmp_path / "ModelNet2")
     with caplog.at_level(logging.WARNING, logger="domains.pointcloud.data"):
-        dm = PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "ModelNet2"), tmp_path / "cache", 0)
+        dm = PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "ModelNet2"), tmp_path / "cache")
     assert dm.classes == ["chair", "lamp"]
     broken = str(tmp_path / "ModelNet2" / "chair" / "train" / "broken.off")
     assert f"1 unreadable or empty files skipped under {tmp_path / 'ModelNet2'}, e.g. {broken}" in caplog.text
@@ -92,18 +94,68 @@ def test_modelnet_layout_loads_with_labels_and_skips_broken(tmp_path, caplog):
 def test_folder_without_splits_and_bad_roots(tmp_path):
     write_modelnet_tree(tmp_path / "tree")
     dm = PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree", test_fraction=0.25),
-                              tmp_path / "cache", 0)
+                              tmp_path / "cache")
     assert sum(len(s) for s in dm.datasets.values()) == 13  # 14 files, one unreadable
     with pytest.raises(DataError, match="needs data.root"):
-        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "missing"), tmp_path, 0)
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "missing"), tmp_path)
     (tmp_path / "tree" / "empty_class").mkdir()
     with pytest.raises(DataError, match="empty_class"):
-        PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree"), tmp_path, 0)
+        PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree"), tmp_path)
     flat = tmp_path / "flat" / "a"
     flat.mkdir(parents=True)
     o3d.io.write_triangle_mesh(str(flat / "a.off"), o3d.geometry.TriangleMesh.create_box())
     with pytest.raises(DataError, match="ModelNet layout"):
-        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "flat"), tmp_path / "c2", 0)
+        PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "flat"), tmp_path / "c2")
+
+
+def clouds(dm) -> dict[str, torch.Tensor]:
+    return {split: dm.datasets[split].tensors[0] for split in SPLITS}
+
+
+def same_split_for_two_training_seeds(tmp_path, *overrides):
+    """The datamodules of training seeds 0 and 1, after checking that they split alike."""
+    first, second = (build(config("data.num_points=64", f"cache_dir={tmp_path / 'cache'}", f"seed={seed}",
+                                  *overrides))[0] for seed in (0, 1))
+    assert first.split_info == second.split_info
+    assert all(torch.equal(clouds(first)[s], clouds(second)[s]) for s in SPLITS)
+    return first
+
+
+def test_generated_shapes_follow_the_split_seed_not_the_training_seed(tmp_path):
+    dm = same_split_for_two_training_seeds(tmp_path)
+    assert dm.split_info["source"] == "random" and len(dm.datasets["test"]) == len(SHAPES)
+    other = build(config("data.num_points=64", f"cache_dir={tmp_path / 'cache'}", "data.split_seed=1"))[0]
+    assert not torch.equal(clouds(other)["test"], clouds(dm)["test"])
+    assert other.split_info["hash"]["test"] != dm.split_info["hash"]["test"]
+
+
+@pytest.mark.parametrize("dataset", ["modelnet", "folder"])
+def test_real_trees_split_alike_for_every_training_seed(tmp_path, dataset):
+    write_modelnet_tree(tmp_path / "ModelNet2")
+    dm = same_split_for_two_training_seeds(tmp_path, f"data.dataset={dataset}", f"data.root={tmp_path / 'ModelNet2'}")
+    assert dm.split_info["source"] == {"modelnet": "shipped", "folder": "random"}[dataset]
+
+
+def test_folder_split_folders_and_grouped_split(tmp_path):
+    box = o3d.geometry.TriangleMesh.create_box()
+    for split, objects in (("train", range(4)), ("test", range(4, 6))):
+        for name in ("chair", "lamp"):
+            (tmp_path / "split" / split / name).mkdir(parents=True)
+            for obj in objects:
+                for scan in range(2):
+                    o3d.io.write_triangle_mesh(str(tmp_path / "split" / split / name / f"o{obj}_scan{scan}.off"), box)
+    dm = PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "split"), tmp_path / "cache")
+    assert dm.split_info["source"] == "shipped" and dm.classes == ["chair", "lamp"]
+    assert len(dm.datasets["test"]) == 8 and len(dm.datasets["train"]) + len(dm.datasets["val"]) == 16
+
+    flat = tmp_path / "split" / "train"  # 4 objects x 2 scans per class, grouped by object
+    data = data_cfg(dataset="folder", root=flat, test_fraction=0.25, group_pattern="(?P<group>[a-z]+/o\\d+)_scan")
+    datasets, _, split = folder_splits(data, tmp_path / "cache")
+    objects = {name: {member.split("_scan")[0] for member in members} for name, members in split.members.items()}
+    assert split.source == "grouped" and {name: len(found) for name, found in objects.items()} == \
+        {"train": 3, "val": 3, "test": 2}  # 2 of 8 objects held out, half the rest validating
+    assert sum(map(len, objects.values())) == len(set().union(*objects.values()))  # no object in two splits
+    assert {name: len(datasets[name]) for name in SPLITS} == {"train": 6, "val": 6, "test": 4}
 
 
 def test_generated_shapes_deterministic_per_seed():

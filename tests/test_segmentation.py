@@ -1,6 +1,7 @@
-"""Segmentation domain: metrics with ignore pixels, the ADE20K layout and its label shift, bad input,
-sliding-window inference, corruption conditions and their summaries, the digit-scene cache, and the
-presets."""
+"""Segmentation domain: metrics with ignore pixels, the ADE20K layout and its label shift, the folder
+loader's split layouts (shipped split folders, CamVid, random, grouped; none following the training seed),
+class names, the label check before training, native-resolution evaluation, bad input, sliding-window
+inference, corruption conditions and their summaries, the digit-scene cache, and the presets."""
 import math
 from pathlib import Path
 
@@ -10,11 +11,12 @@ import pytorch_lightning as pl
 import torch
 from PIL import Image
 
-from common.data import DataError
+from common.data import SPLITS, DataError
 from common.registry import get_domain
 from common.robustness import corrupt
 from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
+from runners.cli import main as cli
 from runners.config import build_config, compose
 
 
@@ -66,9 +68,12 @@ def test_ade20k_layout_loads_with_zero_label_reduced(tmp_path):
     for split in ("training", "validation"):
         for i in range(2):
             write_pair(root / "images" / split, root / "annotations" / split, f"ADE_{split}_{i:08d}", labels)
-    datamodule = SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}").data, tmp_path, 0)
+    datamodule = SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}").data, tmp_path)
     assert datamodule.num_classes == 150 and datamodule.ignore_index == 255
+    assert datamodule.class_names[:2] == ["000", "001"] and datamodule.class_names[-1] == "149"
     datamodule.setup()
+    assert datamodule.split_info["source"] == "shipped"  # training/ and validation/, validation also the test set
+    assert datamodule.split_info["hash"]["val"] == datamodule.split_info["hash"]["test"]
     image, mask = datamodule.datasets["test"][0]
     expected = torch.from_numpy(labels.astype(np.int64))
     expected = torch.where(expected == 0, 255, expected - 1)  # 0 -> ignore, 1..150 -> 0..149
@@ -84,25 +89,131 @@ def test_folder_pairs_reject_bad_input_naming_the_file(tmp_path):
     cfg = config(*args).data
     labels = np.array([[0, 1], [4, 255]])
     write_pair(tmp_path / "images", tmp_path / "masks", "good", labels, suffix=".png")
-    datamodule = SegmentationDataModule(cfg, tmp_path, 0)
+    datamodule = SegmentationDataModule(cfg, tmp_path)
     datamodule.setup()
     assert torch.equal(datamodule.datasets["test"][0][1].as_subclass(torch.Tensor), torch.from_numpy(labels))
 
     write_pair(tmp_path / "images", tmp_path / "masks", "outside", np.array([[0, 7], [1, 2]]), suffix=".png")
     write_pair(tmp_path / "images", tmp_path / "masks", "resized", labels, image_size=(3, 2), suffix=".png")
-    datamodule = SegmentationDataModule(cfg, tmp_path, 0)
+    with pytest.raises(DataError, match=r"outside\.png: label 7 is neither a class \(0\.\.4\) nor the ignore index 255 "
+                                        r"\(1 of 3 masks checked\)"):
+        SegmentationDataModule(cfg, tmp_path).setup()  # the check before training
+    datamodule = SegmentationDataModule(config(*args, "data.label_check=0").data, tmp_path)
     datamodule.setup()
     files = {pair[0].stem: i for i, pair in enumerate(datamodule.datasets["test"].pairs)}
-    with pytest.raises(DataError, match=r"outside\.png: label 7 outside 0\.\.4"):
+    with pytest.raises(DataError, match=r"outside\.png: label 7 outside 0\.\.4"):  # and while reading
         datamodule.datasets["test"][files["outside"]]
     with pytest.raises(DataError, match=r"resized\.png: mask size"):
         datamodule.datasets["test"][files["resized"]]
 
     (tmp_path / "images" / "orphan.jpg").write_bytes((tmp_path / "images" / "good.png").read_bytes())
     with pytest.raises(DataError, match=r"orphan\.jpg: missing mask"):
-        SegmentationDataModule(cfg, tmp_path, 0).setup()
+        SegmentationDataModule(cfg, tmp_path).setup()
     with pytest.raises(DataError, match="does not exist"):
-        SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}/none").data, tmp_path, 0).setup()
+        SegmentationDataModule(config("data.dataset=ade20k", f"data.root={tmp_path}/none").data, tmp_path).setup()
+    with pytest.raises(DataError, match="needs data.num_classes or data.class_names"):
+        SegmentationDataModule(config("data.dataset=folder", f"data.root={tmp_path}").data, tmp_path)
+
+
+def folder_datamodule(root, *overrides, seed=0):
+    """The folder dataset's datamodule as a run of training seed ``seed`` builds it, set up."""
+    datamodule, _ = build("data.dataset=folder", f"data.root={root}", "data.num_classes=3", f"seed={seed}",
+                          *overrides, cache_dir=root / "cache")
+    datamodule.setup()
+    return datamodule
+
+
+def split_members(datamodule) -> dict[str, list[str]]:
+    return {split: sorted(image.name for image, _ in datamodule.datasets[split].pairs) for split in SPLITS}
+
+
+def write_scenes(image_dir, mask_dir, stems):
+    for stem in stems:
+        write_pair(image_dir, mask_dir, stem, np.full((6, 8), sum(map(ord, stem)) % 3), suffix=".png")
+
+
+@pytest.mark.parametrize("layout", ["split folders", "camvid"])
+def test_folder_split_folders_are_used_as_shipped(tmp_path, layout):
+    stems = {"train": ["a0", "a1", "a2", "a3"], "val": ["b0", "b1"], "test": ["c0", "c1", "c2"]}
+    for split, names in stems.items():
+        if layout == "camvid":  # <root>/{train,trainannot,val,valannot,test,testannot}/
+            write_scenes(tmp_path / split, tmp_path / f"{split}annot", names)
+        else:
+            write_scenes(tmp_path / split / "images", tmp_path / split / "masks", names)
+    datamodule = folder_datamodule(tmp_path)
+    assert split_members(datamodule) == {split: [f"{n}.png" for n in names] for split, names in stems.items()}
+    assert datamodule.split_info["source"] == "shipped"
+    assert folder_datamodule(tmp_path, seed=1).split_info == datamodule.split_info  # not the training seed's
+
+
+def test_folder_without_val_folder_carves_val_out_of_train(tmp_path):
+    write_scenes(tmp_path / "train" / "images", tmp_path / "train" / "masks", [f"a{i}" for i in range(9)])
+    write_scenes(tmp_path / "test" / "images", tmp_path / "test" / "masks", ["c0", "c1"])
+    datamodule = folder_datamodule(tmp_path, "data.split=[0.6,0.3,0.1]")  # val: a third of train/
+    found = split_members(datamodule)
+    assert found["test"] == ["c0.png", "c1.png"] and len(found["val"]) == 3 and len(found["train"]) == 6
+    assert split_members(folder_datamodule(tmp_path, "data.split=[0.6,0.3,0.1]", seed=1)) == found
+
+
+def test_folder_pair_random_and_grouped_splits(tmp_path):
+    # Frames of ten driving sequences, "<sequence>_<frame>.png" as in CamVid.
+    write_scenes(tmp_path / "images", tmp_path / "masks", [f"seq{s}_{f:03d}" for s in range(10) for f in range(4)])
+    random = folder_datamodule(tmp_path)
+    assert random.split_info["source"] == "random" and {s: len(m) for s, m in split_members(random).items()} == \
+        {"train": 32, "val": 4, "test": 4}
+    assert split_members(folder_datamodule(tmp_path, seed=1)) == split_members(random)
+    assert folder_datamodule(tmp_path, seed=1).split_info == random.split_info
+
+    pattern = "data.group_pattern='(?P<group>seq\\d+)_\\d+\\.png$'"
+    grouped = folder_datamodule(tmp_path, pattern)
+    assert grouped.split_info["source"] == "grouped"
+    sequences = {split: {name.split("_")[0] for name in names} for split, names in split_members(grouped).items()}
+    assert {s: len(v) for s, v in sequences.items()} == {"train": 8, "val": 1, "test": 1}
+    assert sum(map(len, sequences.values())) == len(set().union(*sequences.values()))  # none in two splits
+    assert split_members(folder_datamodule(tmp_path, pattern, seed=1)) == split_members(grouped)
+    with pytest.raises(DataError, match=r"images/seq0_000\.png does not match data\.group_pattern"):
+        folder_datamodule(tmp_path, "data.group_pattern='(?P<group>video\\d+)'")
+
+
+def test_class_names_file_names_the_per_class_scores(tmp_path):
+    write_scenes(tmp_path / "images", tmp_path / "masks", [f"s{i}" for i in range(10)])
+    (tmp_path / "classes.txt").write_text("road\nsky\ncar\n")
+    datamodule, task = build("data.dataset=folder", f"data.root={tmp_path}", "data.class_names=classes.txt")
+    assert datamodule.class_names == task.class_names == ["road", "sky", "car"] and datamodule.num_classes == 3
+    with pytest.raises(DataError, match="3 class names for 4 classes"):
+        build("data.dataset=folder", f"data.root={tmp_path}", "data.class_names=classes.txt", "data.num_classes=4")
+    numbered, _ = build("data.dataset=folder", f"data.root={tmp_path}", "data.num_classes=12")
+    assert numbered.class_names[:3] == ["00", "01", "02"] and numbered.class_names[-1] == "11"
+    keys = [f"iou_{name}" for name in numbered.class_names]
+    assert sorted(keys) == keys  # the per-class metric keys sort in label order
+
+
+def test_wrong_ignore_index_stops_quest_train_before_training(tmp_path, run_args, capsys):
+    # CamVid-style masks: 11 classes and the void label 11, but the ignore index left at 255.
+    labels = np.array([[0, 3, 11], [10, 11, 2]])
+    for i in range(6):
+        write_pair(tmp_path / "data" / "images", tmp_path / "data" / "masks", f"f{i}", labels, suffix=".png")
+    args = ["train", "domain=segmentation", "preset=smoke", "data.dataset=folder", f"data.root={tmp_path / 'data'}",
+            "data.num_classes=11", "data.split=[0.5,0.25,0.25]", *run_args]
+    assert cli(args) == 2
+    error = capsys.readouterr().err.strip()
+    assert "label 11 is neither a class (0..10) nor the ignore index 255" in error and "\n" not in error
+    assert not list((tmp_path / "runs").rglob("record.json"))
+    assert cli([*args, "data.ignore_index=11"]) == 0
+
+
+def test_eval_resize_null_evaluates_at_native_resolution(tmp_path):
+    for stem in ("a", "b", "c", "d"):
+        write_pair(tmp_path / "images", tmp_path / "masks", stem, np.zeros((30, 40)), suffix=".png")
+    args = ("data.dataset=folder", f"data.root={tmp_path}", "data.num_classes=2", "data.split=[0.5,0.25,0.25]")
+    native = SegmentationDataModule(config(*args).data, tmp_path)
+    native.setup()
+    image, mask = native.datasets["test"][0]
+    assert image.shape == (3, 30, 40) and mask.shape == (30, 40)
+    resized = SegmentationDataModule(config(*args, "data.eval_resize=15").data, tmp_path)
+    resized.setup()
+    image, mask = resized.datasets["test"][0]
+    assert image.shape == (3, 15, 20) and mask.shape == (15, 20)
 
 
 @pytest.mark.parametrize("decoder", ["mask", "linear"])
@@ -140,17 +251,22 @@ def test_the_variant_runs_in_encoder_and_decoder():
     assert len(attention_layers) == 2 and all(m.variant.name == "qknorm_ds" for m in attention_layers)
 
 
-def test_digit_scenes_are_cached_and_seeded(cache_dir):
-    first = SegmentationDataModule(config().data, cache_dir, seed=0)
+def test_digit_scenes_are_cached_and_drawn_from_the_split_seed(cache_dir):
+    first = SegmentationDataModule(config().data, cache_dir)
     first.setup()
     images, masks = first.datasets["train"].images, first.datasets["train"].masks
     assert images.shape == (8, 3, 48, 48) and images.dtype == torch.uint8
     assert set(masks.unique().tolist()) <= set(range(11)) and (masks > 0).any()
     assert len(list((cache_dir / "segmentation").glob("digits-seed0-*.pt"))) == 1
     assert (cache_dir / "mnist5k.pt").exists()  # the handwriting comes from common.data.load_mnist
-    other = SegmentationDataModule(config().data, cache_dir, seed=1)
+    again, _ = build("seed=1", cache_dir=cache_dir)
+    again.setup()  # another training seed: the same scenes
+    assert again.split_info == first.split_info and first.split_info["source"] == "random"
+    assert all(torch.equal(again.datasets[s].images, first.datasets[s].images) for s in SPLITS)
+    other = SegmentationDataModule(config("data.split_seed=1").data, cache_dir)
     other.setup()
     assert not torch.equal(other.datasets["train"].images, images)
+    assert other.split_info["hash"]["test"] != first.split_info["hash"]["test"]
 
 
 def test_test_epoch_logs_clean_corrupted_and_per_class_scores(cache_dir):

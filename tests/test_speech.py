@@ -1,4 +1,6 @@
-"""Speech domain: eSpeak NG data, real-data loaders, padding invariance, torchaudio conventions, test-time noise."""
+"""Speech domain: eSpeak NG data, real-data loaders and their splits (voices, shipped lists, split folders,
+random, grouped by speaker; none following the training seed), padding invariance, torchaudio conventions,
+test-time noise."""
 import logging
 import math
 
@@ -12,7 +14,7 @@ from torch import nn
 from common.attention import VARIANTS
 from common.data import SPLITS, DataError
 from common.task import perturbation_generator
-from domains.speech import network
+from domains.speech import build, network
 from domains.speech.data import SpeechDataModule, espeak_dataset, speech_commands_splits
 from domains.speech.model import ConformerEncoder, KeywordTask, add_noise
 from runners.config import build_config, compose
@@ -82,9 +84,10 @@ def speech_commands(root, *overrides):
 
 def test_speech_commands_layout_splits_and_bad_files(tmp_path, caplog):
     speech_commands_fixture(tmp_path)
-    splits, classes = speech_commands_splits(speech_commands(tmp_path, "data.keywords=null"), tmp_path / "cache")
+    split, _, classes = speech_commands_splits(speech_commands(tmp_path, "data.keywords=null"), tmp_path / "cache")
     assert classes == ["no", "up", "yes"]  # _background_noise_ is not a word
-    names = {s: sorted(p.relative_to(tmp_path).as_posix() for p, _ in items) for s, items in splits.items()}
+    assert split.source == "shipped"
+    names = {s: sorted(members) for s, members in split.members.items()}
     assert names["val"] == ["no/bbb_nohash_0.wav", "up/bbb_nohash_0.wav", "yes/bbb_nohash_0.wav"]
     assert names["test"] == ["no/ccc_nohash_0.wav", "up/ccc_nohash_0.wav", "yes/ccc_nohash_0.wav"]
     assert "yes/aaa_nohash_0.wav" in names["train"] and len(names["train"]) == 5  # 3 good + broken + empty
@@ -106,16 +109,79 @@ def test_speech_commands_layout_splits_and_bad_files(tmp_path, caplog):
         speech_commands_splits(speech_commands(tmp_path), tmp_path / "cache")
 
 
-def test_class_folder_tree(tmp_path):
+def test_class_folder_tree_takes_its_classes_from_its_folders(tmp_path):
     for word in ("left", "right"):
         for n in range(10):
             write_tone(tmp_path / word / f"{n}.wav", rate=16000, seconds=1.5)
-    dm = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", "data.keywords=null").data,
-                          cache_dir=tmp_path / "cache")
-    assert dm.classes == ["left", "right"]
+    for preset in ("smoke", "demo"):  # the presets' English keywords are eSpeak's, not the folder's
+        dm = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", f"preset={preset}").data,
+                              cache_dir=tmp_path / "cache")
+        assert dm.classes == ["left", "right"]
     assert sum(len(dm.datasets[s]) for s in SPLITS) == 20
     wave, label = dm.datasets["train"][0]
     assert wave.shape == (16000,)  # cut to clip_seconds
+    kept = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", "data.classes=[right]").data,
+                            cache_dir=tmp_path / "cache")
+    assert kept.classes == ["right"] and sum(len(kept.datasets[s]) for s in SPLITS) == 10
+    with pytest.raises(DataError, match="no class folder for up; set data.classes to the class folders to keep, "
+                                        "or data.classes=null for all of them"):
+        SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", "data.classes=[up]").data, tmp_path)
+
+
+def spoken_digits(root, speakers=("jackson", "nicolas", "theo", "yweweler", "george", "lucas")):
+    """A spoken-digit corpus in class folders: ``<digit>/<digit>_<speaker>_<index>.wav``."""
+    for digit in range(3):
+        for speaker in speakers:
+            for index in range(3):
+                write_tone(root / str(digit) / f"{digit}_{speaker}_{index}.wav", freq=300.0 + 50 * digit)
+
+
+def speakers_by_split(dm) -> dict[str, set[str]]:
+    return {split: {path.name.split("_")[1] for path, _ in dm.datasets[split].items} for split in SPLITS}
+
+
+def test_folder_grouped_by_speaker_keeps_each_speaker_in_one_split(tmp_path):
+    spoken_digits(tmp_path)
+    args = ("data.dataset=folder", f"data.root={tmp_path}", "data.val_fraction=0.17", "data.test_fraction=0.17")
+    random = SpeechDataModule(config(*args).data, tmp_path / "cache")
+    assert random.split_info["source"] == "random"
+    assert speakers_by_split(random)["test"] & speakers_by_split(random)["train"]  # at random, speakers straddle
+
+    grouped = SpeechDataModule(config(*args, "data.group_pattern='_(?P<group>[^_/]+)_\\d+\\.wav$'").data,
+                               tmp_path / "cache")
+    speakers = speakers_by_split(grouped)
+    assert {split: len(found) for split, found in speakers.items()} == {"train": 4, "val": 1, "test": 1}
+    assert sum(map(len, speakers.values())) == len(set().union(*speakers.values()))  # no speaker in two splits
+    assert grouped.split_info["source"] == "grouped" and "(?P<group>" in grouped.split_info["rule"]
+
+
+def test_folder_split_folders_are_used_as_shipped(tmp_path):
+    spoken_digits(tmp_path / "train", speakers=("a", "b", "c", "d"))
+    spoken_digits(tmp_path / "test", speakers=("e",))
+    dm = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}").data, tmp_path / "cache")
+    assert dm.classes == ["0", "1", "2"] and dm.split_info["source"] == "shipped"
+    assert speakers_by_split(dm)["test"] == {"e"}
+    # val: 0.1 / 0.9 of the 36 training clips
+    assert len(dm.datasets["val"]) == 4 and len(dm.datasets["train"]) == 32
+
+
+@pytest.mark.parametrize("dataset", ["espeak", "speech_commands", "folder"])
+def test_split_is_the_same_for_every_training_seed(tmp_path, dataset):
+    if dataset == "espeak":
+        overrides = ("data.keywords=['yes',stop]", "data.espeak.babble.pool=1",
+                     "data.espeak.clips_per_word={train: 2, val: 1, test: 1}")
+    elif dataset == "speech_commands":
+        speech_commands_fixture(tmp_path / "data")
+        overrides = ("data.dataset=speech_commands", f"data.root={tmp_path / 'data'}", "data.keywords=null")
+    else:
+        spoken_digits(tmp_path / "data")
+        overrides = ("data.dataset=folder", f"data.root={tmp_path / 'data'}")
+    runs = [build(config(*overrides, f"seed={seed}", f"cache_dir={tmp_path / 'cache'}"))[0] for seed in (0, 1)]
+    assert runs[0].split_info == runs[1].split_info
+    sources = {"espeak": "grouped", "speech_commands": "shipped", "folder": "random"}
+    assert runs[0].split_info["source"] == sources[dataset]
+    for split in SPLITS:
+        assert runs[0].datasets[split].items == runs[1].datasets[split].items
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

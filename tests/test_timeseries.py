@@ -1,6 +1,7 @@
 """Time-series domain: split borders and window counts worked out by hand on generated ETT-format and
-generic CSV fixtures, no look-ahead between splits, one-line errors on bad input, RevIN round trip,
-PatchTST patching and channel independence, and the persistence baseline of the test split."""
+generic CSV fixtures, a CSV's own split column, splits that never follow the training seed, no look-ahead
+between splits, one-line errors on bad input, RevIN round trip, PatchTST patching and channel
+independence, and the persistence baseline of the test split."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -109,6 +110,35 @@ def test_generic_split_is_70_10_20(tmp_path, dataset):
     # 700 / 100 / 200 rows; val and test also get the 48 look-back rows before their border.
     assert [len(dm.windows(s)) for s in ("train", "val", "test")] == [700 - 71, 148 - 71, 248 - 71]
     assert dm.num_channels == 3
+
+
+def test_a_split_column_is_used_as_shipped(tmp_path):
+    path = write_generic(tmp_path / "labelled.csv", 1000)
+    frame = pd.read_csv(path)
+    frame["split"] = ["train"] * 600 + ["valid"] * 150 + ["test"] * 250
+    frame.to_csv(path, index=False)
+    dm = datamodule("data.dataset=csv", f"data.root={path}", "data.seq_len=48", "data.pred_len=24")
+    assert [len(dm.windows(s)) for s in ("train", "val", "test")] == [600 - 71, 198 - 71, 298 - 71]
+    assert dm.num_channels == 3 and dm.split_info["source"] == "shipped"  # the split column is no variable
+    with pytest.raises(DataError, match="column 'split' is not numeric"):  # null: the column is one more variable
+        datamodule("data.dataset=csv", f"data.root={path}", "data.seq_len=48", "data.pred_len=24",
+                   "data.split_column=null").setup("fit")
+    for labels, message in ((["train"] * 500 + ["test"] * 250 + ["val"] * 250, "(found train -> test -> val)"),
+                            (["train"] * 999 + ["holdout"], "holds 'holdout'")):
+        frame["split"] = labels
+        frame.to_csv(path, index=False)
+        with pytest.raises(DataError, match="column 'split'") as err:
+            datamodule("data.dataset=csv", f"data.root={path}", "data.seq_len=48", "data.pred_len=24").setup("fit")
+        assert message in str(err.value)
+
+
+@pytest.mark.parametrize("dataset, source", [("vic_elec", "ordered"), ("ETTh1", "shipped"), ("csv", "ordered")])
+def test_split_is_the_same_for_every_training_seed(ett_folder, tmp_path, dataset, source):
+    root = {"vic_elec": None, "ETTh1": ett_folder, "csv": write_generic(tmp_path / "series.csv", 1000)}[dataset]
+    first, second = (build(config(f"data.dataset={dataset}", f"data.root={root}", f"seed={seed}"))[0]
+                     for seed in (0, 1))
+    assert first.split_info == second.split_info and first.split_info["source"] == source
+    assert all(torch.equal(first.splits[s], second.splits[s]) for s in ("train", "val", "test"))
 
 
 def test_embedded_vic_elec():

@@ -2,7 +2,12 @@
 ``<class>/{train,test}/*.off`` layout, or any class-per-folder tree of meshes or point files, all read
 and sampled with open3d, normalised to the unit sphere and cached as [M, num_points, 3] tensors.
 ``DATASETS`` maps each dataset name to its loader. Training batches are augmented on the device
-(scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time perturbations."""
+(scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time perturbations.
+
+Splits never follow the training seed: the shapes are generated per split from ``data.split_seed``,
+ModelNet's train/ and test/ folders are used as shipped (validation carved out of train/), and a folder
+tree's split folders (``<root>/{train,val,test}/<class>/``) likewise; a single tree is split from
+``data.split_seed``, at random or grouped by ``data.group_pattern`` (e.g. the object a scan shows)."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +22,21 @@ import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from common.data import SPLITS, DataError, SplitDataModule, cached, class_folder_files, seeded_split, short_hash
+from common.data import (
+    SPLITS,
+    DataError,
+    Split,
+    SplitDataModule,
+    cached,
+    carve_validation,
+    class_folder_files,
+    class_folder_splits,
+    named,
+    shipped_split,
+    short_hash,
+    split_folders,
+    split_names,
+)
 
 from .shapes import SHAPES, generate_shapes
 
@@ -123,16 +142,17 @@ def drop_points(points: Tensor, ratio: Tensor | float, generator=None) -> Tensor
     return points.gather(1, source[..., None].expand(-1, -1, 3))
 
 
-# --- datasets: each loader gives (datasets per split, class names) --------------------------------
+# --- datasets: each loader gives (datasets per split, class names, how they were split) ------------
 
-Splits = tuple[dict[str, TensorDataset], list[str]]
+Splits = tuple[dict[str, TensorDataset], list[str], Split]
 
 
-def shapes_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
-    """The generated shapes, each split from its own seed, cached per recipe."""
-    shapes, n = data["shapes"], data["num_points"]
+def shapes_splits(data: dict, cache_dir: Path) -> Splits:
+    """The generated shapes, each split from its own seed (``split_seed`` * 3 + the split's index),
+    cached per recipe."""
+    shapes, n, seed = data["shapes"], data["num_points"], data["split_seed"]
     params = {k: v for k, v in shapes.items() if not k.endswith("_per_class")}
-    splits = {}
+    splits, members = {}, {}
     for index, split in enumerate(SPLITS):
         count = shapes[f"{split}_per_class"]
         key = short_hash([params, count, n, seed, split])
@@ -140,54 +160,60 @@ def shapes_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
         build = partial(generate_shapes, count, n, seed * len(SPLITS) + index, shapes)
         points, labels = cached(cache_dir / f"pointcloud-shapes-{split}-{key}.pt", build)
         splits[split] = TensorDataset(normalise_unit_sphere(points), labels)
-    return splits, list(SHAPES)
+        members[split] = [f"shapes-{split}-{key}/{i}" for i in range(len(labels))]
+    rule = f"generated, each split from its own seed: 3 x split seed {seed} + 0, 1, 2 for train, val, test"
+    return splits, list(SHAPES), Split("random", rule, members)
 
 
-def _modelnet_split(root: Path, path: Path) -> str | None:
+def _modelnet_split(name: str) -> str | None:
     """``train`` or ``test`` for ``<class>/<split>/.../file``, else None."""
-    folders = path.relative_to(root).parts[1:-1]
+    folders = name.split("/")[1:-1]
     return next((split for split in ("train", "test") if split in folders), None)
 
 
-def modelnet_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
+def modelnet_splits(data: dict, cache_dir: Path) -> Splits:
     """ModelNet's ``<class>/{train,test}/*.off``: the folders say which clouds are test."""
-    root, files, classes = _class_tree(data)
-    if not {"train", "test"} <= {_modelnet_split(root, path) for path, _ in files}:
+    root = _root(data)
+    files, classes = class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+    if not {"train", "test"} <= {_modelnet_split(name) for name in named(files, root)}:
         raise DataError(f"{root} is not in ModelNet layout <class>/{{train,test}}/*.off")
-
-    def test_and_train(paths: list[Path]) -> tuple[list[int], list[int]]:
-        splits = [_modelnet_split(root, path) for path in paths]
-        return [i for i, s in enumerate(splits) if s == "test"], [i for i, s in enumerate(splits) if s == "train"]
-
-    return _sampled_splits(data, cache_dir, root, files, test_and_train), classes
-
-
-def folder_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
-    """Any class-per-folder tree; a random share (``test_fraction``, seeded by ``split_seed``) is test."""
-    root, files, classes = _class_tree(data)
-
-    def test_and_train(paths: list[Path]) -> tuple[list[int], list[int]]:
-        fraction = data["test_fraction"]
-        train, _, test = seeded_split(len(paths), (1 - fraction, 0.0, fraction), data["split_seed"])
-        return test, train
-
-    return _sampled_splits(data, cache_dir, root, files, test_and_train), classes
+    clouds, row = _sampled(data, cache_dir, root, files)
+    members = {split: [name for name in row if _modelnet_split(name) == split] for split in ("train", "test")}
+    shipped = Split("shipped", "ModelNet <class>/train/ and <class>/test/ folders", {**members, "val": []})
+    split = carve_validation(shipped, data["val_fraction"], data["split_seed"], data["group_pattern"])
+    return _datasets(clouds, row, split), classes, split
 
 
-def _class_tree(data: dict) -> tuple[Path, list[tuple[Path, int]], list[str]]:
-    """The root of a modelnet or folder tree, its (file, label) pairs and class names."""
+def folder_splits(data: dict, cache_dir: Path) -> Splits:
+    """Any class-per-folder tree: split folders used as shipped, or a ``test_fraction`` of the files held
+    out (at random, or grouped by ``group_pattern``, from ``split_seed``); validation is a ``val_fraction``
+    of the training files."""
+    root, seed, pattern, share = _root(data), data["split_seed"], data["group_pattern"], data["val_fraction"]
+    if split_folders(root):
+        found, classes = class_folder_splits(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+        clouds, row = _sampled(data, cache_dir, root, [item for items in found.values() for item in items])
+        members = {split: [name for name in named(items, root) if name in row] for split, items in found.items()}
+        split = shipped_split(members, None, (1 - share, share, 0.0), seed, pattern)
+    else:
+        files, classes = class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+        clouds, row = _sampled(data, cache_dir, root, files)
+        held_out = split_names(list(row), (1 - data["test_fraction"], 0.0, data["test_fraction"]), seed, pattern)
+        split = carve_validation(held_out, share, seed, pattern)
+    return _datasets(clouds, row, split), classes, split
+
+
+def _root(data: dict) -> Path:
+    """The root of a modelnet or folder tree."""
     root = data["root"]
     if root is None or not Path(root).expanduser().exists():
         raise DataError(f"dataset {data['dataset']!r} needs data.root, an existing folder of class folders "
                         f"(got {root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
-    root = Path(root).expanduser()
-    return root, *class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
+    return Path(root).expanduser()
 
 
-def _sampled_splits(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]],
-                    test_and_train: Callable[[list[Path]], tuple[list[int], list[int]]]) -> dict[str, TensorDataset]:
-    """The tree's files sampled once (cached), split into test and training clouds by ``test_and_train``
-    (indices into the readable files' paths); validation comes out of the training clouds."""
+def _sampled(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:
+    """The tree's files sampled once (cached), and the row of each readable file's cloud by its path
+    relative to the root; unreadable files are reported and left out."""
     listing = [(str(p.relative_to(root)), p.stat().st_size, label) for p, label in files]
     key = short_hash([str(root.resolve()), data["num_points"], listing])
     clouds = cached(cache_dir / f"pointcloud-{root.resolve().name}-{key}.pt",
@@ -195,16 +221,17 @@ def _sampled_splits(data: dict, cache_dir: Path, root: Path, files: list[tuple[P
     if clouds["skipped"]:
         log.warning("%d unreadable or empty files skipped under %s, e.g. %s", len(clouds["skipped"]), root,
                     clouds["skipped"][0])
-    paths = [files[i][0] for i in clouds["kept"]]
-    test, train = (torch.tensor(idx, dtype=torch.long) for idx in test_and_train(paths))
-    # Model selection never looks at test: validation comes out of the training files.
-    fraction = data["val_fraction"]
-    fit, _, val = seeded_split(len(train), (1 - fraction, 0.0, fraction), data["split_seed"])
-    parts = {"train": train[fit], "val": train[val], "test": test}
-    return {split: TensorDataset(clouds["points"][idx], clouds["labels"][idx]) for split, idx in parts.items()}
+    names = list(named(files, root))
+    return clouds, {names[index]: row for row, index in enumerate(clouds["kept"])}
 
 
-DATASETS: dict[str, Callable[[dict, Path, int], Splits]] = {
+def _datasets(clouds: dict, row: dict[str, int], split: Split) -> dict[str, TensorDataset]:
+    """Each split's clouds, as ``split`` names them."""
+    rows = {name: torch.tensor([row[member] for member in split.members[name]], dtype=torch.long) for name in SPLITS}
+    return {name: TensorDataset(clouds["points"][idx], clouds["labels"][idx]) for name, idx in rows.items()}
+
+
+DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
     "shapes": shapes_splits, "modelnet": modelnet_splits, "folder": folder_splits}
 
 
@@ -212,12 +239,13 @@ DATASETS: dict[str, Callable[[dict, Path, int], Splits]] = {
 
 class PointCloudDataModule(SplitDataModule):
     """Batches ``(points [B, N, 3], labels [B])``. ``data`` is the ``data`` section of the domain config;
-    the clouds are generated or sampled (or read from the cache) on construction."""
+    the clouds are generated or sampled (or read from the cache) on construction, from ``data`` alone."""
 
-    def __init__(self, data: dict, cache_dir: str | Path, seed: int):
+    def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"])
         self.augment = data["augment"]
-        self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
+        self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
+        self.describe_split(*split)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.trainer is None or not self.trainer.training:

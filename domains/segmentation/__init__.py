@@ -1,5 +1,6 @@
-"""Segmentation domain: Segmenter (ViT encoder + mask-transformer decoder) on digit scenes or ADE20K,
-scored by mIoU on clean test images and under the corruptions of ``task.perturbations``."""
+"""Segmentation domain: Segmenter (ViT encoder + mask-transformer decoder) on digit scenes, ADE20K or a
+folder of images and masks, scored by mIoU on clean test images and under the corruptions of
+``task.perturbations``, with per-class IoU by class name."""
 from common.registry import BuildConfig, register_domain
 
 from .data import DATASETS
@@ -10,7 +11,7 @@ def build(cfg: BuildConfig):
     from .data import SegmentationDataModule
     from .model import SegmentationTask, Segmenter, corruption_conditions
 
-    datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir, cfg.seed)
+    datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir)
     net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attention=cfg.attention, **cfg.model)
     conditions = corruption_conditions(**cfg.task["perturbations"])
     task = SegmentationTask(net, datamodule.class_names, datamodule.ignore_index, cfg.optim, perturbations=conditions,

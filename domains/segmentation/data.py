@@ -1,5 +1,11 @@
 """Segmentation data: digit scenes composed from real MNIST handwriting (embedded default), ADE20K in
-its ADEChallengeData2016 layout, and any images-folder + masks-folder pair.
+its ADEChallengeData2016 layout, and any folder of images with label masks.
+
+Splits never follow the training seed. ADE20K and a folder dataset with split folders
+(``<root>/{train,val,test}/{images,masks}/`` or CamVid's ``<root>/{train,trainannot,val,valannot,test,
+testannot}/``) are used as shipped; a single images + masks folder pair is split by ``data.split`` from
+``data.split_seed``, at random or grouped by ``data.group_pattern`` (e.g. the video a frame comes from).
+Before training, a sample of each split's masks is checked against ``num_classes`` and the ignore index.
 
 ``DATASETS`` maps each ``data.dataset`` name to its source: a class that knows the class names at once
 (the model is built from them) and reads or generates the data only at ``setup``. Stored samples are
@@ -21,7 +27,21 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from common.data import SPLITS, DataError, SplitDataModule, cached, load_mnist, require_path, seeded_split, short_hash
+from common.data import (
+    SPLITS,
+    DataError,
+    Split,
+    SplitDataModule,
+    cached,
+    load_mnist,
+    named,
+    require_path,
+    seeded_split,
+    shipped_split,
+    short_hash,
+    split_folders,
+    split_names,
+)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
@@ -80,12 +100,13 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
     return images, masks
 
 
-def digit_scenes(data: dict, cache_dir: Path, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
-    """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen."""
+def digit_scenes(data: dict, cache_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen. The
+    digit pools and the scenes follow from ``data.split_seed``."""
     mnist = load_mnist(cache_dir)
     digits, labels = mnist["images"][:, 0].float() / 255, mnist["labels"]
-    pools = seeded_split(len(digits), tuple(data["split"]), seed)
-    generator = torch.Generator().manual_seed(seed)
+    pools = seeded_split(len(digits), tuple(data["split"]), data["split_seed"])
+    generator = torch.Generator().manual_seed(data["split_seed"])
     scenes = data["scenes"]
     return {
         stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes["image_size"],
@@ -126,15 +147,49 @@ def image_mask_pairs(image_dir: Path, mask_dir: Path) -> list[tuple[Path, Path]]
 
 
 def ade20k_pairs(root: Path, split: str) -> list[tuple[Path, Path]]:
-    """``split`` (training | validation) of ADEChallengeData2016; ``root`` is that folder or its parent."""
-    if (root / "ADEChallengeData2016").is_dir():
-        root = root / "ADEChallengeData2016"
+    """``split`` (training | validation) of ADEChallengeData2016 at ``root``."""
     return image_mask_pairs(root / "images" / split, root / "annotations" / split)
 
 
-class FileSegmentation(Dataset):
-    """Image/mask files, read with PIL. ``reduce_zero_label`` (ADE20K): 0 (unlabelled) becomes
+def read_labels(mask_path: Path, reduce_zero_label: bool, ignore_index: int) -> Tensor:
+    """A mask's labels [H, W] (long). ``reduce_zero_label`` (ADE20K): 0 (unlabelled) becomes
     ``ignore_index`` and every other label moves down by one."""
+    try:
+        labels = np.asarray(Image.open(mask_path))
+    except OSError as err:
+        raise DataError(f"{mask_path}: unreadable ({err})") from err
+    if labels.ndim != 2:
+        raise DataError(f"{mask_path}: mask must have one channel of labels, found shape {labels.shape}")
+    labels = torch.from_numpy(labels.astype(np.int64))
+    if reduce_zero_label:
+        labels = torch.where((labels == 0) | (labels == ignore_index), ignore_index, labels - 1)
+    return labels
+
+
+def stray_labels(labels: Tensor, num_classes: int, ignore_index: int) -> Tensor:
+    """The distinct labels that are neither a class nor ``ignore_index``."""
+    values = labels.unique()
+    return values[((values < 0) | (values >= num_classes)) & (values != ignore_index)]
+
+
+def check_labels(pairs: list[tuple[Path, Path]], count: int, num_classes: int, ignore_index: int,
+                 reduce_zero_label: bool) -> None:
+    """Read ``count`` masks spread evenly over ``pairs`` and fail in one line, before any training, if one
+    holds a label that is neither a class nor the ignore index (a wrong num_classes or ignore index would
+    otherwise fail mid-run, or, for a label past the ignore index, never)."""
+    picks = sorted({round(i) for i in np.linspace(0, len(pairs) - 1, min(count, len(pairs)))})
+    bad = [(pairs[i][1], stray) for i in picks
+           if len(stray := stray_labels(read_labels(pairs[i][1], reduce_zero_label, ignore_index),
+                                        num_classes, ignore_index))]
+    if bad:
+        path, stray = bad[0]
+        raise DataError(f"{path}: label {int(stray[0])} is neither a class (0..{num_classes - 1}) nor the ignore "
+                        f"index {ignore_index} ({len(bad)} of {len(picks)} masks checked); set data.num_classes "
+                        f"(or data.class_names) and data.ignore_index to the dataset's")
+
+
+class FileSegmentation(Dataset):
+    """Image/mask files, read with PIL; masks as ``read_labels`` gives them."""
 
     def __init__(self, pairs: list[tuple[Path, Path]], num_classes: int, ignore_index: int,
                  reduce_zero_label: bool, transform):
@@ -146,23 +201,17 @@ class FileSegmentation(Dataset):
 
     def load(self, index: int) -> tuple[Tensor, Tensor]:
         image_path, mask_path = self.pairs[index]
+        labels = read_labels(mask_path, self.reduce_zero_label, self.ignore_index)
         try:
             image = Image.open(image_path).convert("RGB")
-            mask = Image.open(mask_path)
-            labels = np.asarray(mask)
         except OSError as err:
-            raise DataError(f"{image_path} / {mask_path}: unreadable ({err})") from err
-        if labels.ndim != 2:
-            raise DataError(f"{mask_path}: mask must have one channel of labels, found shape {labels.shape}")
-        if image.size != mask.size:
-            raise DataError(f"{mask_path}: mask size {mask.size} differs from image {image_path.name} "
-                            f"size {image.size}")
-        labels = torch.from_numpy(labels.astype(np.int64))
-        if self.reduce_zero_label:
-            labels = torch.where((labels == 0) | (labels == self.ignore_index), self.ignore_index, labels - 1)
-        bad = ((labels < 0) | (labels >= self.num_classes)) & (labels != self.ignore_index)
-        if bad.any():
-            raise DataError(f"{mask_path}: label {int(labels[bad][0])} outside 0..{self.num_classes - 1} "
+            raise DataError(f"{image_path}: unreadable ({err})") from err
+        if image.size != (labels.shape[1], labels.shape[0]):
+            raise DataError(f"{mask_path}: mask size {tuple(labels.shape[::-1])} differs from image "
+                            f"{image_path.name} size {image.size}")
+        stray = stray_labels(labels, self.num_classes, self.ignore_index)
+        if len(stray):
+            raise DataError(f"{mask_path}: label {int(stray[0])} outside 0..{self.num_classes - 1} "
                             f"(ignore index {self.ignore_index})")
         return v2.functional.pil_to_tensor(image), labels
 
@@ -204,7 +253,8 @@ def train_transform(data: dict) -> v2.Compose:
 
 
 def eval_transform(data: dict) -> v2.Compose:
-    resize = [v2.Resize(data["resize"])] if data["resize"] is not None else []
+    """Evaluation images at ``data.eval_resize`` (short side), or as stored when it is None."""
+    resize = [v2.Resize(data["eval_resize"])] if data["eval_resize"] is not None else []
     return v2.Compose(resize + [v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)])
 
 
@@ -226,53 +276,104 @@ class PadCollate:
 # ---------------------------------------------------------------- the datasets
 
 class DigitScenes:
-    """The embedded default: scenes generated per seed (``digit_scenes``) and cached by their settings."""
+    """The embedded default: scenes generated from ``data.split_seed`` (``digit_scenes``), cached by
+    their settings."""
 
-    def __init__(self, data: dict, cache_dir: Path, seed: int):
-        self.data, self.cache_dir, self.seed = data, cache_dir, seed
+    def __init__(self, data: dict, cache_dir: Path):
+        self.data, self.cache_dir = data, cache_dir
         self.class_names = list(DIGIT_CLASSES)
 
-    def load(self, transforms: dict) -> dict[str, Dataset]:
+    def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
+        seed = self.data["split_seed"]
         key = short_hash({**self.data["scenes"], "split": self.data["split"]})
-        path = self.cache_dir / "segmentation" / f"digits-seed{self.seed}-{key}.pt"
-        scenes = cached(path, lambda: digit_scenes(self.data, self.cache_dir, self.seed))
-        return {split: TensorSegmentation(*scenes[split], transforms[split]) for split in SPLITS}
+        name = f"digits-seed{seed}-{key}"
+        scenes = cached(self.cache_dir / "segmentation" / f"{name}.pt", lambda: digit_scenes(self.data, self.cache_dir))
+        split = Split("random", f"MNIST handwriting pools: fractions {self.data['split']} at random, split seed "
+                                f"{seed}; each split's scenes composed from its pool",
+                      {s: [f"{name}/{s}/{i}" for i in range(len(scenes[s][0]))] for s in SPLITS})
+        return {s: TensorSegmentation(*scenes[s], transforms[s]) for s in SPLITS}, split
+
+
+def numbered_classes(count: int) -> list[str]:
+    """Class names for classes known only by number, zero-padded so that their metric keys sort in order."""
+    return [f"{c:0{len(str(count - 1))}d}" for c in range(count)]
 
 
 class FolderPairs:
-    """Images of ``<root>/<image_dir>`` with their masks in ``<root>/<mask_dir>``, split by seed into
-    ``data.split``; labels 0..data.num_classes-1, 0 ignored with ``data.reduce_zero_label``."""
+    """Images with label masks of the same stem (``.png``) under ``data.root``, in split folders used as
+    shipped (``<split>/<image_dir>`` + ``<split>/<mask_dir>``, or CamVid's ``<split>`` + ``<split>annot``), or
+    in one ``<image_dir>`` + ``<mask_dir>`` pair split by ``data.split``. Labels 0..num_classes-1, named by
+    ``data.class_names`` (a file of one name per line, relative to the root) or by number."""
 
     name = "folder"
 
-    def __init__(self, data: dict, cache_dir: Path, seed: int):
-        self.data, self.seed = data, seed
-        self.class_names = [str(c) for c in range(self.count_classes())]
+    def __init__(self, data: dict, cache_dir: Path):
+        self.data = data
+        names, count = self.read_class_names(), self.count_classes()
+        if names is None and count is None:
+            raise DataError("the folder dataset needs data.num_classes or data.class_names (a file of class names)")
+        if names is not None and count is not None and len(names) != count:
+            raise DataError(f"{self.data['class_names']}: {len(names)} class names for {count} classes")
+        self.class_names = names or numbered_classes(count)
 
-    def count_classes(self) -> int:
-        if self.data["num_classes"] is None:
-            raise DataError("data.num_classes must be set for the folder dataset")
+    def count_classes(self) -> int | None:
+        """The number of classes, where the config or the dataset fixes it."""
         return self.data["num_classes"]
+
+    def read_class_names(self) -> list[str] | None:
+        """The names in ``data.class_names`` (a path relative to ``data.root``, or absolute), if given."""
+        if self.data["class_names"] is None:
+            return None
+        path = Path(self.data["root"] or ".") / Path(self.data["class_names"]).expanduser()
+        names = [line.strip() for line in require_path(path, "class names file").read_text().splitlines()]
+        names = [name for name in names if name]
+        if not names or len(set(names)) < len(names):
+            raise DataError(f"{path}: needs one distinct class name per line, in label order")
+        return names
 
     def reduce_zero_label(self) -> bool:
         return self.data["reduce_zero_label"]
 
-    def pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
-        everything = image_mask_pairs(root / self.data["image_dir"], root / self.data["mask_dir"])
-        splits = seeded_split(len(everything), tuple(self.data["split"]), self.seed)
-        return {split: [everything[i] for i in idx] for split, idx in zip(SPLITS, splits)}
+    def split_pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
+        """The pairs of each split folder (``split_folders``), in either layout; empty when there are none."""
+        pairs = {}
+        image_dir, mask_dir = self.data["image_dir"], self.data["mask_dir"]
+        for split, folder in split_folders(root).items():
+            if (folder / image_dir).is_dir():
+                pairs[split] = image_mask_pairs(folder / image_dir, folder / mask_dir)
+            elif (root / f"{split}annot").is_dir():
+                pairs[split] = image_mask_pairs(folder, root / f"{split}annot")
+            else:
+                raise DataError(f"split folder {folder} has neither {image_dir}/ + {mask_dir}/ inside nor "
+                                f"{split}annot/ beside it")
+        return pairs
 
-    def load(self, transforms: dict) -> dict[str, Dataset]:
+    def pairs(self, root: Path) -> tuple[Split, dict[str, tuple[Path, Path]]]:
+        """How the pairs split (members: image paths relative to the root) and each member's pair."""
+        data, shipped = self.data, self.split_pairs(root)
+        if shipped:
+            members = {split: list(named(pairs, root)) for split, pairs in shipped.items()}
+            split = shipped_split(members, None, data["split"], data["split_seed"], data["group_pattern"])
+            return split, {name: pair for pairs in shipped.values() for name, pair in named(pairs, root).items()}
+        pair_of = named(image_mask_pairs(root / data["image_dir"], root / data["mask_dir"]), root)
+        return split_names(list(pair_of), data["split"], data["split_seed"], data["group_pattern"]), pair_of
+
+    def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
         if self.data["root"] is None:
             raise DataError(f"data.root must point at the {self.name} files (nothing is downloaded)")
-        pairs = self.pairs(require_path(self.data["root"]))
-        return {split: FileSegmentation(pairs[split], len(self.class_names), self.data["ignore_index"],
-                                        self.reduce_zero_label(), transforms[split]) for split in SPLITS}
+        split, pair_of = self.pairs(require_path(self.data["root"]))
+        num_classes, ignore, reduce = len(self.class_names), self.data["ignore_index"], self.reduce_zero_label()
+        datasets = {}
+        for name in SPLITS:
+            pairs = [pair_of[member] for member in split.members[name]]
+            check_labels(pairs, self.data["label_check"], num_classes, ignore, reduce)
+            datasets[name] = FileSegmentation(pairs, num_classes, ignore, reduce, transforms[name])
+        return datasets, split
 
 
 class ADE20K(FolderPairs):
     """ADEChallengeData2016 (``data.root`` is that folder or its parent): 150 classes, label 0
-    (unlabelled) ignored."""
+    (unlabelled) ignored; its validation set is also the test set (the test labels are not public)."""
 
     name = "ade20k"
 
@@ -282,10 +383,14 @@ class ADE20K(FolderPairs):
     def reduce_zero_label(self) -> bool:
         return True
 
-    def pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
-        # ADE20K's test labels are not public: validation is the test set (as in every paper).
-        train, val = ade20k_pairs(root, "training"), ade20k_pairs(root, "validation")
-        return {"train": train, "val": val, "test": val}
+    def pairs(self, root: Path) -> tuple[Split, dict[str, tuple[Path, Path]]]:
+        if (root / "ADEChallengeData2016").is_dir():
+            root = root / "ADEChallengeData2016"
+        found = {split: named(ade20k_pairs(root, folder), root)
+                 for split, folder in (("train", "training"), ("val", "validation"))}
+        split = shipped_split({split: list(pairs) for split, pairs in found.items()},
+                              "ADEChallengeData2016 training/ validation/", self.data["split"], self.data["split_seed"])
+        return split, {name: pair for pairs in found.values() for name, pair in pairs.items()}
 
 
 DATASETS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}
@@ -295,13 +400,14 @@ DATASETS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}
 
 class SegmentationDataModule(SplitDataModule):
     """``data["dataset"]`` names one of ``DATASETS``; ``num_classes``, ``ignore_index`` and
-    ``class_names`` are known before ``setup`` so the model can be built first."""
+    ``class_names`` are known before ``setup`` so the model can be built first. The data, and so the
+    split, depend on ``data`` alone."""
 
-    def __init__(self, data: dict, cache_dir: str | Path, seed: int):
+    def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"],
                          collate_fn=PadCollate(data["ignore_index"]))
         self.data, self.ignore_index = data, data["ignore_index"]
-        self.source = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
+        self.source = DATASETS[data["dataset"]](data, Path(cache_dir))
         self.class_names = self.source.class_names
 
     @property
@@ -312,4 +418,6 @@ class SegmentationDataModule(SplitDataModule):
         if self.datasets:
             return
         evaluate = eval_transform(self.data)
-        self.datasets = self.source.load({"train": train_transform(self.data), "val": evaluate, "test": evaluate})
+        transforms = {"train": train_transform(self.data), "val": evaluate, "test": evaluate}
+        self.datasets, split = self.source.load(transforms)
+        self.describe_split(*split)

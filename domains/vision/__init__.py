@@ -10,7 +10,7 @@ def build(cfg: BuildConfig):
     from .data import VisionDataModule
     from .model import VisionTask, ViT
 
-    datamodule = VisionDataModule(cfg.data, cfg.cache_dir, cfg.seed)
+    datamodule = VisionDataModule(cfg.data, cfg.cache_dir)
     data = cfg.data
     net = ViT(datamodule.num_classes, image_size=data["image_size"], channels=data["channels"], mean=data["mean"],
               std=data["std"], attention=cfg.attention, **cfg.model)

