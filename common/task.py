@@ -37,9 +37,14 @@ def perturbation_generator(seed: int, batch_idx: int, condition: str, device: to
 
 
 class Task(pl.LightningModule):
-    """``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
+    """``primary`` (metric, "min" | "max") overrides the domain's registered primary metric, for a domain
+    whose tasks differ in kind (graph: regression or classification).
+
+    ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
     ``SCHEDULES``), warmup_steps, min_lr_ratio; the runner checks the names before a run starts. Weight
     decay skips 1-D parameters (biases, norms, attention gains)."""
+
+    primary: tuple[str, str] | None = None
 
     def __init__(self, net: nn.Module, optim: dict, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):

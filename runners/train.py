@@ -62,9 +62,11 @@ def run(cfg: DictConfig) -> dict:
             datamodule, task = domain.build(build_config(cfg))
         except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
+        # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
+        record["primary_metric"], record["mode"] = task.primary or (domain.metric, domain.mode)
         run_dir = _fresh_run_directory(cfg)
         try:
-            writes = _fit_and_test(cfg, domain, run_dir, datamodule, task, record)
+            writes = _fit_and_test(cfg, run_dir, datamodule, task, record)
         except (ConfigError, DataError):
             _remove(run_dir)  # the user's to fix, met only while training: leave nothing behind
             raise
@@ -105,15 +107,15 @@ def _fresh_run_directory(cfg: DictConfig) -> Path:
     return run_dir
 
 
-def _fit_and_test(cfg: DictConfig, domain, run_dir: Path, datamodule, task, record: dict) -> bool:
+def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
     trainer = None
     try:
         record["params"] = sum(p.numel() for p in task.parameters())
-        monitor = f"val/{domain.metric}"
+        monitor = f"val/{record['primary_metric']}"
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=monitor,
-                                     mode=domain.mode, save_last=True, enable_version_counter=False)
+                                     mode=record["mode"], save_last=True, enable_version_counter=False)
         probes = ProbeCallback(**cfg.probes)
         loggers = [CSVLogger(run_dir, name="", version="")]
         if cfg.logging.tensorboard:
@@ -128,7 +130,7 @@ def _fit_and_test(cfg: DictConfig, domain, run_dir: Path, datamodule, task, reco
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
-            record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, domain.mode)
+            record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, record["mode"])
             record["losses"] = {**watch.losses, **_validation_losses(run_dir / "metrics.csv")}
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)

@@ -1,4 +1,5 @@
-"""GPS graph transformer (Rampášek et al. 2022) with the shared attention core, and its regression task.
+"""GPS graph transformer (Rampášek et al. 2022) with the shared attention core, and its tasks: regression
+or classification, of each graph (pooled) or of each node.
 
 One GPS layer runs a local message-passing layer (GINEConv on bond features) and global attention in
 parallel, each with a residual and a norm, sums them, then applies an MLP with its own residual and
@@ -6,6 +7,11 @@ norm. Global attention is either dense (every node of a graph attends over all n
 ``to_dense_batch`` + key-padding mask) or sparse (each node attends over its neighbours and itself
 through ``EdgeMultiheadAttention``). In both modes the layers of a net share one ``AttentionState`` per
 forward pass, which carries what each attention layer leaves for the next (elliptical variants need it).
+Sparse mode is the one for graphs too large for dense attention (a citation graph of 20k nodes would
+need 20k² logits per head); its cost grows with the edges.
+
+A node task answers for the nodes its split labels (``graph.target_mask``): the net predicts every
+node, since all of them pass messages and are attended to, and the task keeps the labelled ones.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from torch_geometric.utils import add_self_loops, to_dense_batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
 from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention
-from common.task import Task
+from common.task import Task, classification_metrics
 
 NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm}
 POOLS = {"add": global_add_pool, "mean": global_mean_pool}
@@ -85,57 +91,89 @@ class CategoricalEmbedding(nn.Module):
         return sum(table(features[:, i]) for i, table in enumerate(self.tables))
 
 
-class GPSNet(nn.Module):
-    """Atom embedding ‖ projected RWSE → GPS layers → graph pooling → MLP head, one output per target.
-    ``attention`` holds the keyword arguments of the attention modules (variant, qk_gain_init); ``seq_len``
-    is the typical number of keys per query, from which qknorm's gain starts."""
+def feature_encoder(spec: list[int] | int, dim: int) -> nn.Module:
+    """Categorical features (``spec``: each column's vocabulary size) or float ones (``spec``: how many)."""
+    return CategoricalEmbedding(spec, dim) if isinstance(spec, list) else nn.Linear(spec, dim)
 
-    def __init__(self, node_vocab: list[int], edge_vocab: list[int], num_targets: int, *, dim: int, depth: int,
-                 heads: int, rwse_steps: int, pe_dim: int, attention: dict, seq_len: int | None = None,
-                 attention_mode: str = "dense", dropout: float = 0.0, attn_dropout: float = 0.0,
-                 norm: str = "batch_norm", pool: str = "add"):
+
+class GPSNet(nn.Module):
+    """Node features ‖ projected RWSE → GPS layers → (graph level: pooling →) MLP head, ``num_outputs``
+    per graph or per node (``level``: graph | node). ``node_features`` / ``edge_features`` say what the
+    encoders take (see ``feature_encoder``). ``attention`` holds the keyword arguments of the attention
+    modules (variant, qk_gain_init); ``seq_len`` is the typical number of keys per query, from which
+    qknorm's gain starts."""
+
+    def __init__(self, node_features: list[int] | int, edge_features: list[int] | int, num_outputs: int, *,
+                 dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: dict,
+                 level: str = "graph", seq_len: int | None = None, attention_mode: str = "dense",
+                 dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "batch_norm", pool: str = "add"):
         super().__init__()
         if not 0 < pe_dim < dim:
             raise ValueError(f"pe_dim ({pe_dim}) must lie between 0 and dim ({dim})")
         self.sparse = attention_mode == "sparse"
-        self.atoms = CategoricalEmbedding(node_vocab, dim - pe_dim)
+        self.nodes = feature_encoder(node_features, dim - pe_dim)
         self.pe_norm = nn.BatchNorm1d(rwse_steps)  # return probabilities differ in scale per step
         self.pe = nn.Linear(rwse_steps, pe_dim)
-        self.bonds = CategoricalEmbedding(edge_vocab, dim)
+        self.edges = feature_encoder(edge_features, dim)
         self.layers = nn.ModuleList(
             GPSLayer(dim, heads, attention_mode, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
                      seq_len=seq_len, **attention)
             for _ in range(depth))
-        self.pool = _choice(POOLS, pool, "pool")
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_targets))
+        self.pool = _choice(POOLS, pool, "pool") if level == "graph" else None
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs))
 
     def forward(self, graph) -> Tensor:
-        x = torch.cat([self.atoms(graph.x), self.pe(self.pe_norm(graph.pe))], dim=-1)
-        edge_attr = self.bonds(graph.edge_attr)
+        x = torch.cat([self.nodes(graph.x), self.pe(self.pe_norm(graph.pe))], dim=-1)
+        edge_attr = self.edges(graph.edge_attr)
         # Sparse attention: neighbours plus the node itself, so an isolated atom still attends somewhere.
         attn_edges = add_self_loops(graph.edge_index, num_nodes=x.shape[0])[0] if self.sparse else None
         state = AttentionState()
         for layer in self.layers:
             x = layer(x, graph.edge_index, edge_attr, graph.batch, attn_edge_index=attn_edges, state=state)
-        return self.head(self.pool(x, graph.batch))
+        return self.head(x if self.pool is None else self.pool(x, graph.batch))
 
 
 class GraphTask(Task):
-    """Regression of ``graph.y``: the net predicts targets standardised with the train split's mean and std
+    """What graph and node tasks share: at node level the outputs and targets of the labelled nodes."""
+
+    def __init__(self, net: nn.Module, optim: dict, metrics: dict, *, level: str):
+        super().__init__(net, optim, metrics)
+        self.node_level = level == "node"
+
+    def forward(self, graph) -> Tensor:
+        out = self.net(graph)
+        return out[graph.target_mask] if self.node_level else out
+
+    def unpack(self, graph) -> tuple:
+        return graph, graph.y[graph.target_mask] if self.node_level else graph.y
+
+
+class GraphRegression(GraphTask):
+    """Regression of ``y``: the net predicts targets standardised with the train split's mean and std
     (``loss``: l1 | mse on that scale), while ``mae`` and ``rmse`` are reported in the original units."""
 
-    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, *, loss: str = "l1"):
-        metrics = {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)}
-        super().__init__(net, optim, metrics)
+    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, *, level: str = "graph",
+                 loss: str = "l1"):
+        super().__init__(net, optim, {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)},
+                         level=level)
         self.loss_fn = _choice(LOSSES, loss, "loss")
         self.register_buffer("target_mean", target_mean.float())
         self.register_buffer("target_std", target_std.float())
-
-    def unpack(self, graph) -> tuple:
-        return graph, graph.y
 
     def loss(self, output: Tensor, target: Tensor, stage: str) -> Tensor:
         return self.loss_fn(output, (target - self.target_mean) / self.target_std)
 
     def predictions(self, output: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         return output.detach() * self.target_std + self.target_mean, target
+
+
+class GraphClassification(GraphTask):
+    """Cross-entropy over the classes of ``y``; ``acc`` (the headline, higher is better) and ``macc``."""
+
+    primary = ("acc", "max")  # the runner's metric for this task, in place of the domain's mae
+
+    def __init__(self, net: nn.Module, optim: dict, num_classes: int, *, level: str = "graph"):
+        super().__init__(net, optim, classification_metrics(num_classes), level=level)
+
+    def loss(self, output: Tensor, target: Tensor, stage: str) -> Tensor:
+        return F.cross_entropy(output, target)

@@ -1,0 +1,205 @@
+"""Graphs stored in PyG's formats under a local path, each used in the split it ships where it has one:
+
+- ``zinc``: ZINC-12k from PyG's raw pickles (``raw/{train,val,test}.{pickle,index}``), its own split.
+- ``cora``, ``citeseer``, ``pubmed``: a Planetoid citation graph from its raw files
+  ``ind.<name>.{x,tx,allx,y,ty,ally,graph,test.index}``, read by PyG with the standard public split
+  (the labelled training nodes, the next 500 for validation, the 1,000 of ``test.index``).
+- ``pyg``: any dataset PyG saved (``InMemoryDataset.save``, e.g. a ``processed/data.pt``): one file, or
+  a folder of ``train.pt`` with ``val.pt`` and/or ``test.pt`` (its split). Targets ``y`` with a row per
+  node make a node task, one row per graph a graph task; integer targets are classes, floats are
+  regressed. One graph with a target per node is split by its nodes: by its ``train_mask``/``val_mask``/
+  ``test_mask`` if it has them, else at random; otherwise the graphs are split, at random unless the
+  folder ships the split.
+
+Graphs come out with ``x`` (categorical long or float features; one constant feature where a dataset has
+none), ``edge_attr`` (one constant bond type where it has none) and ``y``, and a node task's graphs
+with ``target_mask`` or, transductive, the split's node ``masks``.
+"""
+from __future__ import annotations
+
+import functools
+import pickle
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, InMemoryDataset
+
+from common.data import SPLITS, DataError, Split, require_path, shipped_split
+
+from .splits import LoadedGraphs, by_members, check_split_by, random_split
+
+ZINC_RAW_FILES = [f"{split}.{ext}" for ext in ("pickle", "index") for split in SPLITS]
+PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}  # dataset name -> PyG's folder name
+PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+# What reading a file that is not what it should be raises, from pickle, torch and PyG.
+UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
+              AttributeError, AssertionError, IndexError)
+
+
+def need_root(data: dict, what: str) -> Path:
+    """``data.root``, which must exist; ``what`` says what it should name."""
+    if data["root"] is None:
+        raise DataError(f"dataset {data['dataset']} needs data.root=<{what}>")
+    return require_path(data["root"], "data.root")
+
+
+def standard_graph(graph: Data) -> Data:
+    """``graph`` with 2-D ``x`` and ``edge_attr``, one constant categorical column where it has none, and
+    nothing else but ``edge_index``, ``y`` and split masks (other attributes would not collate alike)."""
+    x = graph.x if graph.x is not None else torch.zeros(graph.num_nodes, dtype=torch.long)
+    edges = graph.edge_attr if graph.edge_attr is not None else torch.zeros(graph.num_edges, dtype=torch.long)
+    kept = Data(x=x.view(graph.num_nodes, -1), edge_index=graph.edge_index, edge_attr=edges.view(graph.num_edges, -1),
+                y=graph.y)
+    for split in SPLITS:
+        if f"{split}_mask" in graph:
+            kept[f"{split}_mask"] = graph[f"{split}_mask"]
+    return kept
+
+
+def zinc_splits(data: dict) -> LoadedGraphs:
+    """ZINC-12k through PyG (its own processed cache lives under root) in its own split; graphs get 2-D
+    edge features and [1, 1] targets like the molecules. Without files PyG tries to download them."""
+    from torch_geometric.datasets import ZINC
+
+    check_split_by(data, has_smiles=False)
+    root = need_root(data, "folder for PyG's ZINC (raw/ holds its pickles)")
+    present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
+    graphs, members = {}, {}
+    for split in SPLITS:
+        try:
+            dataset = ZINC(str(root), subset=True, split=split)
+        except UNREADABLE as err:
+            what = "unreadable" if present else f"missing ({', '.join(ZINC_RAW_FILES)}) and could not be downloaded"
+            raise DataError(f"ZINC files under {root / 'raw'} are {what}: {type(err).__name__}") from None
+        graphs[split] = [Data(x=g.x, edge_index=g.edge_index, edge_attr=g.edge_attr.view(-1, 1), y=g.y.view(1, 1))
+                         for g in dataset]
+        members[split] = [f"{split}/{i}" for i in range(len(dataset))]
+    return LoadedGraphs(graphs, Split("shipped", "ZINC-12k's split (raw/<split>.index)", members))
+
+
+def planetoid_folder(root: Path, name: str) -> Path:
+    """The folder holding ``ind.<name>.*``: root itself, its raw/, or PyG's <root>/<Name>/raw/."""
+    for folder in (root, root / "raw", root / PLANETOID[name] / "raw"):
+        if (folder / f"ind.{name}.x").exists():
+            return folder
+    raise DataError(f"no ind.{name}.x under {root} (nor its raw/ or {PLANETOID[name]}/raw/); the Planetoid files "
+                    f"are ind.{name}.{{{','.join(PLANETOID_FILES)}}}")
+
+
+def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
+    """A Planetoid citation graph in its public split: node classification over bag-of-words features."""
+    from torch_geometric.io import read_planetoid_data
+
+    check_split_by(data, has_smiles=False)
+    folder = planetoid_folder(need_root(data, f"folder of the ind.{name}.* files"), name)
+    try:
+        graph = read_planetoid_data(str(folder), name)
+    except UNREADABLE as err:
+        raise DataError(f"{folder}: the ind.{name}.* files are missing or unreadable ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    return transductive(standard_graph(graph), mask_split(graph, f"Planetoid's public split (ind.{name}.*)"))
+
+
+def mask_split(graph: Data, rule: str) -> Split:
+    """The split a graph ships as node masks; of masks with a column per split (WikiCS, WebKB), the first."""
+    members, columns = {}, 1
+    for split in SPLITS:
+        mask = graph[f"{split}_mask"]
+        columns = max(columns, mask.shape[1] if mask.dim() == 2 else 1)
+        mask = (mask[:, 0] if mask.dim() == 2 else mask).bool()
+        members[split] = [str(i) for i in mask.nonzero().view(-1).tolist()]
+    return Split("shipped", rule + (f" (column 0 of {columns})" if columns > 1 else ""), members)
+
+
+def transductive(graph: Data, split: Split) -> LoadedGraphs:
+    """One graph whose nodes are split: every split holds the graph, its mask the split's nodes (ids)."""
+    masks = {}
+    for s in SPLITS:
+        masks[s] = torch.zeros(graph.num_nodes, dtype=torch.bool)
+        masks[s][torch.tensor([int(i) for i in split.members[s]], dtype=torch.long)] = True
+    graph = Data(x=graph.x, edge_index=graph.edge_index, edge_attr=graph.edge_attr, y=node_targets(graph))
+    return LoadedGraphs({s: [graph] for s in SPLITS}, split, masks)
+
+
+def node_targets(graph: Data) -> Tensor:
+    """Per-node targets: classes as [N] (integer), values as [N, T] (float)."""
+    y = graph.y
+    if y.is_floating_point():
+        return y.view(graph.num_nodes, -1)
+    if y.numel() != graph.num_nodes:
+        raise DataError(f"integer node targets must be one class per node, not shape {list(y.shape)} "
+                        "(multi-label targets are not supported)")
+    return y.view(-1).long()
+
+
+def graph_targets(graph: Data) -> Tensor:
+    """Per-graph targets: a class as [1] (integer), values as [1, T] (float)."""
+    y = graph.y
+    if y.is_floating_point():
+        return y.view(1, -1)
+    if y.numel() != 1:
+        raise DataError(f"integer graph targets must be one class per graph, not shape {list(y.shape)}")
+    return y.view(1).long()
+
+
+def read_pyg(path: Path) -> list[Data]:
+    """The graphs of a file written by ``InMemoryDataset.save`` (what PyG's datasets keep as processed/)."""
+    require_path(path, "PyG dataset file")
+    store = InMemoryDataset()
+    try:
+        store.load(str(path))
+        graphs = [store[i] for i in range(len(store))]
+    except UNREADABLE as err:
+        raise DataError(f"{path}: not a dataset saved by PyG's InMemoryDataset.save ({type(err).__name__})") from None
+    if not graphs or not all(isinstance(g, Data) and g.y is not None for g in graphs):
+        raise DataError(f"{path}: holds no graphs with targets y (heterogeneous graphs are not supported)")
+    return [standard_graph(g) for g in graphs]
+
+
+def is_node_level(graphs: list[Data]) -> bool:
+    """Targets with a row per node (and some graph of several nodes, so a row is not also a graph's)."""
+    return all(g.y.shape[0] == g.num_nodes for g in graphs) and any(g.num_nodes > 1 for g in graphs)
+
+
+def label_graphs(graphs: list[Data], node_level: bool) -> list[Data]:
+    for graph in graphs:
+        if node_level:
+            graph.y = node_targets(graph)
+            graph.target_mask = torch.ones(graph.num_nodes, dtype=torch.bool)
+        else:
+            graph.y = graph_targets(graph)
+    return graphs
+
+
+def pyg_splits(data: dict) -> LoadedGraphs:
+    check_split_by(data, has_smiles=False)
+    root = need_root(data, "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
+    if root.is_dir():
+        return pyg_folder_splits(root, data)
+    graphs = read_pyg(root)
+    if len(graphs) == 1 and is_node_level(graphs):
+        graph = graphs[0]
+        if all(f"{s}_mask" in graph for s in SPLITS):
+            return transductive(graph, mask_split(graph, f"{root.name}'s train/val/test masks"))
+        return transductive(graph, random_split([str(i) for i in range(graph.num_nodes)], data))
+    ids = [str(i) for i in range(len(graphs))]
+    return by_members(label_graphs(graphs, is_node_level(graphs)), ids, random_split(ids, data))
+
+
+def pyg_folder_splits(root: Path, data: dict) -> LoadedGraphs:
+    """A folder's train.pt with val.pt and/or test.pt: the split it ships (``shipped_split``: without
+    test.pt val is also the test set; without val.pt val is carved out of train, from ``split_seed``)."""
+    files = [root / f"{s}.pt" for s in SPLITS if (root / f"{s}.pt").exists()]
+    if not (root / "train.pt").exists() or len(files) < 2:
+        raise DataError(f"{root} holds no train.pt with val.pt or test.pt beside it; pass one PyG dataset file "
+                        "or a folder of train.pt, val.pt and test.pt")
+    graphs = {f"{path.stem}/{i}": graph for path in files for i, graph in enumerate(read_pyg(path))}
+    label_graphs(list(graphs.values()), is_node_level(list(graphs.values())))
+    members = {path.stem: [i for i in graphs if i.startswith(f"{path.stem}/")] for path in files}
+    split = shipped_split(members, " ".join(path.name for path in files), data["split"], data["split_seed"])
+    return by_members(list(graphs.values()), list(graphs), split)
+
+
+DATASETS = {"zinc": zinc_splits, "pyg": pyg_splits,
+            **{name: functools.partial(planetoid_splits, name) for name in PLANETOID}}
