@@ -23,7 +23,8 @@ learnable scales (``LayerGain``, ``HeadGain``, ``DimScale``; plain ``QKFold`` wh
 
 Layers of a stack share one ``AttentionState``: each attention module reads the previous layer's
 values from it (elliptical variants need them) and leaves its own, so a stack never needs to know
-which variant it runs. This module needs torch only (PyG for the edge path, imported on use).
+which variant it runs. Causal decoding one token at a time keeps a ``KVCache`` per layer across
+forward passes. This module needs torch only (PyG for the edge path, imported on use).
 """
 from __future__ import annotations
 
@@ -211,6 +212,43 @@ class AttentionState:
         return previous
 
 
+class KVCache:
+    """One attention layer's keys and values from earlier forward passes, for causal decoding a chunk at a
+    time (a prompt, then one token per step): each pass gives the layer only its new tokens. Unlike the
+    ``AttentionState`` of one pass, it lives as long as the sequence being decoded; a stack holds one per
+    layer (``common.blocks.Encoder.new_cache``).
+
+    Keys are stored folded: QUEST normalises a key once, as it enters, and a learnable key scale
+    (qknorm_ds) is applied then too, which equals refolding every key at every step because the scales
+    are fixed at inference. Elliptical variants weight a query by the mean of |v^l − v^{l−1}| over its
+    prefix (``elliptical_metric(..., causal=True)``), so the running sum of that difference is all the
+    past they need."""
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None  # folded, [B, H, past, D]
+        self.values: Tensor | None = None
+        self.delta_sum: Tensor | None = None  # elliptical only: sum over the past of |v^l − v^{l−1}|, [B, H, 1, D]
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @torch.no_grad()
+    def metric(self, values: Tensor, prev_values: Tensor, eps: float = 1e-6) -> Tensor:
+        """The causal elliptical metric of the new tokens [B, H, T, D]; call it before ``append``."""
+        sums = (values - prev_values).abs().cumsum(-2)
+        if self.delta_sum is not None:
+            sums = sums + self.delta_sum
+        self.delta_sum = sums[..., -1:, :]
+        seen = torch.arange(len(self) + 1, len(self) + values.shape[-2] + 1, device=sums.device, dtype=sums.dtype)
+        return _unit_max(sums / seen[:, None], eps)
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Adds the new tokens' folded keys and values; returns every key and value so far."""
+        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=-2)
+        self.values = values if self.values is None else torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
     """Boolean [q_len, k_len], True = may attend; the last query sees every key (KV-cache aligned)."""
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
@@ -223,17 +261,19 @@ def merge_masks(
     q_len: int,
     k_len: int,
     dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
     have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
-    and their output is zeroed by the caller. Causality alone gives no mask: SDPA's ``is_causal``
-    fast path handles it."""
+    and their output is zeroed by the caller. Causality alone gives no mask when queries and keys are
+    the same tokens: SDPA's ``is_causal`` fast path handles it. With fewer queries than keys (the new
+    tokens of a cached step) the triangle is written out, since ``is_causal`` would align it top-left."""
     mask, empty = None, None
     if key_padding_mask is not None:
         empty = key_padding_mask.all(-1)
         mask = ~(key_padding_mask & ~empty[:, None])[:, None, None, :]
-    if causal and (mask is not None or attn_bias is not None):
-        tri = causal_mask(q_len, k_len, (attn_bias if mask is None else mask).device)
+    if causal and (mask is not None or attn_bias is not None or q_len != k_len):
+        tri = causal_mask(q_len, k_len, device if device is not None else (attn_bias if mask is None else mask).device)
         mask = tri if mask is None else mask & tri
     if attn_bias is not None:
         bias = attn_bias.to(dtype)
@@ -244,7 +284,7 @@ def merge_masks(
 def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int,
                   k_len: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
     """``merge_masks`` with causality always written out, for code that forms the logits itself."""
-    mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype)
+    mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype, device)
     if mask is None and causal:
         mask = causal_mask(q_len, k_len, device)
     return mask
@@ -290,7 +330,8 @@ def attend_folded(
     """SDPA on (q, k) already folded by a ``QKFold``; an enabled ``probe`` records its statistics, with
     the norms taken from ``raw_qk`` (q, k before folding)."""
     q_len, k_len = qf.shape[-2], kf.shape[-2]
-    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype)
+    causal = causal and q_len > 1  # a single query (one cached decoding step) may see every key
+    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype, qf.device)
     if probe is not None and probe.enabled:
         probe_mask = mask if mask is not None or not causal else causal_mask(q_len, k_len, qf.device)
         probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, probe_mask, key_padding_mask)
@@ -344,7 +385,9 @@ class MultiheadAttention(nn.Module):
     ``torch.nn.MultiheadAttention`` (same parameter names, so its state dict loads as is).
 
     Inside a stack, pass the stack's ``AttentionState`` as ``state``: elliptical variants read the
-    previous layer's values from it, and every layer leaves its own.
+    previous layer's values from it, and every layer leaves its own. For causal decoding, pass the
+    layer's ``KVCache`` as ``cache`` and only the new tokens as the query (self-attention, no padding);
+    probes stay off for cached calls.
     """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
@@ -395,8 +438,11 @@ class MultiheadAttention(nn.Module):
         *,
         attn_bias: Tensor | None = None,
         state: AttentionState | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``)."""
+        if cache is not None and (not is_causal or key_padding_mask is not None):
+            raise ValueError("a KV cache serves causal self-attention without padding: pass is_causal=True")
         key = query if key is None else key
         value = key if value is None else value
         if not self.batch_first:
@@ -412,17 +458,21 @@ class MultiheadAttention(nn.Module):
         prev = state.exchange(v) if state is not None else None
         metric = None
         if self.variant.elliptical and prev is not None:
-            metric = elliptical_metric(v, prev, key_padding_mask, self.qk.eps, causal=is_causal)
+            metric = (cache.metric(v, prev, self.qk.eps) if cache is not None
+                      else elliptical_metric(v, prev, key_padding_mask, self.qk.eps, causal=is_causal))
         qf, kf, scale = self.qk(q, k, metric)
+        if cache is not None:
+            kf, v = cache.append(kf, v)
         out = attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=bias, causal=is_causal,
-                            dropout_p=self.dropout if self.training else 0.0, probe=self.probe, raw_qk=(q, k))
+                            dropout_p=self.dropout if self.training else 0.0,
+                            probe=self.probe if cache is None else None, raw_qk=(q, k))
         out = self.out_proj(out.transpose(1, 2).flatten(2))
         if not self.batch_first:
             out = out.transpose(0, 1)
 
         weights = None
         if need_weights:  # explicit, so only on request
-            mask = explicit_mask(key_padding_mask, bias, is_causal, q.shape[-2], k.shape[-2], q.dtype, q.device)
+            mask = explicit_mask(key_padding_mask, bias, is_causal, qf.shape[-2], kf.shape[-2], q.dtype, q.device)
             weights = probes.explicit_attention(qf, kf, scale, mask)[1]
             weights = weights.mean(1) if average_attn_weights else weights
         return out, weights

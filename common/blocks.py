@@ -1,11 +1,12 @@
 """Pre-norm Transformer encoder on ``common.attention``: one ``AttentionState`` per forward pass carries
-what each layer leaves for the next, and ``is_causal`` takes SDPA's causal fast path."""
+what each layer leaves for the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per
+layer (``Encoder.new_cache``) lets a causal stack decode one token at a time."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from common.attention import AttentionState, MultiheadAttention
+from common.attention import AttentionState, KVCache, MultiheadAttention
 
 
 class Mlp(nn.Module):
@@ -60,10 +61,10 @@ class EncoderLayer(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None, *,
-                is_causal: bool = False, state: AttentionState | None = None) -> Tensor:
+                is_causal: bool = False, state: AttentionState | None = None, cache: KVCache | None = None) -> Tensor:
         h = self.norm1(x)
         h, _ = self.attn(h, h, h, key_padding_mask=key_padding_mask, attn_bias=attn_bias, is_causal=is_causal,
-                         state=state)
+                         state=state, cache=cache)
         x = x + self.drop_path(self.drop(self.ls1(h)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
@@ -78,9 +79,16 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, drop_path=r, **layer) for r in rates)
         self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
 
+    def new_cache(self) -> list[KVCache]:
+        """An empty ``KVCache`` per layer, for ``forward(..., is_causal=True, cache=...)``."""
+        return [KVCache() for _ in self.layers]
+
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_bias: Tensor | None = None, *,
-                is_causal: bool = False) -> Tensor:
+                is_causal: bool = False, cache: list[KVCache] | None = None) -> Tensor:
+        """With ``cache`` (from ``new_cache``), ``x`` holds only the tokens after those already cached, and
+        the output equals the last rows of a causal pass over the whole sequence."""
         state = AttentionState()
-        for layer in self.layers:
-            x = layer(x, key_padding_mask, attn_bias, is_causal=is_causal, state=state)
+        caches = cache if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            x = layer(x, key_padding_mask, attn_bias, is_causal=is_causal, state=state, cache=layer_cache)
         return self.norm(x)

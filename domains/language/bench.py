@@ -1,0 +1,126 @@
+"""Speed of the language model, measured side by side in one process: ``python -m domains.language.bench``.
+
+1. Training steps/s (forward, loss, backward, AdamW step) of our GPT with ``standard`` attention against an
+   equivalent GPT built from ``torch.nn.TransformerEncoderLayer`` (pre-norm, GELU, a causal mask passed
+   with ``is_causal=True``; same embeddings, width, depth, heads, context and tied head), and of our GPT
+   with ``quest`` against ours with ``standard``.
+2. Generation tokens/s of our GPT with the KV cache against without it (re-encoding the prefix per token).
+
+Each comparison runs in rounds that alternate the models, each round starting at the next one, so drift
+and load from other processes on a shared machine fall on all of them; the median round counts.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .model import GPT, generate
+
+
+class TorchGPT(nn.Module):
+    """The same GPT on ``torch.nn.TransformerEncoder``: the reference for our standard attention."""
+
+    def __init__(self, vocab_size: int, *, context: int, dim: int, depth: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.token_embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Embedding(context, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, int(dim * mlp_ratio), dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.token_embed.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        length = tokens.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        x = self.token_embed(tokens) + self.pos_embed(torch.arange(length, device=tokens.device))
+        return self.head(self.encoder(x, mask=mask, is_causal=True))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_steps(model: nn.Module, tokens: Tensor):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            logits = model(tokens[:, :-1])
+            F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def rates(jobs: dict, work: int, rounds: int, device: torch.device) -> dict[str, float]:
+    """Median units/s of each job (``job(work)`` does ``work`` units), in rotating interleaved rounds."""
+    names = list(jobs)
+    for job in jobs.values():
+        job(1)  # warm-up: allocator, kernels
+    seen = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            _sync(device)
+            start = time.perf_counter()
+            jobs[name](work)
+            _sync(device)
+            seen[name].append(work / (time.perf_counter() - start))
+    return {name: statistics.median(v) for name, v in seen.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(prog="python -m domains.language.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per round")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per round (default: context-1)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    args = parser.parse_args(argv)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    size = {"context": args.context, "dim": args.dim, "depth": args.depth, "heads": args.heads, "mlp_ratio": 4.0}
+    torch.manual_seed(0)
+    ours = {v: GPT(256, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True, attention={"variant": v}).to(device)
+            for v in ("standard", "quest")}
+    models = {"torch": TorchGPT(256, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
+    tokens = torch.randint(256, (args.batch_size, args.context + 1), device=device)
+    train = rates({name: train_steps(m.train(), tokens) for name, m in models.items()}, args.steps, args.rounds, device)
+
+    new = args.new_tokens or args.context - 1
+    prompt = tokens[:1, :1]
+    net = ours["quest"].eval()
+    gen = rates({f"{name} cache": lambda n, cache=cache: generate(net, prompt, n, temperature=0, use_cache=cache)
+                 for name, cache in (("with", True), ("without", False))}, new, max(3, args.rounds // 2), device)
+
+    print(f"GPT on {device}: dim {args.dim}, depth {args.depth}, heads {args.heads}, context {args.context}, "
+          f"batch {args.batch_size}")
+    for name, rate in train.items():
+        params = sum(p.numel() for p in models[name].parameters())
+        print(f"  train {name:10s} {rate:8.2f} steps/s  {params:,} parameters")
+    ratios = {"standard/torch": train["standard"] / train["torch"],
+              "quest/standard": train["quest"] / train["standard"],
+              "cache/no cache": gen["with cache"] / gen["without cache"]}
+    for name, rate in gen.items():
+        print(f"  generate (quest) {name:13s} {rate:8.1f} tokens/s  ({new} tokens from a 1-token prompt)")
+    print("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    return {**{f"train {k}": v for k, v in train.items()}, **gen, **ratios}
+
+
+if __name__ == "__main__":
+    main()

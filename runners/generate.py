@@ -1,0 +1,79 @@
+"""`quest generate <run dir>`: sample text from a language run's best checkpoint, with the KV cache.
+
+The model is rebuilt from the run's own ``config.yaml`` through the domain registry (so its data, and a
+character vocabulary, are read again from where the run read them) and ``checkpoints/best.ckpt`` is
+loaded into it. A run that does not exist, is not a language run, or has no best checkpoint is one line
+on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from common.errors import ConfigError, DataError
+
+LANGUAGE = "language"
+
+
+def load_run(run_dir: Path, device: str):
+    """The trained ``LanguageTask`` of a run directory, in eval mode on ``device``."""
+    import torch
+
+    from common.registry import get_domain
+    from runners.config import build_config
+
+    config, checkpoint = run_dir / "config.yaml", run_dir / "checkpoints" / "best.ckpt"
+    if not config.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = OmegaConf.load(config)
+    if cfg.get("domain") != LANGUAGE:
+        raise ConfigError(f"{run_dir} is a {cfg.get('domain')!r} run; quest generate samples from {LANGUAGE!r} runs")
+    if not checkpoint.is_file():
+        raise ConfigError(f"{run_dir} has no checkpoints/best.ckpt (did the run finish a validation?)")
+    _, task = get_domain(LANGUAGE).build(build_config(cfg))
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    task.load_state_dict(state)
+    return task.to(device).eval()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest generate", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a finished language run: runs/language/<variant>/seed<n>-<hash>")
+    parser.add_argument("--prompt", default="\n", help="text the samples continue (default: a newline)")
+    parser.add_argument("--max-new-tokens", type=int, default=500)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 samples greedily")
+    parser.add_argument("--top-k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0 or args.num_samples < 1:
+        parser.error("--max-new-tokens, --temperature and --top-k must be >= 0, --num-samples >= 1")
+    try:
+        return _sample(args)
+    except (ConfigError, DataError) as err:
+        print(f"quest generate: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _sample(args) -> int:
+    import torch
+
+    from domains.language.model import generate
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    task = load_run(args.run_dir, device)
+    prompt = task.tokenizer.encode(args.prompt).long().to(device)
+    if prompt.numel() == 0:
+        raise ConfigError("the prompt is empty: give at least one character")
+    generator = torch.Generator(device).manual_seed(args.seed)
+    tokens = generate(task.net, prompt.expand(args.num_samples, -1), args.max_new_tokens, temperature=args.temperature,
+                      top_k=args.top_k or None, generator=generator)
+    for i, row in enumerate(tokens.tolist()):
+        if i:
+            print("\n" + "-" * 40)
+        print(task.tokenizer.decode(row))
+    return 0
