@@ -40,18 +40,25 @@ from common import probes
 
 class _L2Normalize(torch.autograd.Function):
     """x / max(‖x‖, eps) with its gradient written out: autograd's version of F.normalize keeps
-    several intermediates alive and costs a few percent of a whole attention call."""
+    several intermediates alive and costs a few percent of a whole attention call. Written in the
+    ``setup_context`` form so that ``torch.func`` transforms (vmap over stacked seeds) can use it."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, eps: float) -> Tensor:
+    def forward(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
-        y = x / norm
-        ctx.save_for_backward(y, norm)
-        ctx.eps = eps
-        return y
+        return x / norm, norm
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def setup_context(ctx, inputs, output):
+        y, norm = output
+        ctx.mark_non_differentiable(norm)
+        ctx.save_for_backward(y, norm)
+        ctx.eps = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _norm_grad: Tensor | None):
         y, norm = ctx.saved_tensors
         # Project out the radial part; below eps the clamp makes the map linear (x / eps).
         radial = (grad * y).sum(-1, keepdim=True) * (norm > ctx.eps)
@@ -60,7 +67,7 @@ class _L2Normalize(torch.autograd.Function):
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Normalise the last dimension; all-zero (padding) vectors stay zero instead of NaN."""
-    return _L2Normalize.apply(x, eps)
+    return _L2Normalize.apply(x, eps)[0]
 
 
 def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:

@@ -1,4 +1,4 @@
-"""`quest` command: train | sweep | aggregate | stability | bench | feed | generate | list | robustness.
+"""`quest` command: train | sweep | ensemble | aggregate | stability | bench | feed | generate | list | robustness.
 
 Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths).
 Heavy packages (torch, Lightning, the domains) load only once the config's keys are known to be good, so a
@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.sweep",
                "aggregate": "runners.aggregate", "bench": "runners.bench", "robustness": "runners.robustness",
-               "stability": "runners.stability", "feed": "runners.feed", "generate": "runners.generate"}
+               "stability": "runners.stability", "feed": "runners.feed", "generate": "runners.generate",
+               "ensemble": "runners.ensemble"}
 
 
 def train_main(argv: list[str]) -> int:

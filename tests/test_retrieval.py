@@ -1,12 +1,19 @@
-"""Retrieval domain: the generated answer and shortcut distributions, seeding, the biased/unbiased
-accuracies, test/success and the answer-key-norm probes."""
+"""Retrieval domain: the generated answer and shortcut distributions, seeding and training order, the
+biased/unbiased accuracies and success, the answer-key-norm statistics (also under vmap), the variants
+this one-layer model makes equivalent, the query norm that QUEST keeps and QKNorm drops, and the report."""
+import math
+
 import pytest
 import pytorch_lightning as pl
 import torch
 
+from common.records import write_record
 from common.registry import get_domain
-from domains.retrieval.data import bias_vector, make_retrieval
-from runners.config import build_config, compose
+from domains.retrieval import report
+from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval
+from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
+from runners.config import build_config, compose, run_directory
+from runners.train import _new_record
 
 SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5, bias_std=0.316)
 
@@ -42,21 +49,51 @@ def test_generation_is_deterministic_per_seed():
     assert not torch.equal(sample(seed=3)[1][0], sample(seed=4)[1][0])
 
 
-def test_accuracy_counts_unbiased_samples_and_acc_biased_the_biased_ones():
-    _, (_, task) = build()
+def order(seed: int) -> list[list[int]]:
+    cfg = compose(["domain=retrieval", "preset=smoke", f"seed={seed}"])
+    module = RetrievalDataModule(build_config(cfg).data, seed)
+    module.setup("fit")
+    loader = module.train_dataloader()
+    return [batch for _ in range(2) for batch in iter(loader.batch_sampler)]  # two epochs
+
+
+def test_the_training_order_is_a_function_of_the_seed_alone():
+    first = order(5)
+    torch.rand(100)  # the global generator moves on: the order does not
+    assert order(5) == first and order(6) != first
+    assert first[:4] != first[4:]  # each epoch is shuffled anew
+
+
+def test_accuracy_counts_unbiased_samples_acc_biased_the_biased_ones_and_success_thresholds_acc():
+    _, (_, task) = build("task.success_threshold=0.6")
     preds = torch.tensor([0, 1, 2, 3, 4, 0])
     labels = torch.tensor([0, 1, 0, 3, 4, 0])  # the unbiased samples 0..2 get one wrong, the biased 3..5 none
     biased = torch.tensor([0, 0, 0, 1, 1, 1])
     task.test_metrics.update(preds, torch.stack([labels, biased], dim=1))
     scores = task.test_metrics.compute()
     assert scores["test/acc"].item() == pytest.approx(2 / 3) and scores["test/acc_biased"].item() == 1.0
+    assert scores["test/success"].item() == 1.0  # 2/3 >= 0.6
     task.val_metrics.update(preds, torch.stack([labels, torch.zeros_like(biased)], dim=1))
     assert task.val_metrics.compute()["val/acc_biased"].isnan()  # no biased sample: no score, not 0
 
 
-def test_success_threshold_and_answer_key_norms_are_logged(tmp_path):
+def test_answer_key_norms_are_the_answer_tokens_and_run_under_vmap():
+    _, (datamodule, task) = build()
+    datamodule.setup("fit")
+    batch = next(iter(datamodule.train_dataloader()))
+    x, _, biased, answer = batch
+    norms = task.net.keys(x)[torch.arange(len(x)), answer].norm(dim=-1)
+    stats = task.train_stats(batch)
+    assert stats["probe/answer_key_norm_biased"] == pytest.approx(norms[biased].mean().item(), rel=1e-6)
+    assert stats["probe/answer_key_norm_unbiased"] == pytest.approx(norms[~biased].mean().item(), rel=1e-6)
+    unbiased_only = (x, batch[1], torch.zeros_like(biased), answer)
+    assert task.train_stats(unbiased_only)["probe/answer_key_norm_biased"].isnan()  # none of that kind
+    twice = torch.func.vmap(task.train_stats)(tuple(torch.stack([t, t]) for t in batch))
+    assert torch.equal(twice["probe/answer_key_norm_biased"], stats["probe/answer_key_norm_biased"].expand(2))
+
+
+def test_success_and_answer_key_norms_are_logged_by_a_lightning_run(tmp_path):
     cfg, (datamodule, task) = build("task.success_threshold=0.0")
-    assert task.success_threshold == 0.0
     trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False,
                          default_root_dir=tmp_path)
     trainer.fit(task, datamodule)
@@ -66,3 +103,68 @@ def test_success_threshold_and_answer_key_norms_are_logged(tmp_path):
     metrics = trainer.callback_metrics
     assert metrics["test/success"] == 1.0  # any accuracy reaches a threshold of 0
     assert 0.0 <= metrics["test/acc"] <= 1.0 and 0.0 <= metrics["test/acc_biased"] <= 1.0
+
+
+def nets(variants: tuple[str, ...], heads: int = 1) -> list[RetrievalNet]:
+    built = []
+    for variant in variants:
+        torch.manual_seed(0)
+        built.append(RetrievalNet(16, 8, seq_len=8, heads=heads, hidden=16, attention={"variant": variant}))
+    return built
+
+
+@pytest.mark.parametrize("variant", list(EQUIVALENT))
+def test_the_variants_it_drops_compute_what_their_base_computes(variant):
+    net, base = nets((variant, EQUIVALENT[variant]))
+    base.load_state_dict(net.state_dict())  # qknorm_hs keeps one gain per head: with one head, qknorm's shape
+    x = torch.randn(4, 8, 16)
+    assert torch.equal(net(x), base(x))
+    assert equivalent_variant(variant, heads=1) == EQUIVALENT[variant]
+    assert equivalent_variant("qknorm_hs", heads=2) == "qknorm_hs"
+
+
+def test_each_token_brings_its_own_query_norm_under_quest_but_not_under_qknorm():
+    """A larger token (its features scaled up) attends more sharply under QUEST, since its own query norm
+    scales its logits; under QKNorm every row keeps one sharpness. With a constant query, as a learned
+    readout query would be, the two would be the same function class."""
+    x = torch.randn(2, 8, 16)
+    scaled = x.clone()
+    scaled[:, 3] *= 4.0
+    for variant, changes in (("quest", True), ("qknorm", False)):
+        (net,) = nets((variant,))
+        torch.nn.init.zeros_(net.attn.in_proj_bias)  # no bias: scaling a token scales its query and key
+        rows = [net.attn(t, need_weights=True)[1][:, 3] for t in (x, scaled)]
+        assert torch.allclose(rows[0], rows[1], atol=1e-5) != changes, variant
+
+
+def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: str = "ok") -> None:
+    """A run directory as a finished retrieval run leaves it: record and metrics.csv with key norms."""
+    cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
+                   f"output_dir={root}"])
+    record = _new_record(cfg, get_domain("retrieval"))
+    record["status"] = status
+    if status == "ok":
+        record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0, "test/success": float(success)}
+    run_dir = run_directory(cfg)
+    write_record(run_dir, record)
+    rows = ["step,probe/answer_key_norm_biased,probe/answer_key_norm_unbiased,val/acc"]
+    rows += [f"{step},{2.0 + step * (seed + 1)},3.0," for step in (9, 19)] + ["20,,,0.5"]  # a validation row
+    (run_dir / "metrics.csv").write_text("\n".join(rows))
+
+
+def test_the_report_counts_successes_with_wilson_intervals_and_draws_its_figures(tmp_path):
+    low, high = report.wilson(5, 20)
+    assert low == pytest.approx(0.1119, abs=1e-4) and high == pytest.approx(0.4687, abs=1e-4)
+    assert report.wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and math.isnan(report.wilson(0, 0)[0])
+    for seed in range(3):
+        fake_run(tmp_path, "standard", seed, 1e-2, success=seed == 0)
+        fake_run(tmp_path, "quest", seed, 1e-2, success=True, status="diverged" if seed == 2 else "ok")
+    fake_run(tmp_path, "quest", 0, 3e-2, success=False)
+    table = report.rates(report.load(tmp_path), "variant")
+    assert table.loc["standard", ["successes", "runs"]].tolist() == [1, 3]
+    assert table.loc["quest", ["successes", "runs", "diverged"]].tolist() == [2, 4, 1]  # diverged: a failure
+    curves = report.key_norm_curves(report.load(tmp_path), 1e-2, 0.01)
+    assert curves["standard"]["probe/answer_key_norm_biased"][0.5].tolist() == [20.0, 40.0]  # median over seeds
+    text = report.study(tmp_path, tmp_path / "report", 1e-2, 0.01)
+    assert "| standard | 33.3% [" in text and "≡ standard (not run)" in text
+    assert all((tmp_path / "report" / f).exists() for f in ("success_heatmaps.png", "success_rates.png", "key_norms.png"))

@@ -16,8 +16,10 @@ normalise keys cannot grow a key's norm, so the shortcut is closed to them.
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from common.data import SPLITS, SplitDataModule
 
@@ -57,13 +59,24 @@ DATASETS = {"generated": generated}
 
 class RetrievalDataModule(SplitDataModule):
     """The ``data.dataset`` of ``DATASETS``; every split is biased with probability p_bias, and the
-    task's metrics separate biased from unbiased samples."""
+    task's metrics separate biased from unbiased samples.
+
+    The training order comes from a generator of the sampler's own, seeded by the run seed, rather than
+    from the global generator that model initialisation and Lightning draw from too (or the loader's,
+    which its iterator draws a seed from): the order is then a function of the seed alone, and
+    ``runners.ensemble`` replays it exactly."""
 
     def __init__(self, data: dict, seed: int):
-        super().__init__(data["batch_size"])
+        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"])
         self.data, self.seed = data, seed
         self.input_dim = data["key_dim"] + data["num_classes"]
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
             self.datasets = DATASETS[self.data["dataset"]](self.data, self.seed)
+
+    def train_dataloader(self) -> DataLoader:
+        self.loader("train")  # the shared checks (an empty split is an error)
+        order = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/train-order".encode()))
+        train = self.datasets["train"]
+        return DataLoader(train, batch_size=self.batch_size, sampler=RandomSampler(train, generator=order))

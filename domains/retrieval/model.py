@@ -1,36 +1,81 @@
-"""Token MLP -> one attention layer read by a learned query token -> linear classifier."""
+"""The mechanism study's model: one self-attention layer over the raw tokens, read out by a token MLP
+averaged over the tokens; and its task.
+
+Why this design can show the mechanism the paper describes. Queries, keys and values are linear maps of
+the raw token features x_i = [k_i ; e(y_i)] (``data.py``): nothing before the attention can turn "this
+token is out of distribution" into a direction, so that signal reaches the logits only through norms.
+Every token attends with its own query q_i = W_q x_i, so the answer token's query is as far out as its
+key, and its logit with itself, x_a^T W_q^T W_k x_a, is a quadratic form that grows with ‖k_a‖². How
+each variant can use it (logit of query i and key j):
+
+- standard, ``q_i·k_j/√d``: both norms; the answer's row is sharp, and large keys draw every row.
+- quest, ``‖q_i‖·cos(q_i, k_j)``: the token's own query norm sets how sharply it attends; the answer,
+  with the largest query, attends sharply (to itself) while distractors attend diffusely.
+- qnorm, ``‖k_j‖·cos(q_i, k_j)``: the key norm alone; a large key is sharp for every query facing it.
+- qknorm (and qknorm_ds), ``g·cos(q_i, k_j)``: one scale for every row, so a larger norm cannot make the
+  answer's row sharper; what the norms carry reaches the logits only through directions (with the
+  projections' biases, a key's direction still turns as its norm grows).
+
+The readout applies an MLP to every token's attention output and averages the class scores over tokens.
+It can tell a token whose output is one clean label (sharp attention onto one label: the answer attending
+to itself) from one whose output is a mixture. It holds no learned query: with a constant query
+``‖q‖·cos`` is ``g·cos``, and QUEST would be QKNorm's function class.
+
+The shortcut. On biased samples the answer's key part is b plus small noise. A key or query weight with
+a large gain along b gives the biased answer a large self-logit, and under standard attention and qnorm
+a large key norm, which solves the biased half without comparing norms; it does nothing for the unbiased
+half. The task logs the answer token's key norm ‖W_k x_a + b_k‖ on biased and on unbiased samples, so the
+growth of that gain is visible.
+
+With one layer and one head some variants compute what another does (``EQUIVALENT``): the elliptical
+ones have no previous layer's values and run their base variant, and a per-head gain is a per-layer gain.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.attention import MultiheadAttention
 from common.task import Task
 
+# variant -> the variant it computes in this one-layer model (the per-head gain only with one head)
+EQUIVALENT = {"elliptical": "standard", "elliptical_quest": "quest", "qknorm_hs": "qknorm"}
+
+
+def equivalent_variant(variant: str, heads: int) -> str:
+    """The variant that ``variant`` computes in a ``RetrievalNet`` with ``heads`` heads."""
+    if variant == "qknorm_hs" and heads > 1:
+        return variant
+    return EQUIVALENT.get(variant, variant)
+
 
 class RetrievalNet(nn.Module):
-    """With a single attention layer there are no previous values, so the elliptical variants run
-    their base variants here (standard, quest)."""
+    """Self-attention over the raw tokens -> per-token MLP (``hidden`` units; 0: a linear map) -> mean of
+    the per-token class scores."""
 
-    def __init__(self, input_dim: int, num_classes: int, *, seq_len: int, dim: int, heads: int, attention):
+    def __init__(self, input_dim: int, num_classes: int, *, seq_len: int, heads: int, hidden: int, attention):
         super().__init__()
-        self.embed = nn.Sequential(nn.Linear(input_dim, dim), nn.GELU(), nn.Linear(dim, dim))
-        self.query = nn.Parameter(0.02 * torch.randn(1, 1, dim))
-        self.attn = MultiheadAttention(dim, heads, seq_len=seq_len, **attention)
-        self.head = nn.Linear(dim, num_classes)
+        self.attn = MultiheadAttention(input_dim, heads, seq_len=seq_len, **attention)
+        if hidden:
+            self.readout = nn.Sequential(nn.Linear(input_dim, hidden), nn.GELU(), nn.Linear(hidden, num_classes))
+        else:
+            self.readout = nn.Linear(input_dim, num_classes)
 
     def keys(self, x: Tensor) -> Tensor:
         """The attention keys [B, N, dim] before any normalisation (what the shortcut inflates)."""
         w_k = self.attn.in_proj_weight.chunk(3)[1]
         b_k = self.attn.in_proj_bias.chunk(3)[1] if self.attn.in_proj_bias is not None else None
-        return F.linear(self.embed(x), w_k, b_k)
+        return F.linear(x, w_k, b_k)
 
     def forward(self, x: Tensor) -> Tensor:
-        tokens = self.embed(x)
-        out, _ = self.attn(self.query.expand(x.shape[0], -1, -1), tokens, tokens)
-        return self.head(out[:, 0])
+        # SDPA's math kernel: on 8 tokens it costs less than the fused kernels' set-up, and under vmap
+        # (runners.ensemble) it batches over runs, where a fused kernel would be called once per run.
+        with sdpa_kernel(SDPBackend.MATH):
+            out, _ = self.attn(x)
+        return self.readout(out).mean(1)
 
 
 class SubsetAccuracy(MulticlassAccuracy):
@@ -51,14 +96,27 @@ class SubsetAccuracy(MulticlassAccuracy):
         return super().compute() if seen.sum() > 0 else torch.tensor(float("nan"))
 
 
+class Success(SubsetAccuracy):
+    """1 when the accuracy on unbiased samples reaches ``threshold``, else 0 (NaN without such samples)."""
+
+    def __init__(self, num_classes: int, threshold: float):
+        super().__init__(num_classes, biased=False)
+        self.threshold = threshold
+
+    def compute(self) -> Tensor:
+        acc = super().compute()
+        return acc if acc.isnan() else (acc >= self.threshold).float()
+
+
 class RetrievalTask(Task):
-    """``acc`` is accuracy on unbiased samples (the robust solution), ``acc_biased`` on biased ones;
-    ``test/success`` is 1 when the test ``acc`` reaches ``success_threshold``. Every training step logs
-    the answer token's key norm for biased and unbiased samples (``probe/answer_key_norm_*``). Targets
-    are rows (label, biased flag), so that the metrics can tell the two kinds of sample apart."""
+    """``acc`` is accuracy on unbiased samples (the robust solution), ``acc_biased`` on biased ones, and
+    ``success`` is 1 when ``acc`` reaches ``success_threshold``. Every training step logs the answer token's
+    key norm on biased and on unbiased samples (``train_stats``). Targets are rows (label, biased flag), so
+    that the metrics can tell the two kinds of sample apart."""
 
     def __init__(self, net: RetrievalNet, num_classes: int, optim: dict, *, success_threshold: float, seed: int = 0):
-        metrics = {"acc": SubsetAccuracy(num_classes, biased=False), "acc_biased": SubsetAccuracy(num_classes, biased=True)}
+        metrics = {"acc": SubsetAccuracy(num_classes, biased=False), "acc_biased": SubsetAccuracy(num_classes, biased=True),
+                   "success": Success(num_classes, success_threshold)}
         super().__init__(net, optim, metrics, seed=seed)
         self.success_threshold = success_threshold
 
@@ -69,20 +127,22 @@ class RetrievalTask(Task):
     def loss(self, logits: Tensor, target: Tensor, stage: str) -> Tensor:
         return F.cross_entropy(logits, target[:, 0])
 
+    @torch.no_grad()
+    def train_stats(self, batch) -> dict[str, Tensor]:
+        """Mean key norm of the answer token over the batch's biased and over its unbiased samples (NaN
+        where the batch has none); written without data-dependent branches, so it runs under vmap."""
+        x, _, biased, answer = batch
+        norms = self.net.keys(x).norm(dim=-1).gather(1, answer[:, None])[:, 0]
+        stats = {}
+        for name, keep in (("biased", biased), ("unbiased", ~biased)):
+            keep = keep.to(norms.dtype)
+            stats[f"probe/answer_key_norm_{name}"] = (norms * keep).sum() / keep.sum()
+        return stats
+
     def step(self, batch, stage: str) -> Tensor:
         loss = super().step(batch, stage)
         if stage == "train":
-            x, _, biased, answer = batch
-            self._log_answer_key_norms(x, biased, answer)
+            for name, value in self.train_stats(batch).items():
+                if torch.isfinite(value):  # NaN: no sample of that kind in this batch
+                    self.log(name, value, on_step=True, on_epoch=False)
         return loss
-
-    @torch.no_grad()
-    def _log_answer_key_norms(self, x: Tensor, biased: Tensor, answer: Tensor) -> None:
-        norms = self.net.keys(x)[torch.arange(len(x)), answer].norm(dim=-1)
-        for name, keep in (("biased", biased), ("unbiased", ~biased)):
-            if keep.any():
-                self.log(f"probe/answer_key_norm_{name}", norms[keep].mean(), on_step=True, on_epoch=False)
-
-    def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
-        self.log("test/success", float(self.test_metrics["acc"].compute() >= self.success_threshold))

@@ -1,0 +1,236 @@
+"""Figures and tables of the retrieval study, from its run records (``quest ensemble`` or ``quest sweep``
+wrote them; ``quest aggregate`` gives the generic tables beside these).
+
+``python -m domains.retrieval.report study runs/retrieval_study`` writes into ``runs/retrieval_study/report/``:
+``success_heatmaps.png`` (per variant, the success rate in every learning rate × weight decay cell, with its
+counts), ``success_rates.png`` (per variant, the success rate over the whole grid with a 95% Wilson interval,
+beside the paper's figures), ``key_norms.png`` (the answer token's key norm over training on biased and on
+unbiased samples, in one cell of the grid: median over seeds and interquartile band, never pooled over
+cells) and ``report.md`` with the numbers. A diverged run counts as a failure; a failed run (an error) is
+left out and counted. Variants that compute what another does in this model (``EQUIVALENT``) are listed as
+such rather than run.
+
+``python -m domains.retrieval.report design runs/retrieval_design`` applies the design rule of
+``configs/sweep/retrieval_design.yaml``: for each candidate width, the success rate of standard attention
+without the shortcut, and the smallest candidate reaching ``RULE_RATE``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from common.records import RecordError, find_records, read_record  # noqa: E402
+from domains.retrieval.model import EQUIVALENT  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "domain" / "retrieval.yaml"
+RULE_RATE = 0.9  # the design rule: standard attention succeeds in at least this share of runs at p_bias = 0
+# The paper's success rates over its learning-rate x weight-decay range (its QKNorm: about 0).
+PAPER = {"standard": 0.25, "qnorm": 0.49, "qknorm": 0.0, "quest": 0.58}
+NORMS = ("probe/answer_key_norm_biased", "probe/answer_key_norm_unbiased")
+
+
+def load(root: str | Path) -> pd.DataFrame:
+    """One row per retrieval run record under ``root``: variant, seed, grid cell, width, status, scores."""
+    rows = []
+    for path in find_records(root):
+        try:
+            record = read_record(path)
+        except RecordError:
+            continue  # quest aggregate lists broken records; here they are simply not counted
+        if record["domain"] != "retrieval":
+            continue
+        config, metrics = record["config"], record["metrics"]
+        rows.append({"variant": record["variant"], "seed": record["seed"], "status": record["status"],
+                     "lr": config["optim"]["lr"], "wd": config["optim"]["weight_decay"],
+                     "hidden": config["model"]["hidden"], "p_bias": config["data"]["p_bias"],
+                     "acc": metrics.get("test/acc", math.nan), "acc_biased": metrics.get("test/acc_biased", math.nan),
+                     "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent)})
+    if not rows:
+        raise FileNotFoundError(f"no retrieval run records under {root}")
+    return pd.DataFrame(rows)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate (NaN without runs)."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def rates(runs: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per value of ``by``: finished runs (ok or diverged), successes, rate and its interval, failed runs,
+    and the mean test accuracies of the ok runs."""
+    table = []
+    for key, group in runs.groupby(by, sort=False):
+        done = group[group["status"] != "failed"]
+        k, n = int(done["success"].sum()), len(done)
+        low, high = wilson(k, n)
+        table.append({by: key, "runs": n, "successes": k, "rate": k / n if n else math.nan, "low": low, "high": high,
+                      "diverged": int((group["status"] == "diverged").sum()),
+                      "failed": int((group["status"] == "failed").sum()),
+                      "acc": done["acc"].mean(), "acc_biased": done["acc_biased"].mean()})
+    return pd.DataFrame(table).set_index(by)
+
+
+def _variants(runs: pd.DataFrame) -> list[str]:
+    order = ["standard", "quest", "qnorm", "qknorm", "qknorm_ds"]
+    return [v for v in order if v in set(runs["variant"])] + sorted(set(runs["variant"]) - set(order))
+
+
+def heatmaps(runs: pd.DataFrame, path: Path) -> Path:
+    variants, lrs, wds = _variants(runs), sorted(runs["lr"].unique()), sorted(runs["wd"].unique())
+    fig, axes = plt.subplots(1, len(variants), figsize=(3.1 * len(variants), 3.3), squeeze=False)
+    for ax, variant in zip(axes[0], variants):
+        cells = runs[(runs["variant"] == variant) & (runs["status"] != "failed")]
+        counts = cells.groupby(["lr", "wd"])["success"].agg(["sum", "count"])
+        rate = np.full((len(lrs), len(wds)), np.nan)
+        for (lr, wd), (k, n) in counts.iterrows():
+            i, j = lrs.index(lr), wds.index(wd)
+            rate[i, j] = k / n
+            ax.text(j, i, f"{int(k)}/{int(n)}", ha="center", va="center", fontsize=8,
+                    color="white" if k / n < 0.5 else "black")
+        ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", origin="lower")
+        ax.set_xticks(range(len(wds)), [f"{w:g}" for w in wds], fontsize=7)
+        ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.set_xlabel("weight decay")
+        ax.set_title(variant, fontsize=10)
+    axes[0][0].set_ylabel("learning rate")
+    fig.suptitle("success (unbiased test accuracy ≥ threshold): successes/runs per cell", fontsize=10)
+    return _save(fig, path)
+
+
+def success_bars(table: pd.DataFrame, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 3.3))
+    x = np.arange(len(table))
+    ax.bar(x, table["rate"], color="tab:blue", label="measured")
+    ax.errorbar(x, table["rate"], yerr=[table["rate"] - table["low"], table["high"] - table["rate"]],
+                fmt="none", ecolor="black", capsize=4, label="95% Wilson interval")
+    paper = [PAPER.get(v, math.nan) for v in table.index]
+    ax.scatter(x, paper, marker="D", facecolors="none", edgecolors="tab:red", zorder=3, label="paper")
+    ax.set_xticks(x, [f"{v}\n(n={n})" for v, n in zip(table.index, table["runs"])], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("success rate over the grid")
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, path)
+
+
+def key_norm_curves(runs: pd.DataFrame, lr: float, wd: float) -> dict[str, pd.DataFrame]:
+    """variant -> per step, the median and quartiles over seeds of both answer key norms in one cell."""
+    curves = {}
+    cell = runs[np.isclose(runs["lr"], lr) & np.isclose(runs["wd"], wd)]
+    for variant, group in cell.groupby("variant"):
+        logs = [_read_norms(Path(run_dir) / "metrics.csv").assign(seed=seed)
+                for run_dir, seed in zip(group["run_dir"], group["seed"])]
+        logs = [log for log in logs if not log.empty]
+        if logs:
+            data = pd.concat(logs)
+            curves[variant] = data.groupby("step")[list(NORMS)].quantile([0.25, 0.5, 0.75]).unstack()
+    return curves
+
+
+def _read_norms(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame()
+    with open(path, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row.get(NORMS[0]) or row.get(NORMS[1])]
+    frame = pd.DataFrame(rows, columns=["step", *NORMS]).replace("", np.nan)
+    return frame.astype(float)
+
+
+def key_norm_plot(curves: dict[str, pd.DataFrame], lr: float, wd: float, path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    for ax, stat, kind in zip(axes, NORMS, ("biased", "unbiased")):
+        for variant in (v for v in _variants(pd.DataFrame({"variant": list(curves)})) if v in curves):
+            table = curves[variant][stat]
+            line, = ax.plot(table.index, table[0.5], label=variant, lw=1.3)
+            ax.fill_between(table.index, table[0.25], table[0.75], color=line.get_color(), alpha=0.2, lw=0)
+        ax.set_title(f"answer token, {kind} samples", fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_yscale("log")
+    axes[0].set_ylabel("key norm ‖W_k x_a + b_k‖")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"one cell (lr {lr:g}, weight decay {wd:g}): median over seeds, interquartile band", fontsize=10)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt_rate(row) -> str:
+    return f"{row['rate']:.1%} [{row['low']:.1%}, {row['high']:.1%}]"
+
+
+def study(root: Path, out: Path, lr: float, wd: float) -> str:
+    runs = load(root)
+    runs = runs.set_index("variant", drop=False).loc[_variants(runs)].reset_index(drop=True)
+    out.mkdir(parents=True, exist_ok=True)
+    table = rates(runs, "variant")
+    heatmaps(runs, out / "success_heatmaps.png")
+    success_bars(table, out / "success_rates.png")
+    key_norm_plot(key_norm_curves(runs, lr, wd), lr, wd, out / "key_norms.png")
+    lines = ["# Retrieval study", "", f"{len(runs)} runs from `{root}`: a run succeeds when its unbiased test accuracy "
+             "reaches the threshold; diverged runs count as failures, failed runs are left out.", "",
+             "| variant | success rate [95% interval] | successes/runs | paper | diverged | failed | "
+             "mean acc (unbiased) | mean acc (biased) |", "|---|---|---|---|---|---|---|---|"]
+    for variant, row in table.iterrows():
+        paper = f"{PAPER[variant]:.0%}" if variant in PAPER else "–"
+        lines.append(f"| {variant} | {_fmt_rate(row)} | {int(row['successes'])}/{int(row['runs'])} | {paper} | "
+                     f"{int(row['diverged'])} | {int(row['failed'])} | {row['acc']:.3f} | {row['acc_biased']:.3f} |")
+    lines += [f"| {v} | ≡ {base} (not run) | | | | | | |" for v, base in EQUIVALENT.items()]
+    lines += ["", "![success heatmaps](success_heatmaps.png)", "", "![success rates](success_rates.png)", "",
+              "![key norms](key_norms.png)", ""]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def design(root: Path, out: Path) -> str:
+    table = rates(load(root).sort_values("hidden"), "hidden")
+    chosen = next((hidden for hidden, row in table.iterrows() if row["rate"] >= RULE_RATE), None)
+    lines = ["# Retrieval model: the design rule", "",
+             f"Standard attention without the shortcut (p_bias = 0); rule: the smallest token-MLP width whose runs "
+             f"succeed in at least {RULE_RATE:.0%} of the grid.", "",
+             "| model.hidden | success rate [95% interval] | successes/runs | mean acc | passes |", "|---|---|---|---|---|"]
+    lines += [f"| {hidden} | {_fmt_rate(row)} | {int(row['successes'])}/{int(row['runs'])} | {row['acc']:.3f} | "
+              f"{'yes' if row['rate'] >= RULE_RATE else 'no'} |" for hidden, row in table.iterrows()]
+    lines += ["", f"Chosen: model.hidden = {chosen}." if chosen is not None else "No candidate passes.", ""]
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "design.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = OmegaConf.load(CONFIG).optim
+    parser = argparse.ArgumentParser(prog="python -m domains.retrieval.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("study", "design"))
+    parser.add_argument("runs", type=Path, help="the sweep's output directory")
+    parser.add_argument("-o", "--output", type=Path, help="where the report goes (default <runs>/report)")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="the cell of the key-norm curves")
+    parser.add_argument("--wd", type=float, default=defaults.weight_decay, help="the cell of the key-norm curves")
+    args = parser.parse_args(argv)
+    out = args.output or args.runs / "report"
+    print(study(args.runs, out, args.lr, args.wd) if args.what == "study" else design(args.runs, out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

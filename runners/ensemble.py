@@ -1,0 +1,660 @@
+"""`quest ensemble <sweep>`: the runs of a sweep file, trained many at a time.
+
+A run of a tiny model spends most of its time on process start-up, Lightning and checkpoints, not on its
+arithmetic. Here the runs of a sweep that share a model are trained together: each is built by its domain
+exactly as ``quest train`` builds it (same seeding), their parameters are stacked
+(``torch.func.stack_module_state``), and one step vectorised over them (``torch.func.vmap`` of ``grad``)
+trains all of them, each on its own data in its own order with its own learning rate and weight decay.
+The rest of a Lightning run is replayed per run: gradient-norm clipping, AdamW with the task's decay
+groups and warm-up/cosine schedule (``StackedAdamW``), validation every ``check_val_every_n_epoch``
+epochs and at the step a run diverges (as Lightning does), the attention probes every
+``probes.every_n_steps`` steps, divergence (non-finite loss, the loss bounds, the max attention logit), and
+the test on the parameters of the best validation epoch. Each run gets the ``record.json``,
+``config.yaml`` and ``metrics.csv`` that ``quest train`` writes, in the same run directory (no
+checkpoints), so ``quest aggregate``, ``quest sweep`` and reruns treat both alike.
+
+Identity. vmap runs each operation on the stacked runs with the kernel a single run uses (a fused SDPA
+kernel, which has no batching rule, once per run: slow; the retrieval model asks for SDPA's math kernel,
+which batches), and the optimiser, clipping, checkpoint choice and evaluation repeat torch's and
+Lightning's arithmetic, so on CPU a run's record equals that of ``quest train`` with its config and as many
+torch threads; ``tests/test_ensemble.py`` checks this for a few seeds. Only the training loss a run logs
+may differ in the last bit (vmap reduces a batched loss in another order); its gradients do not. What a
+domain needs: in-memory ``TensorDataset`` splits; a train loader whose sampler draws the order from a
+generator of its own (``RandomSampler(dataset, generator=...)``), not from the global one (otherwise each
+run still gets a fresh shuffle, but not the one ``quest train`` draws); a task that runs under ``vmap`` (no
+Python branch on tensor values in ``unpack``, ``forward`` and ``loss``); and, optionally,
+``task.train_stats(batch)``: statistics of each training batch that the task's own ``step`` logs too
+(``domains/retrieval`` logs the answer token's key norms that way).
+
+Groups and chunks. Runs whose configs differ only in ``PER_MEMBER`` (seed, learning rate, weight decay)
+form a group, trained in chunks of at most ``--members`` runs. Settings the replay does not cover (another
+optimiser, ``max_steps``, fractional ``limit_*_batches``, another precision or device, several devices,
+test-time perturbations) are refused before anything runs (exit 2); ``quest sweep`` runs those.
+
+Reruns, locks and progress are ``quest sweep``'s: ok and diverged records are kept, failed runs are rerun
+(``--redo`` as there), every run of a chunk is held under its lock while the chunk trains, and one progress
+line follows the whole sweep. The record's ``wall_time_s`` is the chunk's wall time shared out over its runs.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import itertools
+import logging
+import math
+import multiprocessing
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from common.errors import ConfigError, DataError
+from common.records import RECORD_NAME
+from runners.config import compose, config_hash, run_directory
+from runners.sweep import RERUN, Progress, _keep_or_drop, _outcome, _reason, claimed, expand, load_sweep
+
+log = logging.getLogger(__name__)
+
+PER_MEMBER = ("seed", "optim.lr", "optim.weight_decay")
+EVAL_MEMBERS = 32  # members evaluated in one vmapped pass
+
+
+# --- what a chunk is made of ----------------------------------------------------------------------
+@dataclass
+class Member:
+    """One run of a chunk: its config and place in the sweep, what its domain built, and what it logged."""
+
+    index: int
+    cfg: DictConfig
+    run_dir: Path
+    task: nn.Module | None = None
+    datamodule: object = None
+    rows: list[dict] = field(default_factory=list)  # metrics.csv, as Lightning's CSVLogger writes it
+    probes: dict[str, float] = field(default_factory=dict)  # the latest probe summary
+    divergence: dict | None = None
+    first_loss: float | None = None
+    best: float | None = None  # best validation value so far (the checkpoint Lightning would keep)
+    metrics: dict[str, float] = field(default_factory=dict)  # test scores at the best checkpoint
+
+    def diverge(self, step: int, reason: str) -> None:
+        if self.divergence is None:  # the first reason stands, as Task.mark_diverged has it
+            self.divergence = {"step": step, "reason": reason}
+
+
+def group_key(cfg: DictConfig) -> str:
+    """Equal for runs that may train together: configs equal but for ``PER_MEMBER``."""
+    plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for key in PER_MEMBER:
+        OmegaConf.update(plain, key, 0)
+    return config_hash(plain)
+
+
+def check_replayable(cfg: DictConfig) -> None:
+    """A ``ConfigError`` naming the settings of ``cfg`` that the ensemble trainer does not replay."""
+    trainer, problems = cfg.trainer, []
+    if cfg.optim.name != "adamw":
+        problems.append(f"optim.name={cfg.optim.name}")
+    if trainer.max_steps not in (-1, None):
+        problems.append(f"trainer.max_steps={trainer.max_steps}")
+    problems += [f"trainer.{k}={trainer[k]}" for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
+                 if trainer[k] != 1.0]
+    if str(trainer.precision) not in ("32-true", "32"):
+        problems.append(f"trainer.precision={trainer.precision}")
+    if trainer.accelerator != "cpu" or trainer.devices != 1 or trainer.num_nodes != 1:
+        problems.append("a device other than one CPU")
+    if cfg.task.get("perturbations"):
+        problems.append("task.perturbations")
+    if problems:
+        raise ConfigError(f"the ensemble trainer does not replay {', '.join(problems)}; run it with quest sweep")
+
+
+# --- the stacked optimiser -----------------------------------------------------------------------------
+def _per_member(values: list[float], like: Tensor) -> Tensor:
+    """float32 [E, 1, ...] of per-member Python floats, rounded as torch rounds a Python scalar argument."""
+    return torch.tensor(values, dtype=like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+class StackedAdamW:
+    """``torch.optim.AdamW`` as it runs on CPU (its single-tensor update, amsgrad off), on parameters
+    stacked over members, each with its own base learning rate and weight decay. The operations, their
+    order and their scalars are torch's, so a member's slice gets what its own AdamW would give; ``Task``'s
+    groups are kept (weight decay on parameters of two or more dimensions only)."""
+
+    def __init__(self, params: dict[str, Tensor], lrs: list[float], weight_decays: list[float],
+                 betas: tuple[float, float], eps: float = 1e-8):
+        self.lrs, self.weight_decays = lrs, weight_decays
+        self.beta1, self.beta2 = betas
+        self.eps, self.steps = eps, 0
+        self.decay = {name for name, p in params.items() if p.dim() > 2}  # stacked: one dimension more
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+
+    @torch.no_grad()
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], factor: float) -> None:
+        """One update with every member's learning rate at ``factor`` × its base (the LambdaLR schedule)."""
+        self.steps += 1
+        lrs = [lr * factor for lr in self.lrs]
+        bias_correction1 = 1 - self.beta1**self.steps
+        bias_correction2_sqrt = (1 - self.beta2**self.steps) ** 0.5
+        for name, param in params.items():
+            grad = grads[name]
+            if name in self.decay:
+                param.mul_(_per_member([1 - lr * wd for lr, wd in zip(lrs, self.weight_decays)], param))
+            self.exp_avg[name].lerp_(grad, 1 - self.beta1)
+            self.exp_avg_sq[name].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            denom = (self.exp_avg_sq[name].sqrt() / bias_correction2_sqrt).add_(self.eps)
+            # addcdiv_(exp_avg, denom, value=-step_size) computes self + (value * exp_avg) / denom
+            step_size = _per_member([-lr / bias_correction1 for lr in lrs], param)
+            param.add_(step_size * self.exp_avg[name] / denom)
+
+
+@torch.no_grad()
+def clip_grad_norms_(grads: dict[str, Tensor], order: list[str], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` per member: the norm of each parameter's gradient, their norm in
+    ``order`` (the optimiser's: decayed parameters first), and the same clipping coefficient."""
+    norms = torch.stack([torch.linalg.vector_norm(grads[name].flatten(1), dim=1) for name in order], dim=1)
+    coef = torch.clamp(max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
+    for grad in grads.values():
+        grad.mul_(coef.view(-1, *([1] * (grad.dim() - 1))))
+
+
+# --- calling a task under torch.func --------------------------------------------------------------------
+class _Bound(nn.Module):
+    """``fn(task, *args)`` as a forward: ``torch.func.functional_call`` only calls forward, and this lets it
+    swap in a member's parameters for everything ``fn`` does with the task."""
+
+    def __init__(self, task: nn.Module, fn):
+        super().__init__()
+        self.task, self.fn = task, fn
+
+    def forward(self, *args):
+        return self.fn(self.task, *args)
+
+
+def _train_loss(task, batch):
+    inputs, target = task.unpack(batch)
+    loss = task.loss(task(inputs), target, "train")
+    stats = task.train_stats(batch) if hasattr(task, "train_stats") else {}
+    return loss, (loss.detach(), stats)
+
+
+def _outputs(task, batch):
+    inputs, target = task.unpack(batch)
+    return task(inputs), target
+
+
+def _prefixed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"task.{name}": t for name, t in tensors.items()}
+
+
+# --- one chunk --------------------------------------------------------------------------------------
+class Chunk:
+    """Runs of one group trained together; ``fit`` trains, validates and tests them, ``records`` says how
+    each went."""
+
+    def __init__(self, members: list[Member]):
+        from torch.func import stack_module_state
+
+        self.members = members
+        self.cfg = members[0].cfg
+        self.template = members[0].task
+        params, buffers = stack_module_state([m.task for m in members])
+        self.params = {name: p.detach() for name, p in params.items()}
+        self.buffers = buffers
+        decay = [name for name, p in self.params.items() if p.dim() > 2]
+        self.clip_order = decay + [name for name in self.params if name not in decay]
+        self._data()
+        self._functions()
+
+    # setting up
+    def _data(self) -> None:
+        """Each seed's splits stacked once ([seeds, samples, ...]) and its train loader; members index them."""
+        seeds = list(dict.fromkeys(m.cfg.seed for m in self.members))
+        self.slot = torch.tensor([seeds.index(m.cfg.seed) for m in self.members])
+        first = {seed: next(m for m in self.members if m.cfg.seed == seed) for seed in seeds}
+        modules = [first[seed].datamodule for seed in seeds]
+        for module in modules:
+            module.setup("fit")
+        self.data = {split: _stack_split(modules, split) for split in ("train", "val", "test")}
+        self.train_loaders = [module.train_dataloader() for module in modules]
+        if any(getattr(loader.sampler, "generator", False) is None for loader in self.train_loaders):
+            log.warning("ensemble: the train loader draws its order from the global generator; runs will not "
+                        "see the order quest train gives them")
+        self.eval_batches = {split: list(getattr(modules[0], f"{split}_dataloader")().batch_sampler)
+                             for split in ("val", "test")}
+
+    def _functions(self) -> None:
+        from torch.func import functional_call, grad, vmap
+
+        train, evaluate = _Bound(self.template, _train_loss), _Bound(self.template, _outputs)
+
+        def member_step(params, buffers, batch):
+            return grad(lambda p: functional_call(train, (_prefixed(p), _prefixed(buffers)), (batch,)),
+                        has_aux=True)(params)
+
+        def member_outputs(params, buffers, batch):
+            return functional_call(evaluate, (_prefixed(params), _prefixed(buffers)), (batch,))
+
+        self.train_step = vmap(member_step)
+        self.forward = vmap(member_outputs)
+
+    def _batch(self, split: str, index: Tensor, which: Tensor) -> tuple[Tensor, ...]:
+        """The samples ``index`` [members, batch] of ``split`` for the members ``which``."""
+        slot = self.slot[which][:, None]
+        return tuple(t[slot, index] for t in self.data[split])
+
+    def _select(self, tensors: dict[str, Tensor], which: Tensor) -> dict[str, Tensor]:
+        return {name: t[which] for name, t in tensors.items()}
+
+    # training
+    def fit(self) -> None:
+        from common.task import warmup_cosine
+
+        cfg, trainer = self.cfg, self.cfg.trainer
+        steps_per_epoch = len(self.train_loaders[0])
+        total = max(1, steps_per_epoch * trainer.max_epochs)
+        schedule = warmup_cosine(total, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio,
+                                 cosine=cfg.optim.schedule == "cosine")
+        self.optimizer = StackedAdamW(self.params, [m.cfg.optim.lr for m in self.members],
+                                      [m.cfg.optim.weight_decay for m in self.members], tuple(cfg.optim.betas))
+        self.best_params = {name: p.clone() for name, p in self.params.items()}
+        self.active = torch.ones(len(self.members), dtype=torch.bool)
+        step = 0
+        for epoch in range(trainer.max_epochs):
+            orders = [_epoch_order(loader) for loader in self.train_loaders]
+            for batch_idx in range(steps_per_epoch):
+                index = torch.stack([torch.as_tensor(order[batch_idx]) for order in orders])[self.slot]
+                self._train_batch(index, step, epoch, schedule(step))
+                step += 1
+                if not self.active.any():
+                    return
+            if (epoch + 1) % trainer.check_val_every_n_epoch == 0:
+                self._validate(self.active.nonzero()[:, 0], epoch, step)
+
+    def _train_batch(self, index: Tensor, step: int, epoch: int, factor: float) -> None:
+        which = self.active.nonzero()[:, 0]
+        batch = self._batch("train", index, torch.arange(len(self.members)))
+        max_logits = self._probe(batch, which, step) if self._probe_step(step) else {}
+        grads, (losses, stats) = self.train_step(self.params, self.buffers, batch)
+        finite = torch.isfinite(losses)
+        for e in which[~finite[which]].tolist():
+            self.members[e].diverge(step, "non-finite training loss")  # Lightning skips that step's update
+        still = ~self.active | ~finite  # finished members, and members whose step is skipped
+        kept = {name: p[still].clone() for name, p in self.params.items()} if still.any() else None
+        if self.cfg.trainer.gradient_clip_val:
+            clip_grad_norms_(grads, self.clip_order, self.cfg.trainer.gradient_clip_val)
+        self.optimizer.step(self.params, grads, factor)
+        if kept is not None:
+            for name, param in self.params.items():
+                param[still] = kept[name]
+        self._after_step(which, losses, stats, max_logits, step, epoch)
+
+    def _probe_step(self, step: int) -> bool:
+        every = self.cfg.probes.every_n_steps
+        return every > 0 and step % every == 0
+
+    @torch.no_grad()
+    def _probe(self, batch: tuple[Tensor, ...], which: Tensor, step: int) -> dict[int, float]:
+        """``common.callbacks.ProbeCallback``'s probes, on each member's own forward pass of its batch (the
+        probes keep Python state, which vmap cannot carry). Returns each member's max logit."""
+        from torch.func import functional_call
+
+        from common.probes import attention_probes, summarize
+
+        found = attention_probes(self.template)
+        max_logits = {}
+        for e in which.tolist():
+            for probe in found.values():
+                probe.enabled, probe.max_samples, probe.stats = True, self.cfg.probes.max_samples, {}
+            inputs, _ = self.template.unpack(tuple(t[e] for t in batch))
+            functional_call(self.template, (self._select(self.params, e), self._select(self.buffers, e)), (inputs,))
+            per_layer = {name: p.stats for name, p in found.items() if p.stats}
+            member = self.members[e]
+            member.probes = summarize(per_layer)
+            member.rows.append({**{f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items()
+                                   for stat, v in stats.items()},
+                                **{f"probe/{stat}": v for stat, v in member.probes.items()}, "step": step + 1})
+            max_logits[e] = member.probes["max_logit"]
+        for probe in found.values():
+            probe.enabled = False
+        return max_logits
+
+    def _after_step(self, which: Tensor, losses: Tensor, stats: dict[str, Tensor], max_logits: dict[int, float],
+                    step: int, epoch: int) -> None:
+        """What Lightning does at the end of a training batch: the probe's and the loss's divergence checks
+        (in the order of the runner's callbacks), the step's logs, and a validation for runs that stop."""
+        every = self.cfg.trainer.log_every_n_steps
+        for e in which.tolist():
+            member, loss = self.members[e], float(losses[e])
+            if e in max_logits:
+                self._check_logit(member, max_logits[e], step + 1)
+            if math.isfinite(loss):
+                self._check_loss(member, loss, step + 1)
+            if (step + 1) % every == 0:
+                logged = {name: float(v[e]) for name, v in stats.items() if torch.isfinite(v[e])}
+                member.rows.append({"train/loss": loss, **logged, "epoch": epoch, "step": step})
+        stopped = [e for e in which.tolist() if self.members[e].divergence is not None]
+        if stopped:
+            self.active[stopped] = False
+            if (epoch + 1) % self.cfg.trainer.check_val_every_n_epoch == 0:  # Lightning validates a stopping run
+                self._validate(torch.tensor(stopped), epoch, step + 1)
+
+    def _check_logit(self, member: Member, max_logit: float, step: int) -> None:
+        bound = self.cfg.probes.max_logit_bound
+        if not math.isfinite(max_logit) or (bound is not None and max_logit > bound):
+            member.diverge(step, f"max attention logit {max_logit:.3g} past bound {bound}")
+
+    def _check_loss(self, member: Member, loss: float, step: int) -> None:
+        """``common.callbacks.DivergenceCallback``'s bounds."""
+        if member.first_loss is None:
+            member.first_loss = loss
+        settings, bounds = self.cfg.divergence, []
+        if settings.loss_ratio is not None:
+            bounds.append(settings.loss_ratio * max(abs(member.first_loss), 1.0))
+        if settings.max_loss is not None:
+            bounds.append(settings.max_loss)
+        if bounds and loss > min(bounds):
+            member.diverge(step, f"training loss {loss:.3g} past bound {min(bounds):.3g}")
+
+    # evaluation
+    def _validate(self, which: Tensor, epoch: int, step: int) -> None:
+        """Validation of the members ``which``, and the checkpoint Lightning's ModelCheckpoint would keep:
+        the first validation, then every strictly better one (NaN counts as the worst value)."""
+        from common.registry import get_domain
+
+        domain = get_domain(self.cfg.domain)
+        for e, scores in self._evaluate("val", self.params, which).items():
+            member = self.members[e]
+            member.rows.append({**scores, "epoch": epoch, "step": step})
+            value = scores[f"val/{domain.metric}"]
+            if math.isnan(value):
+                value = math.inf if domain.mode == "min" else -math.inf
+            if member.best is None or (value < member.best if domain.mode == "min" else value > member.best):
+                member.best = value
+                for name, param in self.params.items():
+                    self.best_params[name][e] = param[e]
+
+    def test(self) -> None:
+        which = torch.tensor([e for e, m in enumerate(self.members) if m.divergence is None], dtype=torch.long)
+        if len(which):
+            for e, scores in self._evaluate("test", self.best_params, which).items():
+                self.members[e].rows.append(scores)
+                self.members[e].metrics = scores
+
+    @torch.no_grad()
+    def _evaluate(self, split: str, params: dict[str, Tensor], which: Tensor) -> dict[int, dict[str, float]]:
+        """``split``'s loss (averaged over batches weighted by their size, as Lightning does) and the task's
+        metrics for the members ``which``: vmapped forward passes over a few members at a time (a whole
+        chunk's outputs of one evaluation batch need not fit in memory at once), then each member's loss and
+        metric updates on its own outputs, as its single run computes them."""
+        results = {}
+        for part in which.split(EVAL_MEMBERS):
+            sub_params, sub_buffers = self._select(params, part), self._select(self.buffers, part)
+            sums = {e: [torch.tensor(0.0), torch.tensor(0)] for e in part.tolist()}
+            for batch_index in self.eval_batches[split]:
+                index = torch.as_tensor(batch_index).expand(len(part), -1)
+                outputs, targets = self.forward(sub_params, sub_buffers, self._batch(split, index, part))
+                for i, e in enumerate(part.tolist()):
+                    self._update(self.members[e].task, split, outputs[i], targets[i], sums[e])
+            results.update({e: self._scores(self.members[e].task, split, *sums[e]) for e in sums})
+        return results
+
+    @staticmethod
+    def _update(task, split: str, output, target, sums: list[Tensor]) -> None:
+        loss = task.loss(output, target, split)
+        sums[0] = sums[0] + loss * len(target)  # Lightning's mean over batches, in its dtypes
+        sums[1] = sums[1] + len(target)
+        getattr(task, f"{split}_metrics").update(*task.predictions(output, target))
+
+    @staticmethod
+    def _scores(task, split: str, loss_sum: Tensor, count: Tensor) -> dict[str, float]:
+        metrics = getattr(task, f"{split}_metrics")
+        scores = {name: float(value) for name, value in metrics.compute().items()}
+        metrics.reset()
+        return {f"{split}/loss": float(loss_sum / count), **scores}
+
+
+def _epoch_order(loader) -> list[list[int]]:
+    """The index batches of the loader's next epoch. Lightning takes ``len(loader)`` batches and never asks
+    for more, so a sampler that would draw again on being asked (torch's RandomSampler draws a last, empty
+    permutation) does not; taking exactly as many keeps its generator where Lightning leaves it."""
+    return list(itertools.islice(iter(loader.batch_sampler), len(loader)))
+
+
+def _stack_split(modules: list, split: str) -> tuple[Tensor, ...]:
+    """A split's tensors of every datamodule, stacked: [datamodules, samples, ...]."""
+    from torch.utils.data import TensorDataset
+
+    datasets = [module.datasets[split] for module in modules]
+    if not all(isinstance(d, TensorDataset) for d in datasets):
+        raise ConfigError(f"the ensemble trainer needs in-memory TensorDatasets; the {split} split is "
+                          f"{type(datasets[0]).__name__}")
+    return tuple(torch.stack(parts) for parts in zip(*(d.tensors for d in datasets)))
+
+
+# --- records --------------------------------------------------------------------------------------
+def _write_run(member: Member, template: dict, chunk_size: int, wall_s: float) -> dict:
+    """The member's run directory as ``quest train`` leaves it (config.yaml, metrics.csv, record.json;
+    no checkpoints); returns the record."""
+    from common.registry import get_domain
+    from runners.train import _best_validation, _fresh_run_directory, _write_record
+
+    domain = get_domain(member.cfg.domain)
+    run_dir = _fresh_run_directory(member.cfg)
+    _write_csv(run_dir / "metrics.csv", member.rows)
+    record = copy.deepcopy(template)
+    record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
+                  params=sum(p.numel() for p in member.task.parameters()), probes=member.probes,
+                  best_val=_best_validation(run_dir / "metrics.csv", f"val/{domain.metric}", domain.mode),
+                  wall_time_s=round(wall_s / chunk_size, 3))
+    record["hardware"].update(world_size=1, ensemble_members=chunk_size)
+    if member.divergence is not None:
+        record.update(status="diverged", divergence=member.divergence)
+    else:
+        record["metrics"] = member.metrics
+    _write_record(run_dir, record)
+    return record
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    """Rows as Lightning's CSVLogger writes them (one header of every key, values by ``repr``)."""
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _write_failed(member: Member, template: dict, err: Exception) -> dict:
+    from runners.train import _fresh_run_directory, _write_record, _write_text
+
+    run_dir = _fresh_run_directory(member.cfg)
+    record = copy.deepcopy(template)
+    record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
+                  status="failed", error=_reason(err))
+    _write_text(run_dir / "error.log", traceback.format_exc())
+    _write_record(run_dir, record)
+    return record
+
+
+# --- driving a sweep ------------------------------------------------------------------------------
+def train_chunk(members: list[Member]) -> list[dict]:
+    """Train the members (runs of one group, each held under its lock) together and write their runs;
+    returns one sweep outcome per member. Wrong input is an ``invalid`` outcome for the whole chunk."""
+    threads = torch.get_num_threads()
+    cfg = members[0].cfg
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        chunk, template = _prepare(members)
+    except (ConfigError, DataError) as err:
+        return [_outcome(m.index, "invalid", _reason(err), m.run_dir) for m in members]
+    else:
+        return _train(chunk, template)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
+    """The chunk, built and checked as ``quest train`` checks a run before its directory exists, and the
+    record template its runs share."""
+    from common.registry import get_domain
+    from runners import console
+    from runners.train import _new_record, check_settings
+
+    console.quiet()  # after Lightning's import, which sets its own log level
+    cfg = members[0].cfg
+    check_settings(cfg)
+    check_replayable(cfg)
+    domain = get_domain(cfg.domain)
+    for member in members:
+        _build(member, domain)
+    return Chunk(members), _new_record(cfg, domain)
+
+
+def _train(chunk: Chunk, template: dict) -> list[dict]:
+    members, start = chunk.members, time.perf_counter()
+    try:
+        chunk.fit()
+        chunk.test()
+    except Exception as err:  # a failed chunk is a failed record per run, and the sweep goes on
+        wall = (time.perf_counter() - start) / len(members)
+        return [_outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall) for m in members]
+    wall = time.perf_counter() - start
+    records = [_write_run(m, template, len(members), wall) for m in members]
+    return [_outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"]) for m, r in zip(members, records)]
+
+
+def _build(member: Member, domain) -> None:
+    """The member's datamodule and task, built as ``runners.train.run`` builds them (same seeding)."""
+    import pytorch_lightning as pl
+
+    from runners.config import build_config
+
+    pl.seed_everything(member.cfg.seed, workers=True, verbose=False)
+    try:
+        member.datamodule, member.task = domain.build(build_config(member.cfg))
+    except ValueError as err:
+        raise ConfigError(f"domain {member.cfg.domain!r}: {str(err).strip().splitlines()[0]}") from None
+
+
+def plan(runs: list[list[str]], redo: str | None, progress: Progress) -> list[Member]:
+    """Compose every run once; tell ``progress`` about invalid runs and the records kept (the sweep's rules,
+    records to redo removed under their locks); returns the runs to train."""
+    pending = []
+    for index, args in enumerate(runs):
+        try:
+            cfg = compose(args)
+        except ConfigError as err:
+            progress.add(_outcome(index, "invalid", _reason(err)))
+            continue
+        run_dir = run_directory(cfg)
+        status = _keep_or_drop(run_dir, RERUN[redo])
+        if status is None:
+            pending.append(Member(index, cfg, run_dir))
+        else:
+            progress.add(_outcome(index, status, run_dir=run_dir))
+    return pending
+
+
+def chunks(members: list[Member], size: int) -> list[list[Member]]:
+    """Members grouped by ``group_key`` (in sweep order), each group cut into the fewest chunks of at most
+    ``size``, of equal sizes (give or take one), so that workers get even shares."""
+    groups: dict[str, list[Member]] = {}
+    for member in members:
+        groups.setdefault(group_key(member.cfg), []).append(member)
+    pieces = []
+    for group in groups.values():
+        parts = -(-len(group) // size)
+        bounds = [len(group) * i // parts for i in range(parts + 1)]
+        pieces += [group[a:b] for a, b in zip(bounds, bounds[1:])]
+    return pieces
+
+
+def run_chunks(pieces: list[list[Member]], report: Callable[[dict], None]) -> None:
+    """Train each chunk's runs that no other process holds and none has recorded since the plan."""
+    for piece in pieces:
+        with ExitStack() as held:
+            mine = [m for m in piece if held.enter_context(claimed(m.run_dir)) and not (m.run_dir / RECORD_NAME).exists()]
+            for outcome in train_chunk(mine) if mine else []:
+                report(outcome)
+
+
+def _balance(pieces: list[list[Member]], workers: int) -> list[list[list[Member]]]:
+    """Chunks dealt to workers, largest first to the least loaded (their cost grows with their runs)."""
+    shares: list[list[list[Member]]] = [[] for _ in range(workers)]
+    for piece in sorted(pieces, key=len, reverse=True):
+        min(shares, key=lambda share: sum(map(len, share))).append(piece)
+    return [share for share in shares if share]
+
+
+def _worker(pieces: list[list[Member]], threads: int, outcomes) -> None:
+    torch.set_num_threads(threads)
+    run_chunks(pieces, outcomes.put)
+
+
+def run_workers(pieces: list[list[Member]], workers: int, progress: Progress) -> int:
+    """Train the chunks in ``workers`` processes (each with its share of the CPU threads), feeding
+    ``progress`` with their outcomes; returns 1 if a worker died, else 0."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch thread pool
+    outcomes = context.Queue()
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    processes = [context.Process(target=_worker, args=(share, threads, outcomes)) for share in _balance(pieces, workers)]
+    for process in processes:
+        process.start()
+    while True:
+        try:
+            progress.update(outcomes.get(timeout=0.5))
+        except queue.Empty:
+            if not any(process.is_alive() for process in processes):
+                break
+    for process in processes:
+        process.join()
+    return int(any(process.exitcode for process in processes))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quest ensemble", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
+    parser.add_argument("--workers", type=int, default=1, help="processes sharing the chunks and the CPU threads")
+    parser.add_argument("--members", type=int, default=128, help="most runs trained together (default 128)")
+    parser.add_argument("--output-dir", help="override the sweep's output_dir")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--redo", choices=("diverged", "all"),
+                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
+    parser.add_argument("--dry-run", action="store_true", help="list the chunks and exit")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.members < 1 or args.workers < 1:
+        raise ConfigError(f"--members and --workers must be at least 1, not {args.members} and {args.workers}")
+    runs = expand(load_sweep(args.sweep), args.output_dir, args.set)
+    progress = Progress(runs, args.workers)
+    pending = plan(runs, None if args.dry_run else args.redo, progress)
+    pieces = chunks(pending, args.members)
+    if args.dry_run:
+        for piece in pieces:
+            cfg = piece[0].cfg
+            print(f"{len(piece)} runs: {cfg.domain}/{cfg.attention.variant} ({cfg.preset}) "
+                  f"seeds {sorted({m.cfg.seed for m in piece})}")
+        return progress.code()
+    progress.show()
+    code = 0
+    if args.workers > 1 and len(pieces) > 1:
+        code = run_workers(pieces, args.workers, progress)
+    else:
+        run_chunks(pieces, progress.update)
+    progress.summary()
+    return max(code, progress.code())
