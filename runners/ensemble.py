@@ -59,8 +59,9 @@ from torch import Tensor, nn
 
 from common.errors import ConfigError, DataError
 from common.records import RECORD_NAME
+from runners import sweep
 from runners.config import compose, config_hash, run_directory
-from runners.sweep import RERUN, Progress, _keep_or_drop, _outcome, _reason, claimed, expand, load_sweep
+from runners.sweep import Progress
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +199,8 @@ def _prefixed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 # --- one chunk --------------------------------------------------------------------------------------
 class Chunk:
-    """Runs of one group trained together; ``fit`` trains, validates and tests them, ``records`` says how
-    each went."""
+    """Runs of one group trained together: ``fit`` trains and validates them, ``test`` tests each at its best
+    validation epoch; each ``Member`` keeps what its run logged, for ``_write_run``."""
 
     def __init__(self, members: list[Member]):
         from torch.func import stack_module_state
@@ -480,7 +481,7 @@ def _write_failed(member: Member, template: dict, err: Exception) -> dict:
     run_dir = _fresh_run_directory(member.cfg)
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
-                  status="failed", error=_reason(err))
+                  status="failed", error=sweep._reason(err))
     _write_text(run_dir / "error.log", traceback.format_exc())
     _write_record(run_dir, record)
     return record
@@ -497,7 +498,7 @@ def train_chunk(members: list[Member]) -> list[dict]:
     try:
         chunk, template = _prepare(members)
     except (ConfigError, DataError) as err:
-        return [_outcome(m.index, "invalid", _reason(err), m.run_dir) for m in members]
+        return [sweep._outcome(m.index, "invalid", sweep._reason(err), m.run_dir) for m in members]
     else:
         return _train(chunk, template)
     finally:
@@ -528,10 +529,12 @@ def _train(chunk: Chunk, template: dict) -> list[dict]:
         chunk.test()
     except Exception as err:  # a failed chunk is a failed record per run, and the sweep goes on
         wall = (time.perf_counter() - start) / len(members)
-        return [_outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall) for m in members]
+        return [sweep._outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall)
+                for m in members]
     wall = time.perf_counter() - start
     records = [_write_run(m, template, len(members), wall) for m in members]
-    return [_outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"]) for m, r in zip(members, records)]
+    return [sweep._outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"])
+            for m, r in zip(members, records)]
 
 
 def _build(member: Member, domain) -> None:
@@ -547,22 +550,22 @@ def _build(member: Member, domain) -> None:
         raise ConfigError(f"domain {member.cfg.domain!r}: {str(err).strip().splitlines()[0]}") from None
 
 
-def plan(runs: list[list[str]], redo: str | None, progress: Progress) -> list[Member]:
+def plan(runs: list[list[str]], redo: str | None, progress: Progress, dry_run: bool = False) -> list[Member]:
     """Compose every run once; tell ``progress`` about invalid runs and the records kept (the sweep's rules,
-    records to redo removed under their locks); returns the runs to train."""
+    records to redo removed under their locks; a dry run only reads them); returns the runs to train."""
     pending = []
     for index, args in enumerate(runs):
         try:
             cfg = compose(args)
         except ConfigError as err:
-            progress.add(_outcome(index, "invalid", _reason(err)))
+            progress.add(sweep._outcome(index, "invalid", sweep._reason(err)))
             continue
         run_dir = run_directory(cfg)
-        status = _keep_or_drop(run_dir, RERUN[redo])
+        status = sweep.recorded_status(run_dir) if dry_run else sweep._keep_or_drop(run_dir, sweep.RERUN[redo])
         if status is None:
             pending.append(Member(index, cfg, run_dir))
         else:
-            progress.add(_outcome(index, status, run_dir=run_dir))
+            progress.add(sweep._outcome(index, status, run_dir=run_dir))
     return pending
 
 
@@ -584,7 +587,8 @@ def run_chunks(pieces: list[list[Member]], report: Callable[[dict], None]) -> No
     """Train each chunk's runs that no other process holds and none has recorded since the plan."""
     for piece in pieces:
         with ExitStack() as held:
-            mine = [m for m in piece if held.enter_context(claimed(m.run_dir)) and not (m.run_dir / RECORD_NAME).exists()]
+            mine = [m for m in piece
+                    if held.enter_context(sweep.claimed(m.run_dir)) and not (m.run_dir / RECORD_NAME).exists()]
             for outcome in train_chunk(mine) if mine else []:
                 report(outcome)
 
@@ -608,7 +612,8 @@ def run_workers(pieces: list[list[Member]], workers: int, progress: Progress) ->
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch thread pool
     outcomes = context.Queue()
     threads = max(1, (os.cpu_count() or 1) // workers)
-    processes = [context.Process(target=_worker, args=(share, threads, outcomes)) for share in _balance(pieces, workers)]
+    processes = [context.Process(target=_worker, args=(share, threads, outcomes))
+                 for share in _balance(pieces, workers)]
     for process in processes:
         process.start()
     while True:
@@ -640,9 +645,9 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.members < 1 or args.workers < 1:
         raise ConfigError(f"--members and --workers must be at least 1, not {args.members} and {args.workers}")
-    runs = expand(load_sweep(args.sweep), args.output_dir, args.set)
+    runs = sweep.expand(sweep.load_sweep(args.sweep), args.output_dir, args.set)
     progress = Progress(runs, args.workers)
-    pending = plan(runs, None if args.dry_run else args.redo, progress)
+    pending = plan(runs, args.redo, progress, dry_run=args.dry_run)
     pieces = chunks(pending, args.members)
     if args.dry_run:
         for piece in pieces:

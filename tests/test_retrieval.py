@@ -144,7 +144,8 @@ def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: st
     record = _new_record(cfg, get_domain("retrieval"))
     record["status"] = status
     if status == "ok":
-        record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0, "test/success": float(success)}
+        record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0,
+                             "test/success": float(success)}
     run_dir = run_directory(cfg)
     write_record(run_dir, record)
     rows = ["step,probe/answer_key_norm_biased,probe/answer_key_norm_unbiased,val/acc"]
@@ -167,4 +168,5 @@ def test_the_report_counts_successes_with_wilson_intervals_and_draws_its_figures
     assert curves["standard"]["probe/answer_key_norm_biased"][0.5].tolist() == [20.0, 40.0]  # median over seeds
     text = report.study(tmp_path, tmp_path / "report", 1e-2, 0.01)
     assert "| standard | 33.3% [" in text and "≡ standard (not run)" in text
-    assert all((tmp_path / "report" / f).exists() for f in ("success_heatmaps.png", "success_rates.png", "key_norms.png"))
+    figures = ("success_heatmaps.png", "success_rates.png", "key_norms.png")
+    assert all((tmp_path / "report" / f).exists() for f in figures)

@@ -115,7 +115,8 @@ class RetrievalTask(Task):
     that the metrics can tell the two kinds of sample apart."""
 
     def __init__(self, net: RetrievalNet, num_classes: int, optim: dict, *, success_threshold: float, seed: int = 0):
-        metrics = {"acc": SubsetAccuracy(num_classes, biased=False), "acc_biased": SubsetAccuracy(num_classes, biased=True),
+        metrics = {"acc": SubsetAccuracy(num_classes, biased=False),
+                   "acc_biased": SubsetAccuracy(num_classes, biased=True),
                    "success": Success(num_classes, success_threshold)}
         super().__init__(net, optim, metrics, seed=seed)
         self.success_threshold = success_threshold
