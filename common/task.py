@@ -27,7 +27,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from common.data import SPLITS
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("cosine", "poly", "constant")
 
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
@@ -41,7 +41,7 @@ class Task(pl.LightningModule):
     whose tasks differ in kind (graph: regression or classification).
 
     ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
-    ``SCHEDULES``), warmup_steps, min_lr_ratio; the runner checks the names before a run starts. Weight
+    ``SCHEDULES``), warmup_steps, min_lr_ratio, cooldown_steps, poly_power; the runner checks the names before a run starts. Weight
     decay skips 1-D parameters (biases, norms, attention gains)."""
 
     primary: tuple[str, str] | None = None
@@ -154,22 +154,35 @@ class Task(pl.LightningModule):
             settings = {"betas": tuple(cfg.get("betas", (0.9, 0.999)))}
         opt = OPTIMIZERS[name](groups, lr=cfg["lr"], **settings)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        lam = warmup_cosine(total, cfg.get("warmup_steps", 0), cfg.get("min_lr_ratio", 0.0),
-                            cosine=cfg.get("schedule", "cosine") == "cosine")
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(cfg, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def warmup_cosine(total: int, warmup: int, min_ratio: float, cosine: bool = True):
-    """Linear warm-up to 1, then cosine decay to ``min_ratio`` (or constant) over ``total`` steps."""
+def lr_schedule(optim: dict, total: int):
+    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` steps."""
+    return lr_factor(total, optim.get("schedule", "cosine"), warmup=optim.get("warmup_steps", 0),
+                     min_ratio=optim.get("min_lr_ratio", 0.0), cooldown=optim.get("cooldown_steps", 0),
+                     power=optim.get("poly_power", 0.9))
+
+
+def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 0.0, cooldown: int = 0,
+              power: float = 0.9):
+    """The learning-rate multiplier per step: linear warm-up to 1 over ``warmup`` steps; then ``schedule``
+    down to ``min_ratio`` by step ``total - cooldown`` — ``cosine``, ``poly`` (``(1 - progress) ** power``,
+    Segmenter's schedule) or ``constant`` (stays at 1); then ``min_ratio`` for the last ``cooldown`` steps
+    (DeiT's cool-down epochs)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    decay_end = max(warmup + 1, total - cooldown)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if not cosine:
+        if schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        progress = min(1.0, (step - warmup) / (decay_end - warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else (1 - progress) ** power
+        return min_ratio + (1 - min_ratio) * shape
 
     return factor
 

@@ -258,13 +258,12 @@ class Chunk:
 
     # training
     def fit(self) -> None:
-        from common.task import warmup_cosine
+        from common.task import lr_schedule
 
         cfg, trainer = self.cfg, self.cfg.trainer
         steps_per_epoch = len(self.train_loaders[0])
         total = max(1, steps_per_epoch * trainer.max_epochs)
-        schedule = warmup_cosine(total, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio,
-                                 cosine=cfg.optim.schedule == "cosine")
+        schedule = lr_schedule(OmegaConf.to_container(cfg.optim, resolve=True), total)
         self.optimizer = StackedAdamW(self.params, [m.cfg.optim.lr for m in self.members],
                                       [m.cfg.optim.weight_decay for m in self.members], tuple(cfg.optim.betas))
         self.best_params = {name: p.clone() for name, p in self.params.items()}
