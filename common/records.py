@@ -45,6 +45,7 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "robustness": (dict,),        # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
     "split": (dict,),             # how the data was split: {"source", "rule", "hash": {split: membership hash}}
     "losses": (dict,),            # train_first/last/best and val_final/best loss, for stability studies
+    "batch": (dict,),             # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
     "trajectory": (dict,),        # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
 }
 # Fields mapping names to numbers, which aggregation averages.

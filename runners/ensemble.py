@@ -446,22 +446,22 @@ def _write_run(member: Member, template: dict, chunk_size: int, wall_s: float) -
     """The member's run directory as ``quest train`` leaves it (config.yaml, metrics.csv, record.json;
     no checkpoints); returns the record."""
     from common.registry import get_domain
-    from runners.train import _best_validation, _fresh_run_directory, _write_record
+    from runners.train import best_validation, fresh_run_directory, save_record
 
     domain = get_domain(member.cfg.domain)
-    run_dir = _fresh_run_directory(member.cfg)
+    run_dir = fresh_run_directory(member.cfg)
     _write_csv(run_dir / "metrics.csv", member.rows)
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
                   params=sum(p.numel() for p in member.task.parameters()), probes=member.probes,
-                  best_val=_best_validation(run_dir / "metrics.csv", f"val/{domain.metric}", domain.mode),
+                  best_val=best_validation(run_dir / "metrics.csv", f"val/{domain.metric}", domain.mode),
                   wall_time_s=round(wall_s / chunk_size, 3))
     record["hardware"].update(world_size=1, ensemble_members=chunk_size)
     if member.divergence is not None:
         record.update(status="diverged", divergence=member.divergence)
     else:
         record["metrics"] = member.metrics
-    _write_record(run_dir, record)
+    save_record(run_dir, record)
     return record
 
 
@@ -475,14 +475,14 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _write_failed(member: Member, template: dict, err: Exception) -> dict:
-    from runners.train import _fresh_run_directory, _write_record, _write_text
+    from runners.train import fresh_run_directory, save_record, write_text
 
-    run_dir = _fresh_run_directory(member.cfg)
+    run_dir = fresh_run_directory(member.cfg)
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
-                  status="failed", error=sweep._reason(err))
-    _write_text(run_dir / "error.log", traceback.format_exc())
-    _write_record(run_dir, record)
+                  status="failed", error=sweep.error_line(err))
+    write_text(run_dir / "error.log", traceback.format_exc())
+    save_record(run_dir, record)
     return record
 
 
@@ -497,7 +497,7 @@ def train_chunk(members: list[Member]) -> list[dict]:
     try:
         chunk, template = _prepare(members)
     except (ConfigError, DataError) as err:
-        return [sweep._outcome(m.index, "invalid", sweep._reason(err), m.run_dir) for m in members]
+        return [sweep.run_outcome(m.index, "invalid", sweep.error_line(err), m.run_dir) for m in members]
     else:
         return _train(chunk, template)
     finally:
@@ -509,16 +509,16 @@ def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
     record template its runs share."""
     from common.registry import get_domain
     from runners import console
-    from runners.train import _new_record, check_settings
+    from runners.train import check_settings, new_record
 
     console.quiet()  # after Lightning's import, which sets its own log level
     cfg = members[0].cfg
-    check_settings(cfg)
+    batch = check_settings(cfg)
     check_replayable(cfg)
     domain = get_domain(cfg.domain)
     for member in members:
         _build(member, domain)
-    return Chunk(members), _new_record(cfg, domain)
+    return Chunk(members), new_record(cfg, domain, batch)
 
 
 def _train(chunk: Chunk, template: dict) -> list[dict]:
@@ -528,11 +528,11 @@ def _train(chunk: Chunk, template: dict) -> list[dict]:
         chunk.test()
     except Exception as err:  # a failed chunk is a failed record per run, and the sweep goes on
         wall = (time.perf_counter() - start) / len(members)
-        return [sweep._outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall)
+        return [sweep.run_outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall)
                 for m in members]
     wall = time.perf_counter() - start
     records = [_write_run(m, template, len(members), wall) for m in members]
-    return [sweep._outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"])
+    return [sweep.run_outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"])
             for m, r in zip(members, records)]
 
 
@@ -557,14 +557,14 @@ def plan(runs: list[list[str]], redo: str | None, progress: Progress, dry_run: b
         try:
             cfg = compose(args)
         except ConfigError as err:
-            progress.add(sweep._outcome(index, "invalid", sweep._reason(err)))
+            progress.add(sweep.run_outcome(index, "invalid", sweep.error_line(err)))
             continue
         run_dir = run_directory(cfg)
-        status = sweep.recorded_status(run_dir) if dry_run else sweep._keep_or_drop(run_dir, sweep.RERUN[redo])
+        status = sweep.recorded_status(run_dir) if dry_run else sweep.keep_or_drop(run_dir, sweep.RERUN[redo])
         if status is None:
             pending.append(Member(index, cfg, run_dir))
         else:
-            progress.add(sweep._outcome(index, status, run_dir=run_dir))
+            progress.add(sweep.run_outcome(index, status, run_dir=run_dir))
     return pending
 
 

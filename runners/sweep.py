@@ -150,7 +150,7 @@ def recorded_status(run_dir: Path) -> str | None:
         return "unreadable"
 
 
-def _outcome(index: int, status: str, error: str | None = None, run_dir: Path | None = None,
+def run_outcome(index: int, status: str, error: str | None = None, run_dir: Path | None = None,
              wall_s: float | None = None) -> dict:
     """What a run of the sweep (its position in the expansion) came to; ``wall_s`` is None unless this
     process ran it. This is the JSON line a worker reports."""
@@ -158,7 +158,7 @@ def _outcome(index: int, status: str, error: str | None = None, run_dir: Path | 
             "wall_s": wall_s}
 
 
-def _reason(err: Exception) -> str:
+def error_line(err: Exception) -> str:
     """``<Type>: <first line of the message>``, as a record's ``error``."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
@@ -172,17 +172,17 @@ def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list
         try:
             run_dir = run_directory(compose(args))
         except ConfigError as err:
-            progress.add(_outcome(index, "invalid", _reason(err)))
+            progress.add(run_outcome(index, "invalid", error_line(err)))
             continue
-        status = _keep_or_drop(run_dir, RERUN[redo])
+        status = keep_or_drop(run_dir, RERUN[redo])
         if status is None:
             pending.append(args)
         else:
-            progress.add(_outcome(index, status, run_dir=run_dir))
+            progress.add(run_outcome(index, status, run_dir=run_dir))
     return pending
 
 
-def _keep_or_drop(run_dir: Path, rerun: set[str]) -> str | None:
+def keep_or_drop(run_dir: Path, rerun: set[str]) -> str | None:
     """The status of the run's record if it stays; None if there is none now, or another process holds the run."""
     with claimed(run_dir) as mine:
         if not mine:
@@ -215,14 +215,14 @@ def _settle(index: int, args: list[str], robustness: bool) -> dict:
     try:
         cfg = compose(args)
     except ConfigError as err:
-        return _outcome(index, "invalid", _reason(err))
+        return run_outcome(index, "invalid", error_line(err))
     run_dir = run_directory(cfg)
     with claimed(run_dir) as mine:
         if not mine:
-            return _outcome(index, "busy", run_dir=run_dir)
+            return run_outcome(index, "busy", run_dir=run_dir)
         settled = _settled(run_dir)  # read under the lock: another process may have just finished it
         if settled:
-            return _outcome(index, *settled, run_dir)
+            return run_outcome(index, *settled, run_dir)
         outcome = _run(index, cfg, run_dir, robustness)
         if not (run_dir / RECORD_NAME).exists():  # so that the sweep's other workers do not try it again
             # through a second descriptor: closing it keeps the flock, which belongs to the first
@@ -250,13 +250,13 @@ def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
     try:
         record = run(cfg)
     except (ConfigError, DataError) as err:  # the user's input is wrong; no record to keep
-        return _outcome(index, "invalid", _reason(err), run_dir)
+        return run_outcome(index, "invalid", error_line(err), run_dir)
     except Exception as err:  # escaped the runner's record: still one failed run, not the end of the sweep
-        log.error("%s: %s", run_dir, _reason(err), exc_info=True)
-        return _outcome(index, "failed", _reason(err), run_dir, time.monotonic() - start)
+        log.error("%s: %s", run_dir, error_line(err), exc_info=True)
+        return run_outcome(index, "failed", error_line(err), run_dir, time.monotonic() - start)
     if robustness and record["status"] == "ok" and "robustness" in cfg:
         evaluate_run(run_dir)
-    return _outcome(index, record["status"], record["error"], run_dir, time.monotonic() - start)
+    return run_outcome(index, record["status"], record["error"], run_dir, time.monotonic() - start)
 
 
 class Progress:

@@ -55,16 +55,19 @@ def run(cfg: DictConfig) -> dict:
     try:
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        check_settings(cfg)
-        record = _new_record(cfg, domain)
+        batch = check_settings(cfg)
+        record = new_record(cfg, domain, batch)
         start = time.perf_counter()
+        settings = build_config(cfg)
+        if batch is not None:
+            settings.data["batch_size"] = batch["per_device"]
         try:
-            datamodule, task = domain.build(build_config(cfg))
+            datamodule, task = domain.build(settings)
         except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
         record["primary_metric"], record["mode"] = task.primary or (domain.metric, domain.mode)
-        run_dir = _fresh_run_directory(cfg)
+        run_dir = fresh_run_directory(cfg)
         try:
             writes = _fit_and_test(cfg, run_dir, datamodule, task, record)
         except (ConfigError, DataError):
@@ -72,25 +75,42 @@ def run(cfg: DictConfig) -> dict:
             raise
         record["wall_time_s"] = round(time.perf_counter() - start, 3)
         if writes:
-            _write_record(run_dir, record)
+            save_record(run_dir, record)
         return record
     finally:
         torch.set_num_threads(threads)  # later runs of a sweep in this process start as this one did
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """The settings the domain does not check itself: optimiser, schedule and Lightning's trainer."""
+def check_settings(cfg: DictConfig) -> dict[str, int] | None:
+    """The settings the domain does not check itself: optimiser, schedule and Lightning's trainer. Returns
+    how ``data.batch_size`` splits over the trainer's devices (``device_batch``); None for a domain
+    without one."""
     if cfg.optim.name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimiser optim.name={cfg.optim.name!r}; choose from {', '.join(OPTIMIZERS)}")
     if cfg.optim.schedule not in SCHEDULES:
         raise ConfigError(f"unknown schedule optim.schedule={cfg.optim.schedule!r}; choose from {', '.join(SCHEDULES)}")
     try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
-        pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
+        trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
     except Exception as err:
         raise ConfigError(f"trainer settings: {_first_line(err)}") from None
+    if "batch_size" not in cfg.get("data", {}):
+        return None
+    return device_batch(cfg.data.batch_size, trainer.world_size, trainer.accumulate_grad_batches)
 
 
-def _fresh_run_directory(cfg: DictConfig) -> Path:
+def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[str, int]:
+    """``data.batch_size`` is the global batch: the samples behind one optimiser step, over all devices and
+    accumulation steps, so a preset means the same recipe on 1 GPU or 64 (its learning rate goes with it).
+    Each device loads ``global / (world_size × accumulate)`` samples per forward pass."""
+    per_device, rest = divmod(global_batch, world_size * accumulate)
+    if rest or not per_device:
+        raise ConfigError(f"data.batch_size={global_batch} (the global batch) does not split over {world_size} "
+                          f"device(s) × {accumulate} accumulation step(s); make it a multiple of "
+                          f"{world_size * accumulate}")
+    return {"global": global_batch, "per_device": per_device, "world_size": world_size, "accumulate": accumulate}
+
+
+def fresh_run_directory(cfg: DictConfig) -> Path:
     """The run directory, emptied of any earlier attempt by rank 0 (the launcher's environment says which
     rank this is); an output directory that cannot be written is the user's to fix."""
     run_dir = run_directory(cfg)
@@ -130,7 +150,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
-            record["best_val"] = _best_validation(run_dir / "metrics.csv", monitor, record["mode"])
+            record["best_val"] = best_validation(run_dir / "metrics.csv", monitor, record["mode"])
             record["losses"] = {**watch.losses, **_validation_losses(run_dir / "metrics.csv")}
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)
@@ -146,11 +166,12 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
             record["error"] = f"no space left on {getattr(err, 'filename', None) or run_dir}"
         rank = rank_zero_only.rank
-        _write_text(run_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
+        write_text(run_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
     return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0
 
 
-def _write_record(run_dir: Path, record: dict) -> None:
+def save_record(run_dir: Path, record: dict) -> None:
+    """Write the record; where even that fails, say so on stderr rather than lose the outcome."""
     try:
         write_record(run_dir, record)
     except OSError as err:  # even the record cannot be written: say so where a person or scheduler looks
@@ -158,7 +179,7 @@ def _write_record(run_dir: Path, record: dict) -> None:
               file=sys.stderr)
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     try:
         path.write_text(text)
     except OSError as err:
@@ -184,8 +205,8 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _new_record(cfg: DictConfig, domain) -> dict:
-    return {
+def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> dict:
+    record = {
         "schema": SCHEMA_VERSION,
         "domain": cfg.domain,
         "dataset": str(cfg.get("data", {}).get("dataset", "default")),
@@ -207,9 +228,12 @@ def _new_record(cfg: DictConfig, domain) -> dict:
         "versions": _versions(),
         "git_commit": _git_commit(),
     }
+    if batch is not None:
+        record["batch"] = batch
+    return record
 
 
-def _best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
+def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
     """Best validation value and its epoch, read back from the CSV log."""
     if not metrics_csv.exists():
         return {"value": None, "epoch": None}

@@ -13,7 +13,7 @@ from domains.retrieval import report
 from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval
 from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
 from runners.config import build_config, compose, run_directory
-from runners.train import _new_record
+from runners.train import new_record
 
 SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5, bias_std=0.316)
 
@@ -141,7 +141,7 @@ def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: st
     """A run directory as a finished retrieval run leaves it: record and metrics.csv with key norms."""
     cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
                    f"output_dir={root}"])
-    record = _new_record(cfg, get_domain("retrieval"))
+    record = new_record(cfg, get_domain("retrieval"))
     record["status"] = status
     if status == "ok":
         record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0,

@@ -4,10 +4,11 @@ import os
 import pytest
 
 from common.records import RecordError, read_record, write_record
+from common.task import lr_factor
 from runners import sweep
 from runners.cli import main as cli
 from runners.config import ConfigError, compose, run_directory
-from runners.train import train
+from runners.train import check_settings, device_batch, train
 
 
 def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
@@ -24,7 +25,7 @@ def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
 
 def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
     cases = {
-        "optim.lrr=1": "unknown config key 'optim.lrr' (command line); valid keys at optim: betas, lr",
+        "optim.lrr=1": "unknown config key 'optim.lrr' (command line); valid keys at optim: betas, cooldown_steps, lr",
         "optim.lr=fast": "config key 'optim.lr' (command line) expects float",
         "attention=questt": "unknown attention variant 'questt'; choose from standard, quest",
         "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",
@@ -115,7 +116,7 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
 
     out = subprocess.run(
         [sys.executable, "-m", "runners.cli", "train", "domain=retrieval", "preset=smoke", "trainer.strategy=ddp",
-         "trainer.devices=2", f"output_dir={tmp_path}", "trainer.enable_progress_bar=false"],
+         "trainer.devices=2", "data.batch_size=16", f"output_dir={tmp_path}", "trainer.enable_progress_bar=false"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -123,3 +124,27 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     assert len(records) == 1 and read_record(records[0])["status"] == "ok"
     assert out.stdout.count("ok: retrieval/quest") == 1  # rank 0 reports, rank 1 stays quiet
     assert read_record(records[0])["hardware"]["world_size"] == 2
+    # data.batch_size is the global batch: each of the two processes loads half of it
+    assert read_record(records[0])["batch"] == {"global": 16, "per_device": 8, "world_size": 2, "accumulate": 1}
+
+
+def test_global_batch_splits_over_devices_and_accumulation():
+    assert device_batch(1024, 8, 1)["per_device"] == 128
+    assert device_batch(1024, 4, 2) == {"global": 1024, "per_device": 128, "world_size": 4, "accumulate": 2}
+    for world, accumulate in ((3, 1), (1, 2048)):
+        with pytest.raises(ConfigError, match="does not split over"):
+            device_batch(1024, world, accumulate)
+    cfg = compose(["domain=vision", "preset=smoke", "data.batch_size=32", "trainer.accumulate_grad_batches=2"])
+    assert check_settings(cfg)["per_device"] == 16
+
+
+def test_learning_rate_schedules():
+    cosine = lr_factor(100, "cosine", warmup=10, min_ratio=0.1, cooldown=20)
+    assert [cosine(s) for s in (0, 9)] == pytest.approx([0.1, 1.0])
+    assert cosine(45) == pytest.approx(0.55)  # half way from the warm-up's end to the cool-down's start
+    assert [cosine(s) for s in (80, 99)] == pytest.approx([0.1, 0.1])  # the cool-down holds the minimum
+    poly = lr_factor(100, "poly", power=0.9)
+    assert poly(50) == pytest.approx(0.5 ** 0.9) and poly(100) == 0.0
+    assert lr_factor(100, "constant", warmup=4)(50) == 1.0
+    with pytest.raises(ValueError, match="unknown schedule"):
+        lr_factor(100, "step")
