@@ -141,7 +141,7 @@ def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: st
     """A run directory as a finished retrieval run leaves it: record and metrics.csv with key norms."""
     cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
                    f"output_dir={root}"])
-    record = new_record(cfg, get_domain("retrieval"))
+    record = new_record(cfg, get_domain("retrieval"), None)
     record["status"] = status
     if status == "ok":
         record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0,
