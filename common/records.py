@@ -43,13 +43,14 @@ SCHEMA: dict[str, tuple[type, ...]] = {
 # Fields that only some records have; checked like SCHEMA when present.
 OPTIONAL: dict[str, tuple[type, ...]] = {
     "robustness": (dict,),        # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
+    "imagenet": (dict,),          # added by `quest imagenet`: {"real_acc": 0.71, "c_mce": 72.4, ...}
     "split": (dict,),             # how the data was split: {"source", "rule", "hash": {split: membership hash}}
     "losses": (dict,),            # train_first/last/best and val_final/best loss, for stability studies
     "batch": (dict,),             # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
     "trajectory": (dict,),        # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
 }
 # Fields mapping names to numbers, which aggregation averages.
-NUMERIC_MAPS = ("metrics", "probes", "robustness", "losses")
+NUMERIC_MAPS = ("metrics", "probes", "robustness", "imagenet", "losses")
 
 
 class RecordError(ValueError):

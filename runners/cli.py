@@ -1,4 +1,5 @@
-"""`quest` command: train | sweep | ensemble | aggregate | stability | bench | feed | generate | list | robustness.
+"""`quest` command: train | sweep | ensemble | aggregate | stability | bench | feed | generate | list | robustness
+| imagenet.
 
 Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths).
 Heavy packages (torch, Lightning, the domains) load only once the config's keys are known to be good, so a
@@ -16,7 +17,7 @@ from omegaconf import OmegaConf
 SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.sweep",
                "aggregate": "runners.aggregate", "bench": "runners.bench", "robustness": "runners.robustness",
                "stability": "runners.stability", "feed": "runners.feed", "generate": "runners.generate",
-               "ensemble": "runners.ensemble"}
+               "ensemble": "runners.ensemble", "imagenet": "runners.imagenet"}
 
 
 def train_main(argv: list[str]) -> int:

@@ -43,6 +43,16 @@ def locate(path: str | Path) -> tuple[Path, Path]:
     return path, checkpoint
 
 
+def load_run(cfg, checkpoint: Path):
+    """The run's datamodule and task, built from its config, with the checkpoint's weights, in eval mode, on
+    the GPU when the run asked for an accelerator and there is one."""
+    discover("domains")
+    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    task.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"])
+    use_gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+    return datamodule, task.to("cuda" if use_gpu else "cpu").eval()
+
+
 def load_config(run_dir: Path, overrides: list[str]):
     config_path = run_dir / "config.yaml"
     if not config_path.exists():
@@ -63,14 +73,9 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     run_dir, checkpoint = locate(path)
     record = read_record(run_dir)
     cfg = load_config(run_dir, list(overrides))
-    discover("domains")
-    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    datamodule, task = load_run(cfg, checkpoint)
     if not isinstance(task, ClassificationTask):
         raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    task.load_state_dict(state)
-    use_gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-    task.to("cuda" if use_gpu else "cpu")
     datamodule.setup("test")
     results = evaluate_robustness(task, datamodule.test_dataloader(), cfg.robustness)
     record["robustness"] = results

@@ -1,11 +1,12 @@
 """Graph domain, graph level: featurisation, the molecule and ZINC loaders (on fixtures in their on-disk
 formats) and their splits (random from the split seed, by scaffold, as a CSV column ships it; none moves
 with the training seed), the random-walk encodings, the attention state shared by the GPS layers in dense
-and sparse mode, dense padding, the regression task's scales, and the speed benchmark. Node-level tasks
-are tested in test_graph_nodes.py."""
+and sparse mode, qknorm's initial gain from the train split's lengths, dense padding, the regression task's
+scales, and the speed benchmark. Node-level tasks are tested in test_graph_nodes.py."""
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 
 import pytest
@@ -15,6 +16,7 @@ from torch_geometric.data import Batch
 from torch_geometric.transforms import AddRandomWalkPE
 from torch_geometric.utils.smiles import e_map, x_map
 
+from common.attention import LayerGain
 from common.data import DataError
 from common.errors import ConfigError
 from common.registry import BuildConfig, get_domain
@@ -242,8 +244,33 @@ def tiny_net(mode: str, variant: str, norm: str = "batch_norm") -> GPSNet:
     """The smoke preset's GPS net (two layers) for one target."""
     cfg = smoke_config(f"attention={variant}", f"model.attention_mode={mode}", f"model.norm={norm}")
     torch.manual_seed(0)
+    model = {k: v for k, v in cfg.model.items() if k != "seq_len_percentile"}  # the domain's build reads that one
     return GPSNet(NODE_VOCAB, EDGE_VOCAB, 1, rwse_steps=cfg.data["rwse_steps"], seq_len=6, attention=cfg.attention,
-                  **cfg.model)
+                  **model)
+
+
+def write_chains(path):
+    """Carbon chains as a CSV with a split column: C_k has k nodes, in-degree 1 at its ends and 2 inside.
+    Train holds k = 1..20; val and test one chain of 40, which no length rule may see."""
+    rows = [f"{'C' * k},{k}.5,train" for k in range(1, 21)] + [f"{'C' * 40},0.5,{s}" for s in ("val", "test")]
+    path.write_text("smiles,y,fold\n" + "\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize("mode, percentile, length", [
+    ("dense", 97.5, 20), ("dense", 50, 10),   # nearest rank over the train node counts 1..20
+    ("sparse", 97.5, 3), ("sparse", 10, 2),   # over the 210 train nodes' degree + 1: one 1, 38 twos, 171 threes
+])
+def test_qknorm_gain_starts_from_the_train_length_percentile(tmp_path, mode, percentile, length):
+    write_chains(tmp_path / "chains.csv")
+    cfg = smoke_config("attention=qknorm", "data.dataset=csv", f"data.root={tmp_path / 'chains.csv'}", "data.subset=null",
+                       "data.targets=[y]", "data.split_column=fold", f"model.attention_mode={mode}",
+                       f"model.seq_len_percentile={percentile}", f"cache_dir={tmp_path / 'cache'}")
+    _, task = get_domain("graph").build(cfg)
+    gains = [m.gain for m in task.modules() if isinstance(m, LayerGain)]
+    assert len(gains) == cfg.model["depth"]
+    assert all(torch.allclose(g, torch.tensor(math.log2(length**2 - length))) for g in gains)
+    with pytest.raises(ConfigError, match="seq_len_percentile must lie in"):
+        get_domain("graph").build(smoke_config("model.seq_len_percentile=0"))
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])

@@ -3,6 +3,7 @@ regression or classification of whole graphs (molecular properties) or of their 
 per-atom targets). The data decides which: see ``data.py``."""
 import logging
 
+from common.errors import ConfigError
 from common.registry import BuildConfig, register_domain
 
 from .data import DATASETS
@@ -13,21 +14,28 @@ DENSE_NODES = 10_000  # beyond this many nodes in a graph, dense attention's N²
 
 @register_domain("graph", metric="mae", mode="min", datasets=DATASETS)
 def build(cfg: BuildConfig):
-    from .data import GraphDataModule
+    from .data import GraphDataModule, nearest_rank
     from .model import GPSNet, GraphClassification, GraphRegression
 
+    model = dict(cfg.model)
+    percentile = model.pop("seq_len_percentile")
+    if not 0 < percentile <= 100:
+        raise ConfigError(f"model.seq_len_percentile must lie in (0, 100], got {percentile}")
     datamodule = GraphDataModule(cfg.data, cache_dir=cfg.cache_dir)
     datamodule.setup()  # the model's encoders, outputs, target scale and typical sizes come from the data
-    # qknorm's gain starts from the typical number of keys per query: graph size (dense) or degree + 1 (sparse).
-    sparse = cfg.model["attention_mode"] == "sparse"
-    keys = datamodule.mean_degree + 1 if sparse else datamodule.mean_nodes
+    # qknorm's gain starts at log2(L² − L) (Henry et al. 2020), L the keys per query at the given percentile
+    # of the train split (they take the 97.5th of sequence lengths): graph sizes (dense), degree + 1 (sparse).
+    sparse = model["attention_mode"] == "sparse"
+    seq_len = max(2, nearest_rank(datamodule.keys_per_query(sparse), percentile))
+    log.info("qknorm length L = %d: percentile %g of the train split's %s", seq_len, percentile,
+             "degrees + 1" if sparse else "graph sizes")
     if not sparse and datamodule.max_nodes > DENSE_NODES:
         log.warning("dense attention over a graph of %d nodes forms %d² logits per head; "
                     "model.attention_mode=sparse attends over its edges instead", datamodule.max_nodes,
                     datamodule.max_nodes)
     level = datamodule.level
     net = GPSNet(datamodule.node_features, datamodule.edge_features, datamodule.num_outputs, level=level,
-                 rwse_steps=cfg.data["rwse_steps"], seq_len=max(2, round(keys)), attention=cfg.attention, **cfg.model)
+                 rwse_steps=cfg.data["rwse_steps"], seq_len=seq_len, attention=cfg.attention, **model)
     if datamodule.num_classes:
         return datamodule, GraphClassification(net, cfg.optim, datamodule.num_classes, level=level)
     return datamodule, GraphRegression(net, cfg.optim, *datamodule.target_stats(), level=level, **cfg.task)

@@ -10,6 +10,7 @@ split labels), else a graph task; classes for integer targets, regression for fl
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -73,7 +74,7 @@ def random_walk_pe(graph: Data, steps: int, block: int = 2048) -> Tensor:
 
 class GraphDataModule(SplitDataModule):
     """Train/val/test graphs; after ``setup()`` also the split description, the class names (classes), what
-    the node and edge encoders need, the train targets' mean/std, and the typical graph size and degree."""
+    the node and edge encoders need, the train targets' mean/std, and how many keys each query attends over."""
 
     loader_class = DataLoader  # PyG's: batches graphs
 
@@ -160,19 +161,30 @@ class GraphDataModule(SplitDataModule):
         return y.mean(0), y.std(0, correction=0).clamp_min(1e-8)
 
     @property
-    def mean_nodes(self) -> float:
-        train = self.datasets["train"]
-        return train.stacked.num_nodes / len(train)
-
-    @property
     def max_nodes(self) -> int:
         """Nodes of the largest graph of any split."""
         return max(int(self.datasets[s].sizes.max()) for s in SPLITS)
 
-    @property
-    def mean_degree(self) -> float:
+    def keys_per_query(self, sparse: bool) -> Tensor:
+        """How many keys the queries of the train split attend over: dense attention spans a whole graph,
+        so one count per train graph, its nodes; sparse attention spans a node's incoming edges and the
+        self-loop the net adds, so one count per train node, its in-degree + 1."""
         train = self.datasets["train"]
-        return train.stacked.edge_index.shape[1] / max(1, train.stacked.num_nodes)
+        if not sparse:
+            return train.sizes
+        stacked = train.stacked
+        targets = stacked.edge_index[1]
+        if train.slices:  # collated edge indices count from their own graph's first node
+            first_node = train.slices["x"][:-1]
+            targets = targets + first_node.repeat_interleave(train.slices["edge_index"].diff())
+        return degree(targets, stacked.num_nodes).long() + 1
+
+
+def nearest_rank(values: Tensor, percentile: float) -> int:
+    """The ``percentile`` of ``values`` by nearest rank: the smallest value that at least ``percentile``
+    percent of them do not exceed (always one of the values, so a count stays a count)."""
+    rank = max(1, math.ceil(percentile * len(values) / 100))
+    return int(torch.kthvalue(values.flatten(), rank).values)
 
 
 def class_names(graphs: dict[str, list[Data]], named: list[str]) -> list[str]:
