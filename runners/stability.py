@@ -132,7 +132,7 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     table = lr_sensitivity(runs).join(divergence_summary(runs).rename("diverged"))
     table = table.reindex(variant_order(runs["variant"]))
     lrs = sorted(runs["lr"].unique())
-    lines = [f"### {domain} / {dataset} ({preset})", "",
+    lines = [f"## Stability: {domain} / {dataset} ({preset})", "",
              f"{len(runs)} runs: learning rates {', '.join(f'{lr:.3g}' for lr in lrs)} x "
              f"{runs['variant'].nunique()} variants x seeds {sorted(map(int, runs['seed'].unique()))}.", "",
              "| variant | LR sensitivity ↓ | spread (std over seeds) | seeds | diverged runs (lr: count) |",
@@ -156,7 +156,7 @@ def main(argv: list[str]) -> int:
     figures = out.parent / (out.stem + "_figures")
     figures.mkdir(parents=True, exist_ok=True)
     runs = load_lr_runs(*args.runs)
-    lines = ["## Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
+    lines = ["# Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
     for _, group in runs.groupby(GROUP, sort=True):
         lines += section(group, figures, out.parent)
     out.write_text("\n".join(lines) + "\n")

@@ -125,3 +125,32 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
     summary = aggregate.summary_table(runs)
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["quest", "rank b/d (study)"] == "2"
     assert summary.loc["quest", "mean rank"] == "1.50"
+
+
+def test_study_reports_and_hand_written_notes_join_the_results(tmp_path, capsys):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
+    study = tmp_path / "study" / "report"
+    study.mkdir(parents=True)
+    (study / "rates.png").write_bytes(b"\x89PNG figure")
+    (study / "report.md").write_text("# Mechanism study\n\nquest 97%\n\n## Design\n\nrule\n\n![rates](rates.png)\n")
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Mechanism study\n\nQUEST succeeds more often than standard.\n\n"
+                     "## a / d / study\n\nOne seed: nothing to read.\n")
+    assert aggregate.main([str(runs), "--report", str(study / "report.md"), "--notes", str(notes), "-o", str(out),
+                           "--no-plots"]) == 0
+    text, found = out.read_text(), sections(out.read_text())
+    # the report's headings sit one level down, its figure is copied beside the results and linked from there
+    assert "\n## Mechanism study\n" in text and "\n### Design\n" in text and "\n# Mechanism study" not in text
+    assert "![rates](R/mechanism-study/rates.png)" in text
+    assert (tmp_path / "R" / "mechanism-study" / "rates.png").read_bytes() == b"\x89PNG figure"
+    # each note sits right under the heading it names, marked as hand-written, and the tables stay
+    reading = f"*Reading (written by hand from these numbers, `{notes}`):*"
+    assert found["Mechanism study"].startswith(f"Mechanism study\n\n{reading} QUEST succeeds more often")
+    assert found["a / d / study"].startswith(f"a / d / study\n\n{reading} One seed: nothing to read.\n\n2 runs.")
+    # a note for a section that does not exist would be lost: a user error, and nothing is written
+    notes.write_text("## Mechanism sutdy\n\ntypo\n")
+    out.unlink()
+    assert cli(["aggregate", str(runs), "--notes", str(notes), "-o", str(out), "--no-plots"]) == 2
+    assert "no section of the results is headed 'Mechanism sutdy'" in capsys.readouterr().err
+    assert not out.exists()
