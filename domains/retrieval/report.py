@@ -191,7 +191,8 @@ def study(root: Path, out: Path, lr: float, wd: float) -> str:
     heatmaps(runs, out / "success_heatmaps.png")
     success_bars(table, paper, out / "success_rates.png")
     key_norm_plot(key_norm_curves(runs, lr, wd), lr, wd, out / "key_norms.png")
-    lines = ["# Retrieval study", "", f"{len(runs)} runs from `{root}`: a run succeeds when its unbiased test accuracy "
+    title = "Mechanism study" if paper else "Mechanism study: control without the shortcut (p_bias = 0)"
+    lines = [f"# {title}", "", f"{len(runs)} runs from `{root}`: a run succeeds when its unbiased test accuracy "
              "reaches the threshold; diverged runs count as failures, failed runs are left out.", "",
              "| variant | success rate [95% interval] | successes/runs | paper | diverged | failed | "
              "mean acc (unbiased) | mean acc (biased) |", "|---|---|---|---|---|---|---|---|"]
@@ -211,8 +212,8 @@ def study(root: Path, out: Path, lr: float, wd: float) -> str:
 def design(root: Path, out: Path) -> str:
     table = rates(load(root).sort_values("hidden"), "hidden")
     chosen = next((hidden for hidden, row in table.iterrows() if row["rate"] >= RULE_RATE), None)
-    lines = ["# Retrieval model: the design rule", "",
-             f"Standard attention without the shortcut (p_bias = 0); rule: the smallest token-MLP width whose runs "
+    lines = ["# Mechanism study: the design rule", "",
+             f"Standard attention without the shortcut (p_bias = 0); rule: the smallest readout-MLP width whose runs "
              f"succeed in at least {RULE_RATE:.0%} of the grid.", "",
              "| model.hidden | success rate [95% interval] | successes/runs | mean acc | passes |",
              "|---|---|---|---|---|"]
