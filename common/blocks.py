@@ -1,12 +1,32 @@
 """Pre-norm Transformer encoder on ``common.attention``: one ``AttentionState`` per forward pass carries
 what each layer leaves for the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per
-layer (``Encoder.new_cache``) lets a causal stack decode one token at a time."""
+layer (``Encoder.new_cache``) lets a causal stack decode one token at a time. Modules start with
+PyTorch's initialisation; ``trunc_normal_init`` re-initialises a model as timm's ViT / DeiT do."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
 from common.attention import AttentionState, KVCache, MultiheadAttention
+
+
+def trunc_normal_init(model: nn.Module, std: float = 0.02) -> None:
+    """timm's ViT initialisation (DeiT, DeiT-III) of every module in ``model``: Linear weights and the fused
+    q/k/v projection of ``MultiheadAttention`` from a normal of standard deviation ``std`` truncated at ±2
+    (absolute bounds, as timm's ``trunc_normal_``: at std 0.02 in effect untruncated), their biases zero,
+    LayerNorms weight 1 and bias 0. Convolutions (a ViT's patch embedding), embeddings, LayerScale and the
+    attention variants' learnable scales keep their own initialisation, as in timm."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.trunc_normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, MultiheadAttention):  # its q/k/v projection is one parameter, not a Linear
+            nn.init.trunc_normal_(module.in_proj_weight, std=std)
+            if module.in_proj_bias is not None:
+                nn.init.zeros_(module.in_proj_bias)
+        elif isinstance(module, nn.LayerNorm):
+            module.reset_parameters()
 
 
 class Mlp(nn.Module):
@@ -46,15 +66,17 @@ class DropPath(nn.Module):
 
 class EncoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)). Extra keyword arguments (``variant``, ``seq_len``,
-    ``qk_gain_init``) go to the attention module."""
+    ``qk_gain_init``) go to the attention module. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by
+    default; timm's ViT and DeiT use 1e-6)."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, layer_scale: float | None = None, drop_path: float = 0.0, **attention):
+                 attn_dropout: float = 0.0, layer_scale: float | None = None, drop_path: float = 0.0,
+                 norm_eps: float = 1e-5, **attention):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = MultiheadAttention(dim, num_heads, dropout=attn_dropout, **attention)
         self.drop = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
         self.ls1 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
         self.ls2 = LayerScale(dim, layer_scale) if layer_scale else nn.Identity()
@@ -71,13 +93,16 @@ class EncoderLayer(nn.Module):
 
 class Encoder(nn.Module):
     """A stack of pre-norm layers with a final LayerNorm. ``attn_bias`` is shared by every layer;
-    ``drop_path`` rises linearly from 0 at the first layer to its value at the last (DeiT)."""
+    ``drop_path`` rises linearly from 0 at the first layer to its value at the last (DeiT); ``norm_eps`` is
+    every LayerNorm's epsilon, the final one's too."""
 
-    def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, drop_path: float = 0.0, **layer):
+    def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, drop_path: float = 0.0,
+                 norm_eps: float = 1e-5, **layer):
         super().__init__()
         rates = torch.linspace(0, drop_path, depth).tolist() if depth > 1 else [drop_path]
-        self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, drop_path=r, **layer) for r in rates)
-        self.norm = nn.LayerNorm(dim) if final_norm else nn.Identity()
+        self.layers = nn.ModuleList(EncoderLayer(dim, num_heads, drop_path=r, norm_eps=norm_eps, **layer)
+                                    for r in rates)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if final_norm else nn.Identity()
 
     def new_cache(self) -> list[KVCache]:
         """An empty ``KVCache`` per layer, for ``forward(..., is_causal=True, cache=...)``."""

@@ -25,8 +25,9 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
+from common.optim import Lamb
 
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": Lamb}
 SCHEDULES = ("cosine", "poly", "constant")
 
 
@@ -41,8 +42,8 @@ class Task(pl.LightningModule):
     whose tasks differ in kind (graph: regression or classification).
 
     ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
-    ``SCHEDULES``), warmup_steps, min_lr_ratio, cooldown_steps, poly_power; the runner checks the names before a run starts. Weight
-    decay skips 1-D parameters (biases, norms, attention gains)."""
+    ``SCHEDULES``), warmup_steps, min_lr_ratio, cooldown_steps, poly_power; the runner checks the names
+    before a run starts. Weight decay applies to the parameters ``decayed()`` names."""
 
     primary: tuple[str, str] | None = None
 
@@ -141,10 +142,18 @@ class Task(pl.LightningModule):
             self.divergence = {"step": int(self.global_step), "reason": reason}
         self.trainer.should_stop = True
 
+    def decayed(self) -> set[str]:
+        """Names of the parameters that take weight decay: those of two or more dimensions (not biases,
+        norms or attention gains), less any the net exempts by name in ``no_weight_decay()`` (timm's
+        convention: a ViT's position embedding and cls token)."""
+        exempt = {f"net.{name}" for name in getattr(self.net, "no_weight_decay", set)()}
+        return {name for name, p in self.named_parameters() if p.requires_grad and p.dim() > 1 and name not in exempt}
+
     def configure_optimizers(self):
         cfg = self.optim
-        decay = [p for p in self.parameters() if p.requires_grad and p.dim() > 1]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() <= 1]
+        decayed, trained = self.decayed(), [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        decay = [p for name, p in trained if name in decayed]
+        no_decay = [p for name, p in trained if name not in decayed]
         groups = [{"params": decay, "weight_decay": cfg.get("weight_decay", 0.0)},
                   {"params": no_decay, "weight_decay": 0.0}]
         name = cfg.get("name", "adamw")

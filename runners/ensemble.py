@@ -128,14 +128,14 @@ class StackedAdamW:
     """``torch.optim.AdamW`` as it runs on CPU (its single-tensor update, amsgrad off), on parameters
     stacked over members, each with its own base learning rate and weight decay. The operations, their
     order and their scalars are torch's, so a member's slice gets what its own AdamW would give; ``Task``'s
-    groups are kept (weight decay on parameters of two or more dimensions only)."""
+    groups are kept (weight decay on the parameters ``decayed`` names, ``Task.decayed``)."""
 
-    def __init__(self, params: dict[str, Tensor], lrs: list[float], weight_decays: list[float],
+    def __init__(self, params: dict[str, Tensor], decayed: set[str], lrs: list[float], weight_decays: list[float],
                  betas: tuple[float, float], eps: float = 1e-8):
         self.lrs, self.weight_decays = lrs, weight_decays
         self.beta1, self.beta2 = betas
         self.eps, self.steps = eps, 0
-        self.decay = {name for name, p in params.items() if p.dim() > 2}  # stacked: one dimension more
+        self.decay = decayed
         self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
         self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
 
@@ -211,8 +211,8 @@ class Chunk:
         params, buffers = stack_module_state([m.task for m in members])
         self.params = {name: p.detach() for name, p in params.items()}
         self.buffers = buffers
-        decay = [name for name, p in self.params.items() if p.dim() > 2]
-        self.clip_order = decay + [name for name in self.params if name not in decay]
+        self.decayed = self.template.decayed()
+        self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
         self._data()
         self._functions()
 
@@ -264,7 +264,7 @@ class Chunk:
         steps_per_epoch = len(self.train_loaders[0])
         total = max(1, steps_per_epoch * trainer.max_epochs)
         schedule = lr_schedule(OmegaConf.to_container(cfg.optim, resolve=True), total)
-        self.optimizer = StackedAdamW(self.params, [m.cfg.optim.lr for m in self.members],
+        self.optimizer = StackedAdamW(self.params, self.decayed, [m.cfg.optim.lr for m in self.members],
                                       [m.cfg.optim.weight_decay for m in self.members], tuple(cfg.optim.betas))
         self.best_params = {name: p.clone() for name, p in self.params.items()}
         self.active = torch.ones(len(self.members), dtype=torch.bool)

@@ -66,7 +66,7 @@ def test_stacked_adamw_and_clipping_are_torchs_to_the_bit():
         tensors = [p.requires_grad_() for p in params.values()]
         optimisers.append(torch.optim.AdamW([{"params": tensors[:1], "weight_decay": wd},
                                              {"params": tensors[1:], "weight_decay": 0.0}], lr=lr))
-    mine = StackedAdamW(stacked, lrs, decays, (0.9, 0.999))
+    mine = StackedAdamW(stacked, {"w"}, lrs, decays, (0.9, 0.999))
     for step in range(5):
         grads = {name: 10 * torch.randn(len(lrs), *shape) for name, shape in shapes.items()}
         for e, (params, optimiser) in enumerate(zip(single, optimisers)):

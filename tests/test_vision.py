@@ -1,15 +1,41 @@
 """Vision domain: MNIST and ImageFolder data, their splits (shipped split folders, random, grouped; never
-following the training seed), input gradients for attacks, mixup/cutmix targets. Training every variant
-is the shared contract test's job (tests/test_domains.py)."""
+following the training seed), input gradients for attacks, mixup/cutmix targets; the DeiT / DeiT-III
+recipe: truncated-normal init and LayerNorm eps, RandAugment, 3-Augment, repeated augmentation (also under
+two-process DDP), binary cross-entropy, LAMB, and the paper presets. Training every variant is the shared
+contract test's job (tests/test_domains.py)."""
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
+from torch import nn
+from torchvision.transforms import v2
 
+from common.attention import MultiheadAttention
+from common.blocks import Encoder
 from common.data import SPLITS, DataError
+from common.errors import ConfigError
+from common.optim import Lamb
 from domains.vision import build
-from domains.vision.data import ImageFiles, VisionDataModule, eval_transform
-from domains.vision.model import mix_batch
+from domains.vision.data import (
+    ImageFiles,
+    RepeatedAugmentationSampler,
+    VisionDataModule,
+    eval_transform,
+    three_augment,
+    train_transform,
+)
+from domains.vision.model import binary_targets, mix_batch
 from runners.config import build_config, compose
 
 
@@ -153,3 +179,239 @@ def test_mix_batch_soft_targets():
         mixed, targets = mix_batch(images, labels, 3, mixup=mixup, cutmix=cutmix, switch_prob=0.5, label_smoothing=0.1)
         assert mixed.shape == images.shape and mixed.min() >= 0 and mixed.max() <= 1
         assert torch.allclose(targets.sum(-1), torch.ones(6)) and targets.min() > 0
+
+
+# ------------------------------------------------------------------------------------ the DeiT / DeiT-III recipe
+
+def test_trunc_normal_init_and_layernorm_eps(cache_dir):
+    torch.manual_seed(0)
+    _, task = build(config(cache_dir, "model.dim=64", "model.heads=4"))
+    net = task.net
+    linear = [m.weight for m in net.modules() if isinstance(m, nn.Linear) and m.weight.numel() >= 4096]
+    fused = [m.in_proj_weight for m in net.modules() if isinstance(m, MultiheadAttention)]
+    assert linear and fused
+    for weight in linear + fused:
+        assert abs(weight.std().item() - 0.02) < 0.002 and abs(weight.mean().item()) < 0.002
+    assert all(m.bias.abs().max() == 0 for m in net.modules() if isinstance(m, nn.Linear))
+    norms = [m for m in net.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 2 * 2 + 1 and all(m.eps == 1e-6 for m in norms)
+    assert all((m.weight == 1).all() and (m.bias == 0).all() for m in norms)
+    # The init sets QUEST's initial sharpness: a head's query norm on LayerNorm-ed tokens is 0.02·√(dim·head_dim).
+    tokens = F.layer_norm(torch.randn(4096, 64), (64,))
+    queries = (tokens @ fused[0][:64].T).view(-1, 4, 16)
+    assert abs(queries.norm(dim=-1).mean().item() / (0.02 * math.sqrt(64 * 16)) - 1) < 0.05
+
+    _, torch_task = build(config(cache_dir, "model.dim=64", "model.heads=4", "model.init=torch", "model.norm_eps=1e-5"))
+    fused = next(m for m in torch_task.net.modules() if isinstance(m, MultiheadAttention)).in_proj_weight
+    assert abs(fused.std().item() - math.sqrt(1 / 128)) < 0.01  # Xavier on [3·64, 64]
+    assert all(m.eps == 1e-5 for m in torch_task.net.modules() if isinstance(m, nn.LayerNorm))
+    with pytest.raises(ValueError, match="model.init"):
+        build(config(cache_dir, "model.init=xavier"))
+
+
+def test_encoder_default_is_unchanged_for_other_domains():
+    encoder = Encoder(16, 2, 2)
+    assert all(m.eps == 1e-5 for m in encoder.modules() if isinstance(m, nn.LayerNorm))
+
+
+def rgb_data(cache_dir, *overrides):
+    return config(cache_dir, "data.image_size=32", *RGB, *overrides).data
+
+
+def test_randaugment_and_three_augment_in_the_training_transform(cache_dir):
+    plain = train_transform(rgb_data(cache_dir))
+    assert not any(isinstance(t, v2.RandAugment) for t in plain.transforms)
+    data = rgb_data(cache_dir, "data.augment.randaugment={num_ops: 2, magnitude: 9}")
+    augment = next(t for t in train_transform(data).transforms if isinstance(t, v2.RandAugment))
+    assert (augment.num_ops, augment.magnitude, augment.num_magnitude_bins) == (2, 9, 11)  # timm's m9 of 10
+    deit3 = train_transform(rgb_data(cache_dir, "data.augment.crop=src", "data.augment.three_augment=true",
+                                     "data.augment.color_jitter=0.3", "data.augment.erase=0.0"))
+    kinds = [type(t) for t in deit3.transforms]
+    assert v2.RandomCrop in kinds and v2.RandomResizedCrop not in kinds and v2.RandomErasing not in kinds
+    assert v2.RandomChoice in kinds and v2.ColorJitter in kinds
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    torch.manual_seed(0)
+    for transform in (train_transform(data), deit3):
+        out = transform(image)
+        assert out.shape == (3, 32, 32) and out.min() >= 0 and out.max() <= 1
+    for bad in ("{num_ops: 2}", "{num_ops: 2, magnitude: 12}"):
+        with pytest.raises(ConfigError, match="randaugment"):
+            build(config(cache_dir, f"data.augment.randaugment={bad}"))
+    with pytest.raises(ConfigError, match="crop"):
+        build(config(cache_dir, "data.augment.crop=center"))
+
+
+def test_three_augment_applies_exactly_one_of_its_three():
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    pixels = np.asarray(image).astype(int)
+    choice = three_augment(3)
+    seen = Counter()
+    torch.manual_seed(0)
+    for _ in range(60):
+        out = np.asarray(choice(image)).astype(int)
+        gray = (out == out[..., :1]).all()
+        solarized = (out == np.where(pixels >= 128, 255 - pixels, pixels)).all()
+        seen[(gray, solarized)] += 1
+    assert set(seen) == {(True, False), (False, True), (False, False)}  # grayscale, solarise, blur
+    assert all(count > 8 for count in seen.values())
+
+
+def test_repeated_augmentation_sampler_counts_and_rank_split():
+    dataset = list(range(12))
+    ranks = [RepeatedAugmentationSampler(dataset, 3, num_replicas=2, rank=r, seed=5) for r in (0, 1)]
+    first = [list(s) for s in ranks]
+    assert [len(s) for s in ranks] == [len(x) for x in first] == [6, 6]  # the epoch keeps len(dataset) samples
+    counts = Counter(first[0] + first[1])
+    assert len(counts) == 4 and set(counts.values()) == {3}  # 4 images chosen, each 3 times over the two ranks
+    assert all(set(x) == set(counts) for x in first)  # every chosen image's copies go to both ranks
+    for sampler in ranks:
+        sampler.set_epoch(1)
+    second = [list(s) for s in ranks]
+    assert second != first and set(Counter(second[0] + second[1]).values()) == {3}
+    assert [list(s) for s in ranks] == second  # an epoch's order is a function of (seed, epoch)
+    # 10 images over 2 ranks: 5 each, so the epoch's end cuts the fourth image's copies to one
+    odd = Counter(i for r in range(2) for i in RepeatedAugmentationSampler(list(range(10)), 3, num_replicas=2, rank=r))
+    assert sorted(odd.values()) == [1, 3, 3, 3]
+
+
+def test_datamodule_uses_the_sampler_with_the_trainers_ranks(cache_dir):
+    dm, _ = build(config(cache_dir, "data.augment.repeats=3"))
+    loader = dm.train_dataloader()
+    assert isinstance(loader.sampler, RepeatedAugmentationSampler) and len(loader) == 4000 // 16
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1)
+    sampler = dm.train_dataloader().sampler
+    assert (sampler.num_replicas, sampler.rank, len(sampler)) == (2, 1, 2000)
+    plain, _ = build(config(cache_dir))
+    assert not isinstance(plain.train_dataloader().sampler, RepeatedAugmentationSampler)
+
+
+DDP_SCRIPT = """
+import json, sys
+import pytorch_lightning as pl
+from domains.vision import build
+from runners.config import build_config, compose
+
+class Dump(pl.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        sampler = trainer.train_dataloader.sampler
+        with open(f"{sys.argv[1]}/rank{trainer.global_rank}_epoch{trainer.current_epoch}.json", "w") as f:
+            json.dump({"sampler": type(sampler).__name__, "indices": list(sampler)}, f)
+
+cfg = build_config(compose(["domain=vision", "preset=smoke", f"cache_dir={sys.argv[1]}", "data.augment.repeats=3",
+                            "data.split=[0.006,0.002,0.992]", "data.batch_size=4"]))
+datamodule, task = build(cfg)
+pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=2, limit_train_batches=1, limit_val_batches=0,
+           logger=False, enable_checkpointing=False, enable_progress_bar=False,
+           enable_model_summary=False, callbacks=[Dump()]).fit(task, datamodule=datamodule)
+"""
+
+
+def test_repeated_augmentation_survives_lightning_ddp(tmp_path):
+    """Lightning replaces a plain sampler by its DistributedSampler under DDP; ours must stay, split by rank,
+    with its epoch set by Lightning."""
+    script = tmp_path / "ddp_sampler.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    dumps = {(r, e): json.loads((tmp_path / f"rank{r}_epoch{e}.json").read_text()) for r in (0, 1) for e in (0, 1)}
+    assert {d["sampler"] for d in dumps.values()} == {"RepeatedAugmentationSampler"}
+    for epoch in (0, 1):
+        counts = Counter(dumps[0, epoch]["indices"] + dumps[1, epoch]["indices"])
+        assert sum(counts.values()) == 30 and sorted(counts.values()) == [3] * 10  # 30 training digits
+    assert dumps[0, 0]["indices"] != dumps[0, 1]["indices"]
+
+
+def test_bce_loss_on_binarised_mixed_targets(cache_dir):
+    _, task = build(config(cache_dir, "task.loss=bce"))
+    logits, labels = torch.randn(4, 10), torch.tensor([1, 2, 3, 4])
+    soft = 0.7 * F.one_hot(labels, 10).float() + 0.3 * F.one_hot(labels.flip(0), 10).float()
+    expected = F.binary_cross_entropy_with_logits(logits, (soft > 0).float())
+    assert torch.allclose(task.loss(logits, soft, "train"), expected)
+    assert binary_targets(soft, 10).sum(-1).tolist() == [2, 2, 2, 2]  # both classes of a mixed image are positives
+    hard = F.binary_cross_entropy_with_logits(logits, F.one_hot(labels, 10).float())
+    assert torch.allclose(task.loss(logits, labels, "train"), hard)
+    assert torch.allclose(task.loss(logits, labels, "val"), F.cross_entropy(logits, labels))  # evaluation: CE
+    with pytest.raises(ValueError, match="label smoothing"):
+        build(config(cache_dir, "task.loss=bce", "task.label_smoothing=0.1"))
+    with pytest.raises(ValueError, match="task.loss"):
+        build(config(cache_dir, "task.loss=focal"))
+
+
+def test_lamb_step_by_hand():
+    """One step on a toy of two decayed tensors and one without decay, against LAMB's formula by hand."""
+    lr, decay, eps = 0.1, 0.1, 1e-8
+    w, z, b = nn.Parameter(torch.tensor([3.0, 4.0])), nn.Parameter(torch.zeros(2)), nn.Parameter(torch.tensor([0.5]))
+    w.grad, z.grad, b.grad = torch.tensor([0.5, -1.0]), torch.tensor([1.0, 1.0]), torch.tensor([2.0])
+    Lamb([{"params": [w, z], "weight_decay": decay}, {"params": [b], "weight_decay": 0.0}], lr=lr, eps=eps).step()
+    # step 1: bias-corrected moments are g and g², so Adam's step is g / (|g| + eps)
+    adam = [0.5 / (0.5 + eps), -1.0 / (1.0 + eps)]
+    update = [adam[0] + decay * 3.0, adam[1] + decay * 4.0]
+    trust = 5.0 / math.hypot(*update)  # ‖w‖ / ‖update‖
+    assert torch.allclose(w.detach(), torch.tensor([3.0 - lr * trust * update[0], 4.0 - lr * trust * update[1]]))
+    assert torch.allclose(z.detach(), torch.full((2,), -lr / (1 + eps)))  # ‖w‖ = 0: trust ratio 1
+    assert torch.allclose(b.detach(), torch.tensor([0.5 - lr * 2.0 / (2.0 + eps)]))  # no decay: plain Adam
+
+
+def test_position_embedding_and_cls_token_take_no_weight_decay(cache_dir):
+    _, task = build(config(cache_dir))
+    decayed = task.decayed()
+    assert "net.pos_embed" not in decayed and "net.cls_token" not in decayed  # DeiT's exemptions
+    assert "net.patch_embed.weight" in decayed and "net.head.weight" in decayed
+    assert not any(name.endswith("bias") for name in decayed)
+    optimizer = task.configure_optimizers.__func__(SimpleNamespace(  # the groups configure_optimizers builds
+        optim=task.optim, decayed=task.decayed, named_parameters=task.named_parameters,
+        trainer=SimpleNamespace(estimated_stepping_batches=10)))["optimizer"]
+    decay_group = {id(p) for p in optimizer.param_groups[0]["params"]}
+    assert id(task.net.pos_embed) not in decay_group and id(task.net.head.weight) in decay_group
+
+
+def test_lamb_matches_timm_over_several_steps():
+    from timm.optim import Lamb as TimmLamb
+
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(6, 4), nn.Linear(6, 4)
+    theirs.load_state_dict(ours.state_dict())
+
+    def groups(net):
+        return [{"params": [net.weight], "weight_decay": 0.05}, {"params": [net.bias], "weight_decay": 0.0}]
+
+    optimizers = [Lamb(groups(ours), lr=0.01), TimmLamb(groups(theirs), lr=0.01, eps=1e-8, max_grad_norm=None)]
+    for _ in range(5):
+        x = torch.randn(8, 6)
+        for net, optimizer in zip((ours, theirs), optimizers):
+            optimizer.zero_grad()
+            net(x).pow(2).mean().backward()
+            optimizer.step()
+    assert torch.allclose(ours.weight, theirs.weight, atol=1e-6) and torch.allclose(ours.bias, theirs.bias, atol=1e-6)
+
+
+SHRINK = ["model.depth=1", "data.dataset=mnist", "data.image_size=32", "data.channels=1", "data.mean=[0.5]",
+          "data.std=[0.25]", "data.batch_size=8", "data.num_workers=0", "trainer.accelerator=cpu"]
+
+
+@pytest.mark.parametrize("preset, dim, heads, epochs", [
+    ("paper", 192, 3, 300), ("paper_s", 384, 6, 300), ("paper_b", 768, 12, 100), ("paper_l", 1024, 16, 100),
+    ("paper_b_deit3", 768, 12, 800)])
+def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
+    cfg = compose(["domain=vision", f"preset={preset}", "data.root=/imagenet"])
+    assert (cfg.model.dim, cfg.model.heads, cfg.model.patch_size, cfg.trainer.max_epochs) == (dim, heads, 16, epochs)
+    assert (cfg.model.init, cfg.model.norm_eps, cfg.data.image_size) == ("trunc_normal", 1e-6, 224)
+    assert cfg.data.augment.repeats == 3
+    assert cfg.optim.cooldown_steps == 0  # DeiT's code never runs its cool-down epochs
+    if preset == "paper_b_deit3":
+        assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.data.batch_size) == ("lamb", 3e-3, 0.02, 2048)
+        assert (cfg.task.loss, cfg.task.label_smoothing, cfg.task.mixup, cfg.task.cutmix) == ("bce", 0.0, 0.8, 1.0)
+        assert cfg.data.augment.three_augment and cfg.data.augment.randaugment is None and cfg.data.augment.erase == 0
+        assert (cfg.model.layer_scale, cfg.trainer.gradient_clip_val, cfg.optim.warmup_steps) == (1e-4, 1.0, 5 * 626)
+    else:
+        assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("adamw", 1e-3, 0.05)
+        assert cfg.data.batch_size == 1024
+        assert dict(cfg.data.augment.randaugment) == {"num_ops": 2, "magnitude": 9}
+        assert (cfg.task.loss, cfg.task.label_smoothing, cfg.optim.warmup_steps) == ("ce", 0.1, 5 * 1252)
+    datamodule, task = build(build_config(compose(["domain=vision", f"preset={preset}", f"cache_dir={cache_dir}",
+                                                   *SHRINK])))
+    assert len(task.net.encoder.layers) == 1 and task.net.head.in_features == dim
+    task.train()
+    inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
+    assert torch.isfinite(task.loss(task(inputs), target, "train"))

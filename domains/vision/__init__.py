@@ -1,5 +1,6 @@
-"""Image classification with a ViT (DeiT shape in the paper preset) on MNIST digits or an ImageFolder tree;
-adversarial and corruption robustness via ``quest robustness`` (``common.robustness``)."""
+"""Image classification with a ViT on MNIST digits or an ImageFolder tree (the paper presets: DeiT-Tiny,
+ViT-S, ViT-B and ViT-L with DeiT's recipe on ImageNet, ViT-B with DeiT-III's); adversarial and corruption
+robustness via ``quest robustness`` (``common.robustness``)."""
 from common.registry import BuildConfig, register_domain
 
 from .data import DATASETS
@@ -10,7 +11,7 @@ def build(cfg: BuildConfig):
     from .data import VisionDataModule
     from .model import VisionTask, ViT
 
-    datamodule = VisionDataModule(cfg.data, cfg.cache_dir)
+    datamodule = VisionDataModule(cfg.data, cfg.cache_dir, seed=cfg.seed)
     data = cfg.data
     net = ViT(datamodule.num_classes, image_size=data["image_size"], channels=data["channels"], mean=data["mean"],
               std=data["std"], attention=cfg.attention, **cfg.model)

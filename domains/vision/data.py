@@ -7,9 +7,11 @@ beside ``val/`` and/or ``test/``, e.g. ImageNet's train/ and val/) is used as sh
 tree is split by ``data.split`` from ``data.split_seed``, at random or, with ``data.group_pattern``, by
 groups (e.g. the video a frame comes from) that never straddle two splits. MNIST is split at random.
 
-ImageFolder training images get DeiT's augmentations from ``torchvision.transforms.v2``: random resized
-crop, horizontal flip and random erasing; mixup/cutmix act on whole batches in the task. Evaluation
-images are resized and centre-cropped with DeiT's crop ratio."""
+ImageFolder training images get DeiT's augmentations from ``torchvision.transforms.v2`` (random resized
+crop, horizontal flip, RandAugment, random erasing) or DeiT-III's (its simple random crop, 3-Augment,
+colour jitter), as ``data.augment`` picks them; mixup/cutmix act on whole batches in the task. Evaluation
+images are resized and centre-cropped with DeiT's crop ratio. Repeated augmentation
+(``RepeatedAugmentationSampler``) works on any training set."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 from torchvision.transforms import InterpolationMode, v2
 
 from common.data import (
@@ -35,24 +37,73 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.errors import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 Splits = tuple[dict[str, Dataset], list[str], Split]  # datasets per split, class names, how they were split
+CROPS = ("rrc", "src")  # random resized crop (DeiT) | simple random crop (DeiT-III)
+
+
+def check_augment(aug: dict) -> None:
+    """The choices of ``data.augment`` that the schema cannot check (a ``ConfigError`` names the key)."""
+    if aug["crop"] not in CROPS:
+        raise ConfigError(f"unknown data.augment.crop {aug['crop']!r}; choose from {', '.join(CROPS)}")
+    settings = aug["randaugment"]
+    if settings is not None and not (isinstance(settings, dict) and set(settings) == {"num_ops", "magnitude"}
+                                     and settings["num_ops"] >= 0 and 0 <= settings["magnitude"] <= 10):
+        raise ConfigError("data.augment.randaugment must be null or {num_ops: <n >= 0>, magnitude: <0 to 10>}, "
+                          f"got {settings!r}")
+    if aug["repeats"] < 1:
+        raise ConfigError(f"data.augment.repeats must be at least 1, got {aug['repeats']}")
+
+
+def crop(data: dict) -> list:
+    """DeiT's random resized crop, or DeiT-III's simple random crop: the shorter side resized to
+    ``image_size``, then a random square with 4 pixels of reflect padding."""
+    aug, size = data["augment"], data["image_size"]
+    if aug["crop"] == "src":
+        return [v2.Resize(size, interpolation=InterpolationMode.BICUBIC),
+                v2.RandomCrop(size, padding=4, padding_mode="reflect")]
+    return [v2.RandomResizedCrop(size, scale=tuple(aug["scale"]), ratio=tuple(aug["ratio"]),
+                                 interpolation=InterpolationMode.BICUBIC)]
+
+
+def rand_augment(settings: dict, mean: list[float]) -> v2.RandAugment:
+    """timm's ``rand-m<magnitude>-n<num_ops>`` (DeiT: rand-m9-mstd0.5-inc1) on torchvision's RandAugment: 11
+    magnitude bins make its scale timm's 0-10 (m9: 90 % of each operation's range, not 30 % as with
+    torchvision's 31 bins), bicubic, filling with the mean pixel as timm does. torchvision's operations and
+    ranges differ from timm's in detail; timm's magnitude noise (mstd0.5) and per-operation probability of
+    0.5 are not reproduced."""
+    return v2.RandAugment(settings["num_ops"], settings["magnitude"], num_magnitude_bins=11,
+                          interpolation=InterpolationMode.BICUBIC, fill=tuple(round(255 * m) for m in mean))
+
+
+def three_augment(channels: int) -> v2.RandomChoice:
+    """DeiT-III's 3-Augment: each image gets exactly one of grayscale, solarisation (PIL's: pixels from 128
+    up inverted) and Gaussian blur (σ uniform in [0.1, 2], as DeiT-III's PIL blur radius)."""
+    return v2.RandomChoice([v2.Grayscale(channels), v2.RandomSolarize(128, p=1.0),
+                            v2.GaussianBlur(13, sigma=(0.1, 2.0))])  # 13 = 2·⌈3σ_max⌉ + 1
 
 
 def train_transform(data: dict) -> v2.Compose:
-    """DeiT's training augmentation. Random erasing fills its box with standard normal noise in the
-    *normalised* space, as timm's 'pixel' mode does, so it runs between a normalisation and its inverse."""
+    """DeiT's or DeiT-III's training augmentation, as ``data.augment`` sets it: crop and flip, then
+    RandAugment, 3-Augment and colour jitter where on, all on the PIL image (as timm), then random erasing.
+    Random erasing fills its box with standard normal noise in the *normalised* space, as timm's 'pixel'
+    mode does, so it runs between a normalisation and its inverse."""
     aug, mean, std = data["augment"], torch.tensor(data["mean"]), torch.tensor(data["std"])
-    return v2.Compose([
-        v2.RandomResizedCrop(data["image_size"], scale=tuple(aug["scale"]), ratio=tuple(aug["ratio"]),
-                             interpolation=InterpolationMode.BICUBIC),
-        v2.RandomHorizontalFlip(aug["hflip"]),
-        v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean.tolist(), std.tolist()),
-        v2.RandomErasing(aug["erase"], value="random"),
-        v2.Normalize((-mean / std).tolist(), (1 / std).tolist()),
-    ])
+    steps = [*crop(data), v2.RandomHorizontalFlip(aug["hflip"])]
+    if aug["randaugment"]:
+        steps.append(rand_augment(aug["randaugment"], data["mean"]))
+    if aug["three_augment"]:
+        steps.append(three_augment(data["channels"]))
+    if aug["color_jitter"]:
+        steps.append(v2.ColorJitter(brightness=aug["color_jitter"], contrast=aug["color_jitter"],
+                                    saturation=aug["color_jitter"]))
+    steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    if aug["erase"]:
+        steps += [v2.Normalize(mean.tolist(), std.tolist()), v2.RandomErasing(aug["erase"], value="random"),
+                  v2.Normalize((-mean / std).tolist(), (1 / std).tolist())]
+    return v2.Compose(steps)
 
 
 def eval_transform(data: dict) -> v2.Compose:
@@ -124,10 +175,46 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
 DATASETS = {"mnist": mnist_splits, "imagefolder": imagefolder_splits}
 
 
-class VisionDataModule(SplitDataModule):
-    """``data`` is the ``data`` section of the vision config; the split depends on it alone."""
+class RepeatedAugmentationSampler(DistributedSampler):
+    """Repeated augmentation (Hoffer et al. 2020; DeiT's RASampler): each epoch shuffles the dataset from
+    (seed, epoch), repeats each image ``repeats`` times in a row, and deals the list out to the ranks in
+    turn, so an image's copies go to different ranks (under DDP) and get different augmentations in the
+    same step. Every rank takes ⌈len(dataset) / num_replicas⌉ indices: an epoch is as long as without
+    repeats and covers about 1/``repeats`` of the images, each of them ``repeats`` times (the last one
+    possibly fewer, where the epoch's end cuts its copies).
 
-    def __init__(self, data: dict, cache_dir: Path):
+    A ``DistributedSampler``, so that Lightning leaves it in place under DDP (it replaces any other
+    sampler with its own) and calls ``set_epoch`` each epoch; hence the explicit ``num_replicas``/``rank``."""
+
+    def __init__(self, dataset: Dataset, repeats: int, *, num_replicas: int = 1, rank: int = 0, seed: int = 0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.repeats = repeats
+
+    def __iter__(self):
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        repeated = order.repeat_interleave(self.repeats)
+        epoch = repeated[torch.arange(self.total_size) % len(repeated)]  # wraps only for tiny datasets
+        return iter(epoch[self.rank::self.num_replicas].tolist())
+
+
+class VisionDataModule(SplitDataModule):
+    """``data`` is the ``data`` section of the vision config; the split depends on it alone. ``seed`` (the
+    run's) draws the order of repeated augmentation (``data.augment.repeats`` > 1)."""
+
+    def __init__(self, data: dict, cache_dir: Path, seed: int = 0):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
+        check_augment(data["augment"])
+        self.repeats, self.seed = data["augment"]["repeats"], seed
         self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
         self.describe_split(*split)
+
+    def train_dataloader(self) -> DataLoader:
+        """The shuffled loader of ``SplitDataModule``, or with repeats the same loader over this rank's share
+        of ``RepeatedAugmentationSampler`` (the trainer, once attached, says how many ranks there are)."""
+        loader = super().train_dataloader()
+        if self.repeats == 1:
+            return loader
+        ranks = {"num_replicas": self.trainer.world_size, "rank": self.trainer.global_rank} if self.trainer else {}
+        sampler = RepeatedAugmentationSampler(loader.dataset, self.repeats, seed=self.seed, **ranks)
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+                          persistent_workers=loader.persistent_workers, collate_fn=loader.collate_fn)
