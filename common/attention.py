@@ -28,6 +28,7 @@ forward passes. This module needs torch only (PyG for the edge path, imported on
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -39,35 +40,43 @@ from common import probes
 
 
 class _L2Normalize(torch.autograd.Function):
-    """x / max(‖x‖, eps) with its gradient written out: autograd's version of F.normalize keeps
-    several intermediates alive and costs a few percent of a whole attention call. Written in the
-    ``setup_context`` form so that ``torch.func`` transforms (vmap over stacked seeds) can use it."""
+    """g · x / max(‖x‖, eps) over the last dimension, with its gradients written out: one element-wise pass
+    forward (x times the per-row factor g / ‖x‖) and three backward, where autograd's F.normalize followed
+    by a gain would take several more, which at short sequences cost as much as the attention kernel
+    itself. The gain's gradient comes from the per-row radial term the input's gradient needs anyway.
+    ``gain`` (optional) broadcasts against the [..., 1] row norms. Written in the ``setup_context`` form
+    so that ``torch.func`` transforms (vmap over stacked seeds) can use it."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    def forward(x: Tensor, gain: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
-        return x / norm, norm
+        return x * (norm.reciprocal() if gain is None else gain / norm), norm
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        y, norm = output
-        ctx.mark_non_differentiable(norm)
-        ctx.save_for_backward(y, norm)
-        ctx.eps = inputs[1]
+        x, gain, eps = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(x, gain, output[1])
+        ctx.eps = eps
 
     @staticmethod
     def backward(ctx, grad: Tensor, _norm_grad: Tensor | None):
-        y, norm = ctx.saved_tensors
-        # Project out the radial part; below eps the clamp makes the map linear (x / eps).
-        radial = (grad * y).sum(-1, keepdim=True) * (norm > ctx.eps)
-        return (grad - y * radial) / norm, None
+        x, gain, norm = ctx.saved_tensors
+        # u = x / norm; u·grad per row is the radial part, projected out of the input's gradient (below eps
+        # the clamp makes the map linear, x / eps, with nothing to project) and summed into the gain's.
+        radial = torch.linalg.vecdot(x, grad).unsqueeze(-1) / norm
+        factor = norm.reciprocal() if gain is None else gain / norm
+        grad_x = torch.addcmul(grad, x, radial * (norm > ctx.eps) / norm, value=-1).mul_(factor)
+        grad_gain = None if gain is None else radial.sum_to_size(gain.shape)
+        return grad_x, grad_gain, None
 
 
-def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """Normalise the last dimension; all-zero (padding) vectors stay zero instead of NaN."""
-    return _L2Normalize.apply(x, eps)[0]
+def l2_normalize(x: Tensor, eps: float = 1e-6, gain: Tensor | None = None) -> Tensor:
+    """Normalise the last dimension, times ``gain`` (broadcasting against [..., 1]) if given; all-zero
+    (padding) vectors stay zero instead of NaN."""
+    return _L2Normalize.apply(x, gain, eps)[0]
 
 
 def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:
@@ -85,13 +94,17 @@ def _per_head(x: Tensor, like: Tensor) -> Tensor:
 
 class QKFold(nn.Module):
     """Folds a variant into (q, k) for one attention layer, so that plain dot-product attention with
-    the returned scale gives the variant's logits. Subclasses add learnable scales in ``rescale``;
-    q and k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
+    the returned scale gives the variant's logits. Subclasses add learnable scales: ``logit_gain`` (one factor
+    on every logit of a head, folded into k's normalisation where k is normalised, so it costs no pass
+    of its own) or ``rescale``; q and k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6):
         super().__init__()
         self.variant, self.eps = variant, eps
+
+    def logit_gain(self, like: Tensor) -> Tensor | None:
+        return None
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
@@ -99,13 +112,15 @@ class QKFold(nn.Module):
     def forward(self, q: Tensor, k: Tensor, metric: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
         """``metric`` is the elliptical weight m; without it an elliptical variant runs its base
         variant (the first layer of a stack has no previous values)."""
-        spec = self.variant
+        spec, gain = self.variant, self.logit_gain(q)
         if spec.elliptical and metric is not None:
             q = q * metric
         if spec.norm_q:
             q = l2_normalize(q, self.eps)
         if spec.norm_k:
-            k = l2_normalize(k, self.eps)
+            k = l2_normalize(k, self.eps, gain)  # g·q·k̂ = q·(g·k̂)
+        elif gain is not None:
+            q = q * gain
         q, k = self.rescale(q, k)
         return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
 
@@ -126,8 +141,8 @@ class LayerGain(QKFold):
     def gains(num_heads: int) -> int:
         return 1
 
-    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return q * _per_head(self.gain, q), k
+    def logit_gain(self, like: Tensor) -> Tensor:
+        return _per_head(self.gain, like)
 
 
 class HeadGain(LayerGain):
@@ -139,7 +154,8 @@ class HeadGain(LayerGain):
 
 
 class DimScale(QKFold):
-    """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos."""
+    """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos.
+    Computed as q̂·((c_q⊙c_k)⊙k̂): the same logits and gradients, one pass over k instead of one over each."""
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6):
@@ -148,7 +164,7 @@ class DimScale(QKFold):
         self.k_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return q * self.q_scale, k * self.k_scale
+        return q, k * (self.q_scale * self.k_scale)
 
 
 @dataclass(frozen=True)
@@ -200,8 +216,15 @@ def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None
         if spec.learnable:
             raise ValueError(f"variant {spec.name!r} has learnable scales: pass fold=get_variant({spec.name!r})"
                              ".make_fold(num_heads, head_dim), or use MultiheadAttention")
-        fold = QKFold(spec, q.shape[1], q.shape[-1], eps=eps)
+        fold = _stateless_fold(spec, eps)
     return fold(q, k, metric)
+
+
+@functools.cache
+def _stateless_fold(spec: Variant, eps: float) -> QKFold:
+    """The fold of a variant without learnable scales, built once: a module per call would cost more than
+    the normalisation it applies at short sequences."""
+    return QKFold(spec, 0, 0, eps=eps)
 
 
 @dataclass

@@ -1,20 +1,26 @@
-"""`quest bench`: forward+backward time of every variant over `standard`, measured side by side in one
-process (round-robin, median of repeats), and peak memory of quest vs standard vs a naive explicit
-softmax at a long sequence, each measured in a fresh child process (peak RSS on CPU, or peak CUDA memory).
+"""`quest bench`: forward+backward time of every variant over plain ``F.scaled_dot_product_attention``
+(``sdpa``: the same q, k, v, no variant) at several shapes, measured side by side in one process
+(round-robin, median of repeats), and the memory of one forward+backward of quest vs standard vs a naive
+explicit softmax at a long sequence, each in a fresh child process: on CPU the peak resident memory above
+the resident memory just before the call (the kernel's high-water mark is reset first, so the imports'
+peak does not count), on a GPU ``torch.cuda.max_memory_allocated`` above what the inputs hold.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from common.attention import VARIANTS, attend, elliptical_metric, get_variant
+
+SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
+SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 
 
 def make_inputs(shape, variant: str, device: str, dtype=torch.float32, seed: int = 0):
@@ -22,6 +28,8 @@ def make_inputs(shape, variant: str, device: str, dtype=torch.float32, seed: int
     previous values."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(*shape, generator=g, dtype=dtype).to(device).requires_grad_() for _ in range(3))
+    if variant == SDPA:
+        return q, k, v, None, None
     spec, (_, heads, _, head_dim) = get_variant(variant), shape
     fold = spec.make_fold(heads, head_dim).to(device, dtype)
     prev = torch.randn(*shape, generator=g, dtype=dtype).to(device) if spec.elliptical else None
@@ -31,7 +39,9 @@ def make_inputs(shape, variant: str, device: str, dtype=torch.float32, seed: int
 def step(variant: str, q, k, v, fold, prev, naive: bool = False) -> None:
     """One forward+backward; elliptical variants include computing their weights."""
     metric = elliptical_metric(v.detach(), prev) if prev is not None else None
-    if naive:
+    if variant == SDPA:
+        out = F.scaled_dot_product_attention(q, k, v)
+    elif naive:
         qf, kf, scale = fold(q, k, metric)
         out = ((qf @ kf.transpose(-2, -1)) * scale).softmax(-1) @ v
     else:
@@ -60,22 +70,24 @@ def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1) -
     return {v: statistics.median(t) for v, t in times.items()}
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
 
 def peak_memory_mb(shape, variant: str, naive: bool, device: str) -> float:
-    """Peak memory of one forward+backward above what the inputs already hold (run in this process)."""
+    """Peak memory of one forward+backward above what the process held just before it."""
     inputs = make_inputs(shape, variant, device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         step(variant, *inputs, naive=naive)
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    base = _rss_mb()
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
+        f.write("5")
+    base = _status_mb("VmRSS")
     step(variant, *inputs, naive=naive)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    return _status_mb("VmHWM") - base
 
 
 def _memory_in_child(shape, variant: str, naive: bool, device: str) -> float:
@@ -88,9 +100,9 @@ def _memory_in_child(shape, variant: str, naive: bool, device: str) -> float:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quest bench", description=__doc__)
-    parser.add_argument("--shape", default="8,8,1024,64", help="batch,heads,tokens,head_dim for the timing table")
-    parser.add_argument("--long", default="1,4,16384,64", help="long-sequence shape (timing of standard/quest, memory)")
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--shapes", default=SHAPES, help="batch,heads,tokens,head_dim shapes timed, ';'-separated")
+    parser.add_argument("--long", default="1,4,16384,64", help="shape of the memory measurement")
+    parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -101,30 +113,29 @@ def main(argv: list[str]) -> int:
         print(peak_memory_mb(tuple(shape), variant, naive, device))
         return 0
 
-    shape = tuple(int(x) for x in args.shape.split(","))
+    shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
     long = tuple(int(x) for x in args.long.split(","))
+    names = [SDPA, *VARIANTS]
     result = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "shape": shape, "long_shape": long}
-    times = time_variants(shape, list(VARIANTS), args.device, args.repeats)
-    result["time_ms"] = {v: 1e3 * t for v, t in times.items()}
-    result["ratio"] = {v: t / times["standard"] for v, t in times.items()}
-    long_times = time_variants(long, ["standard", "quest"], args.device, max(1, args.repeats // 2), warmup=0)
-    result["long_ratio_quest"] = long_times["quest"] / long_times["standard"]
-    result["long_time_ms"] = {v: 1e3 * t for v, t in long_times.items()}
+              "repeats": args.repeats, "long_shape": long, "shapes": {}}
+    for shape in shapes:
+        times = time_variants(shape, names, args.device, args.repeats)
+        result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
+                                             "ratio": {v: times[v] / times[SDPA] for v in VARIANTS}}
     memory = {"standard": _memory_in_child(long, "standard", False, args.device),
               "quest": _memory_in_child(long, "quest", False, args.device)}
     if not args.no_naive:
         memory["quest (naive explicit softmax)"] = _memory_in_child(long, "quest", True, args.device)
-    result["peak_memory_mb"] = memory
+    result["memory_mb"] = memory
 
-    print(f"forward+backward on {args.device} ({result['threads']} threads), float32, shape {list(shape)}, "
-          f"median of {args.repeats}")
-    print(f"{'variant':18s} {'ms':>9s} {'× standard':>11s}")
+    print(f"forward+backward on {args.device} ({result['threads']} threads), float32, median of {args.repeats}, "
+          "time over plain SDPA on the same q, k, v")
+    columns = list(result["shapes"])
+    print(f"{'variant':18s}" + "".join(f"{c:>18s}" for c in columns))
+    print(f"{'sdpa (ms)':18s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
     for v in VARIANTS:
-        print(f"{v:18s} {result['time_ms'][v]:9.1f} {result['ratio'][v]:11.3f}")
-    print(f"\nlong sequence {list(long)}: quest {result['long_ratio_quest']:.3f}× standard "
-          f"({long_times['standard']:.2f} s vs {long_times['quest']:.2f} s)")
-    print("peak memory above inputs, one forward+backward:")
+        print(f"{v:18s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
+    print(f"\nmemory of one forward+backward above the memory held before it, {list(long)}:")
     for name, mb in memory.items():
         print(f"  {name:32s} {mb:10.1f} MB  ({mb / memory['standard']:.2f}× standard)")
     if args.json:

@@ -1,3 +1,4 @@
+import json
 import math
 import subprocess
 import sys
@@ -91,6 +92,11 @@ def test_attend_matches_explicit_softmax(variant, masked, dtype):
 def test_l2_normalize_gradient_and_zero_vectors():
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: l2_normalize(t), (x,))
+    # with a gain per head folded in ([B, H, N, D] rows, gain [H, 1, 1]): the gain's gradient too
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    gain = torch.rand(3, 1, 1, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t, g: l2_normalize(t, gain=g), (x, gain))
+    torch.testing.assert_close(l2_normalize(x, gain=gain), gain * F.normalize(x, dim=-1))
     zero = torch.zeros(2, 3, requires_grad=True)
     y = l2_normalize(zero)
     y.sum().backward()
@@ -321,3 +327,20 @@ def test_drop_path_is_identity_in_eval_and_drops_whole_samples_in_training():
     assert torch.all(y[kept] == 2.0) and torch.all(y[~kept] == 0.0) and 400 < int(kept.sum()) < 600
     enc = Encoder(8, 3, 2, drop_path=0.2)
     assert [layer.drop_path.p for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])
+
+
+def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_path, capsys):
+    """`quest bench` on small shapes: a ratio to plain SDPA for every variant at every shape, and memory
+    measured above what the process held before the call (at 2,048 tokens the explicit softmax's 2 x 2,048²
+    float32 logits, 32 MB, dwarf the fused kernel's few MB; whole-process peaks would hide it)."""
+    from runners.bench import main as bench
+
+    out = tmp_path / "bench.json"
+    assert bench(["--shapes", "2,2,16,8;1,2,32,8", "--long", "1,2,2048,16", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["shapes"]) == ["[2, 2, 16, 8]", "[1, 2, 32, 8]"]
+    for timing in result["shapes"].values():
+        assert set(timing["ratio"]) == set(VARIANTS) and all(r > 0 for r in timing["ratio"].values())
+    memory = result["memory_mb"]
+    assert memory["quest (naive explicit softmax)"] > 2 * memory["quest"] and memory["quest"] < 100
+    assert "× standard" in capsys.readouterr().out
