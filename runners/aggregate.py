@@ -1,10 +1,15 @@
 """`quest aggregate <runs dir> ... [--report REPORT.md ...] [--notes NOTES.md] [-o RESULTS.md]`: run records ->
 markdown tables, CSV and plots, with the reports of studies that have their own analysis.
 
-Per domain, dataset and preset: rows = variants, columns = test metrics as mean ± std over runs, the number
-of finished runs, diverged and failed counts, best value per column in bold (none where all variants tie);
-then the difference of the primary metric to `standard` with a paired t-test over seeds, and that group's
-plots. Across domains: each variant's primary metric per domain, its rank there (1 = best) and its mean rank.
+Per domain, dataset and preset: rows = variants, columns = test metrics as mean ± the half-width of its 95%
+t-interval over runs, the number of finished runs, diverged and failed counts, best value per column in bold
+(none where all variants tie); then the difference of the primary metric to `standard`, paired by seed, with
+its 95% interval and a paired t-test whose p-values are Holm-corrected over the variants of the table, a
+one-line verdict, and that group's plots. A variant whose metrics equal an earlier variant's on every seed
+computed the same function in that setting (elliptical in one layer, a per-head gain with one head): it is
+marked ``≡ <variant>``, neither tested nor ranked. Across domains: each variant's primary metric per
+domain, its rank there (1 = best) and its mean rank, and how many domains find it significantly better,
+not different or worse than `standard`.
 A record that cannot be read or breaks the schema is skipped with a warning and listed at the end.
 
 ``--report`` adds a study's own report (``quest stability``, ``python -m domains.retrieval.report``) as a
@@ -76,10 +81,16 @@ def variant_order(variants) -> list[str]:
     return [v for v in VARIANTS if v in set(variants)] + sorted(set(variants) - set(VARIANTS))
 
 
-def _fmt(mean: float, std: float) -> str:
+def half_width(values: pd.Series) -> float:
+    """Half-width of the 95% t-interval of the mean of ``values`` (NaN below two values)."""
+    n = values.count()
+    return float(stats.t.ppf(0.975, n - 1) * values.std() / np.sqrt(n)) if n > 1 else np.nan
+
+
+def _fmt(mean: float, half: float) -> str:
     if np.isnan(mean):
         return "–"
-    return f"{mean:.4g}" if np.isnan(std) else f"{mean:.4g} ± {std:.2g}"
+    return f"{mean:.4g}" if np.isnan(half) else f"{mean:.4g} ± {half:.2g}"
 
 
 def _bold_best(cells: list[str], means: pd.Series, lower: bool) -> list[str]:
@@ -93,48 +104,123 @@ def _bold_best(cells: list[str], means: pd.Series, lower: bool) -> list[str]:
     return [f"**{cell}**" if variant in winners else cell for variant, cell in zip(means.index, cells)]
 
 
+def equivalents(ok: pd.DataFrame) -> dict[str, str]:
+    """Variants that computed exactly what an earlier variant did (every metric equal on every seed, as
+    the elliptical variants do in a single layer, or a per-head gain with one head): variant -> that one."""
+    metrics = [c for c in ok.columns if c not in IDENTITY and ok[c].notna().any()]
+    by_variant = {v: g.set_index("seed")[metrics].sort_index() for v, g in ok.groupby("variant")}
+    found: dict[str, str] = {}
+    order = variant_order(by_variant)
+    for i, variant in enumerate(order):
+        for earlier in order[:i]:
+            if earlier in found:
+                continue
+            a, b = by_variant[variant], by_variant[earlier]
+            if len(a) and a.index.equals(b.index) and a.index.is_unique and np.allclose(a, b, rtol=TIE_RTOL, atol=0,
+                                                                                     equal_nan=True):
+                found[variant] = earlier
+                break
+    return found
+
+
+def holm(pvalues: pd.Series) -> pd.Series:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
+    order = pvalues.sort_values()
+    m = len(order)
+    adjusted = (order * np.arange(m, 0, -1)).cummax().clip(upper=1.0)
+    return adjusted.reindex(pvalues.index)
+
+
+def paired_differences(ok: pd.DataFrame, metric: str, variants: list[str]) -> pd.DataFrame:
+    """Per variant, the mean difference to `standard` over runs paired by seed (each seed's runs averaged
+    over any other swept settings), its 95% t-interval and two-sided paired t-test, and the p-value
+    Holm-adjusted over the variants compared (rows with fewer than two pairs, or none, are left out)."""
+    rows = {}
+    base = ok[ok["variant"] == "standard"].groupby("seed")[metric].mean()
+    for variant in variants:
+        pairs = pd.concat([ok[ok["variant"] == variant].groupby("seed")[metric].mean(), base], axis=1,
+                          keys=["v", "s"]).dropna()
+        diff = pairs["v"] - pairs["s"]
+        row = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": np.nan}
+        if len(diff) > 1:
+            row["p"] = 1.0 if np.allclose(diff, 0) else stats.ttest_rel(pairs["v"], pairs["s"]).pvalue
+        rows[variant] = row
+    table = pd.DataFrame(rows, index=["diff", "half", "n", "p"]).T
+    tested = table["p"].dropna()
+    table["p_holm"] = holm(tested) if len(tested) else np.nan
+    return table
+
+
+def _fmt_difference(row: pd.Series) -> str:
+    if np.isnan(row["diff"]):
+        return "–"
+    if np.isnan(row["p"]):
+        return f"{row['diff']:+.3g} (n={int(row['n'])})"
+    return (f"{row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, Holm {row['p_holm']:.2g}, "
+            f"n={int(row['n'])})")
+
+
+def verdicts(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
+    """Per variant of one table: ``better``, ``worse`` or ``not different`` from `standard` on the primary
+    metric after Holm's correction, or ``≡ <variant>``; `standard` itself and variants without paired seeds
+    are left out."""
+    primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
+    ok = runs[runs["status"] == "ok"]
+    if primary not in ok or not (ok["variant"] == "standard").any():
+        return {}
+    same = equivalents(ok)
+    compared = [v for v in variant_order(ok["variant"]) if v != "standard" and v not in same]
+    table = paired_differences(ok, primary, compared).dropna(subset=["p"])
+    found = {v: f"≡ {other}" for v, other in same.items()}
+    for variant, row in table.iterrows():
+        gain = -row["diff"] if mode == "min" else row["diff"]
+        found[variant] = "not different" if row["p_holm"] >= alpha else ("better" if gain > 0 else "worse")
+    return found
+
+
 def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows = variants of one domain/dataset; mean ± std of each metric over its finished runs."""
+    """Rows = variants of one domain/dataset; mean and 95% interval of each metric over its finished runs,
+    and the paired difference to `standard` on the primary metric."""
     primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
     ok = runs[runs["status"] == "ok"]
     metrics = [c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()]
     metrics = sorted(metrics, key=lambda m: (m != primary, m))
     variants = variant_order(runs["variant"])
-    means = ok.groupby("variant")[metrics].mean().reindex(variants)
-    stds = ok.groupby("variant")[metrics].std().reindex(variants)
+    grouped = ok.groupby("variant")[metrics]
+    means = grouped.mean().reindex(variants)
+    halves = grouped.agg(half_width).reindex(variants)
     table = pd.DataFrame(index=variants)
     for m in metrics:
         lower = lower_is_better(m, primary, mode)
-        cells = [_fmt(means.at[v, m], stds.at[v, m]) for v in variants]
+        cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
         table[m + (" ↓" if lower else " ↑")] = _bold_best(cells, means[m], lower)
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
     table["diverged"] = [int(((runs["variant"] == v) & (runs["status"] == "diverged")).sum()) for v in variants]
     table["failed"] = [int(((runs["variant"] == v) & (runs["status"] == "failed")).sum()) for v in variants]
-    table[f"Δ{primary} vs standard (p)"] = [paired_difference(ok, v, primary) for v in variants]
+    same = equivalents(ok)
+    compared = [v for v in variants if v != "standard" and v not in same]
+    diffs = paired_differences(ok, primary, compared) if primary in ok and compared else pd.DataFrame()
+    table[f"Δ{primary} vs standard ± 95% (p, Holm)"] = [
+        f"≡ {same[v]}" if v in same else _fmt_difference(diffs.loc[v]) if v in diffs.index else "–"
+        for v in variants]
     table.index.name = "variant"
     return table
 
 
-def paired_difference(ok: pd.DataFrame, variant: str, metric: str) -> str:
-    """Mean difference to `standard` over runs paired by seed (each seed's runs averaged over any other
-    swept settings; preset and dataset are fixed per table), with a two-sided paired t-test when there
-    are >= 2 pairs."""
-    if variant == "standard" or metric not in ok:
-        return "–"
-    a = ok[ok["variant"] == variant].groupby("seed")[metric].mean()
-    b = ok[ok["variant"] == "standard"].groupby("seed")[metric].mean()
-    pairs = pd.concat([a, b], axis=1, keys=["v", "s"]).dropna()
-    if pairs.empty:
-        return "–"
-    diff = float((pairs["v"] - pairs["s"]).mean())
-    if len(pairs) < 2 or np.allclose(pairs["v"], pairs["s"]):
-        return f"{diff:+.3g} (n={len(pairs)})"
-    p = stats.ttest_rel(pairs["v"], pairs["s"]).pvalue
-    return f"{diff:+.3g} (p={p:.2g}, n={len(pairs)})"
+def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
+    """One sentence: which variants differ from `standard` on the primary metric after Holm's correction."""
+    primary = runs["primary_metric"].iloc[0]
+    found = verdicts(runs, alpha)
+    differ = [f"{v} {verdict}" for v, verdict in found.items() if verdict in ("better", "worse")]
+    if not any(not verdict.startswith("≡") for verdict in found.values()):
+        return f"Significance: no variant has two or more seeds paired with `standard` on {primary}."
+    return (f"Significant after Holm's correction (α = {alpha}) on {primary}: "
+            f"{', '.join(differ) if differ else 'no variant differs from standard'}.")
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows = variants; per domain/dataset its primary metric (mean ± std) and the variant's rank."""
+    """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
+    rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
     variants = variant_order(runs["variant"])
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
@@ -143,13 +229,31 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         ok = group[group["status"] == "ok"]
         name = f"{domain}/{dataset} ({preset}) {primary} {'↓' if mode == 'min' else '↑'}"
         if primary in ok:
-            mean, std = (ok.groupby("variant")[primary].agg(f).reindex(variants) for f in ("mean", "std"))
+            mean = ok.groupby("variant")[primary].mean().reindex(variants)
+            half = ok.groupby("variant")[primary].agg(half_width).reindex(variants)
         else:
-            mean = std = pd.Series(np.nan, index=variants)
-        table[name] = [_fmt(mean[v], std[v]) for v in variants]
-        ranks[name] = mean.rank(ascending=mode == "min", method="min")
-        table[f"rank {domain}/{dataset} ({preset})"] = ranks[name].map(lambda r: "–" if np.isnan(r) else str(int(r)))
+            mean = half = pd.Series(np.nan, index=variants)
+        same = equivalents(ok)
+        table[name] = [_fmt(mean[v], half[v]) for v in variants]
+        ranks[name] = mean.drop(list(same)).rank(ascending=mode == "min", method="min").reindex(variants)
+        table[f"rank {domain}/{dataset} ({preset})"] = [
+            f"≡ {same[v]}" if v in same else "–" if np.isnan(ranks.at[v, name]) else str(int(ranks.at[v, name]))
+            for v in variants]
     table["mean rank"] = ranks.mean(axis=1).map(lambda r: "–" if np.isnan(r) else f"{r:.2f}")
+    table.index.name = "variant"
+    return table
+
+
+def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Rows = variants; the number of domains where each is significantly better than, not different
+    from, or worse than `standard` (Holm-corrected within each table), and where it is ``≡`` another."""
+    found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)]
+    variants = [v for v in variant_order(runs["variant"]) if v != "standard"]
+    columns = ("better", "not different", "worse", "≡ another variant")
+    table = pd.DataFrame(0, index=variants, columns=list(columns))
+    for by_variant in found:
+        for variant, verdict in by_variant.items():
+            table.at[variant, "≡ another variant" if verdict.startswith("≡") else verdict] += 1
     table.index.name = "variant"
     return table
 
@@ -162,13 +266,17 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
     parts = ["# Results", "", f"Generated by `quest aggregate {' '.join(sources or [])}`; do not edit by hand."]
     if runs is not None:
         parts[-1] += (f" {len(runs)} run records aggregated, {len(skipped)} skipped"
-                      f"{' (listed at the end)' if skipped else ''}. Values are mean ± std over finished runs (seeds "
-                      "and any swept settings); best per column in bold (none where all variants tie); Δ vs standard "
-                      "is a paired t-test over seeds.")
-        parts += ["", "## Across domains", "", summary_table(runs).to_markdown(), ""]
+                      f"{' (listed at the end)' if skipped else ''}. Values are mean ± the half-width of its 95% "
+                      "t-interval over finished runs (seeds and any swept settings); best per column in bold (none "
+                      "where all variants tie). Δ vs standard pairs runs by seed: mean ± 95% interval, paired t-test, "
+                      "p-values Holm-corrected over the variants of a table. A variant whose every metric equals an "
+                      "earlier one's on every seed computes the same function there: marked ≡ and not ranked.")
+        parts += ["", "## Across domains", "", summary_table(runs).to_markdown(), "",
+                  "Domains where each variant is better than, not different from, or worse than `standard` "
+                  "(primary metric, Holm-corrected, α = 0.05):", "", verdict_table(runs).to_markdown(), ""]
         for key, group in runs.groupby(GROUP, sort=True):
             parts += [f"## {' / '.join(key)}", "", f"{len(group)} runs.", "",
-                      domain_table(group).to_markdown(), ""]
+                      domain_table(group).to_markdown(), "", significance_line(group), ""]
             if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):
                 parts += ["Attacked accuracies (`acc_fgsm_*`, `acc_pgd_*`) of the elliptical variants may be "
                           "optimistic: their attention weights are computed without gradient, so white-box attacks "

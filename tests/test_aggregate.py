@@ -7,8 +7,10 @@ import math
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import make_record as record
+from scipy.stats import t as t_dist
 from scipy.stats import ttest_rel
 
 from common.records import RecordError, read_record, write_record
@@ -108,7 +110,7 @@ def test_bold_marks_the_best_unless_every_variant_ties(tmp_path):
     table = aggregate.domain_table(aggregate.load_runs(tmp_path))
     assert not table["success ↑"].str.contains(r"\*\*").any() and not table["acc ↑"].str.contains(r"\*\*").any()
     assert table["mae ↓"].tolist() == ["**1 ± 0**", "**1 ± 0**", "2 ± 0"]
-    assert table["mse ↓"].tolist() == ["3 ± 0", "**1.5 ± 0.71**", "5.5 ± 0.71"]
+    assert table["mse ↓"].tolist() == ["3 ± 0", "**1.5 ± 6.4**", "5.5 ± 6.4"]  # n = 2: t = 12.7
 
 
 def test_tables_counts_paired_test_and_ranks(tmp_path):
@@ -118,13 +120,44 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
                           ("standard", 0, {"mse": 1.0}, {"domain": "b"}), ("quest", 0, {"mse": 2.0}, {"domain": "b"})])
     runs = aggregate.load_runs(tmp_path)
     table = aggregate.domain_table(runs[runs["domain"] == "a"])
-    assert table.loc["quest", "mse ↓"] == "**1.167 ± 0.76**" and table.loc["standard", "mse ↓"] == "2 ± 1"
+    t = t_dist.ppf(0.975, 2)  # means carry the half-width of their 95% t-interval
+    assert table.loc["quest", "mse ↓"] == f"**1.167 ± {t * np.std(values['quest'], ddof=1) / 3 ** 0.5:.2g}**"
+    assert table.loc["standard", "mse ↓"] == f"2 ± {t / 3 ** 0.5:.2g}"
     assert table.loc["quest", "diverged"] == 1 and table.loc["quest", "runs"] == 3
     p = ttest_rel(values["quest"], values["standard"]).pvalue
-    assert table.loc["quest", "Δmse vs standard (p)"] == f"{-0.8333:+.3g} (p={p:.2g}, n=3)"
+    half = t * np.std([-0.5, -1.0, -1.0], ddof=1) / 3 ** 0.5
+    assert table.loc["quest", "Δmse vs standard ± 95% (p, Holm)"] == f"{-0.8333:+.3g} ± {half:.2g} (p={p:.2g}, Holm {p:.2g}, n=3)"
     summary = aggregate.summary_table(runs)
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["quest", "rank b/d (study)"] == "2"
     assert summary.loc["quest", "mean rank"] == "1.50"
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    p = pd.Series({"a": 0.01, "b": 0.04, "c": 0.03})
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1 -> 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06
+    assert aggregate.holm(p).to_dict() == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+
+
+def test_equivalent_variants_are_marked_not_ranked_and_verdicts_counted(tmp_path):
+    """elliptical computes standard's function here (same metrics on every seed): marked ≡, not ranked twice.
+    quest is better on every seed by a clear margin, qnorm is noise."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(1.0, 0.1, 6)
+    runs = {"standard": base, "elliptical": base, "quest": base - 0.5 + rng.normal(0, 0.01, 6),
+            "qnorm": base + np.array([0.1, -0.1, 0.05, -0.05, 0.02, -0.03])}
+    write_runs(tmp_path, [(v, seed, {"mse": float(x)}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
+    loaded = aggregate.load_runs(tmp_path)
+    table = aggregate.domain_table(loaded)
+    assert table.loc["elliptical", "Δmse vs standard ± 95% (p, Holm)"] == "≡ standard"
+    summary = aggregate.summary_table(loaded)
+    assert summary.loc["elliptical", "rank a/d (study)"] == "≡ standard"
+    assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["standard", "rank a/d (study)"] != "≡ standard"
+    assert aggregate.verdicts(loaded) == {"elliptical": "≡ standard", "quest": "better", "qnorm": "not different"}
+    assert aggregate.significance_line(loaded) == ("Significant after Holm's correction (α = 0.05) on mse: "
+                                                   "quest better.")
+    counts = aggregate.verdict_table(loaded)
+    assert counts.loc["quest", "better"] == 1 and counts.loc["qnorm", "not different"] == 1
+    assert counts.loc["elliptical", "≡ another variant"] == 1
 
 
 def test_study_reports_and_hand_written_notes_join_the_results(tmp_path, capsys):
