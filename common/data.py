@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.errors import DataError
 
@@ -280,14 +280,19 @@ class SplitDataModule(pl.LightningDataModule):
         self.num_workers, self.collate_fn = num_workers, collate_fn
         self.datasets: dict[str, Dataset] = {}
 
-    def loader(self, split: str) -> DataLoader:
+    def loader(self, split: str, sampler: Sampler | None = None) -> DataLoader:
+        """The split's loader: shuffled for training unless a ``sampler`` orders it; workers kept alive
+        between epochs; batches in pinned memory when the trainer runs on a GPU, so the copy to it overlaps
+        the step."""
         if len(self.datasets[split]) == 0:
             raise DataError(f"the {split} split is empty; use more data or other split fractions")
         train = split == "train"
         extra = {"collate_fn": self.collate_fn} if self.collate_fn is not None else {}
+        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return self.loader_class(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
-                                 shuffle=train, drop_last=False, num_workers=self.num_workers,
-                                 persistent_workers=self.num_workers > 0, **extra)
+                                 shuffle=train and sampler is None, sampler=sampler, drop_last=False,
+                                 num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                                 pin_memory=on_gpu, **extra)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")

@@ -278,9 +278,12 @@ def test_datamodule_uses_the_sampler_with_the_trainers_ranks(cache_dir):
     dm, _ = build(config(cache_dir, "data.augment.repeats=3"))
     loader = dm.train_dataloader()
     assert isinstance(loader.sampler, RepeatedAugmentationSampler) and len(loader) == 4000 // 16
-    dm.trainer = SimpleNamespace(world_size=2, global_rank=1)
-    sampler = dm.train_dataloader().sampler
+    assert not loader.pin_memory
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=SimpleNamespace(root_device=torch.device("cuda")))
+    loader = dm.train_dataloader()
+    sampler = loader.sampler
     assert (sampler.num_replicas, sampler.rank, len(sampler)) == (2, 1, 2000)
+    assert loader.pin_memory and dm.val_dataloader().pin_memory  # a GPU trainer gets pinned batches
     plain, _ = build(config(cache_dir))
     assert not isinstance(plain.train_dataloader().sampler, RepeatedAugmentationSampler)
 

@@ -211,10 +211,8 @@ class VisionDataModule(SplitDataModule):
     def train_dataloader(self) -> DataLoader:
         """The shuffled loader of ``SplitDataModule``, or with repeats the same loader over this rank's share
         of ``RepeatedAugmentationSampler`` (the trainer, once attached, says how many ranks there are)."""
-        loader = super().train_dataloader()
         if self.repeats == 1:
-            return loader
+            return super().train_dataloader()
         ranks = {"num_replicas": self.trainer.world_size, "rank": self.trainer.global_rank} if self.trainer else {}
-        sampler = RepeatedAugmentationSampler(loader.dataset, self.repeats, seed=self.seed, **ranks)
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                          persistent_workers=loader.persistent_workers, collate_fn=loader.collate_fn)
+        return self.loader("train", RepeatedAugmentationSampler(self.datasets["train"], self.repeats, seed=self.seed,
+                                                                **ranks))
