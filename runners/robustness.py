@@ -24,6 +24,7 @@ from common.registry import discover, get_domain
 from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
 from runners.config import ConfigError, apply_override, build_config, parse_overrides
+from runners.train import torch_threads
 
 ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
                    "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
@@ -73,11 +74,12 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     run_dir, checkpoint = locate(path)
     record = read_record(run_dir)
     cfg = load_config(run_dir, list(overrides))
-    datamodule, task = load_run(cfg, checkpoint)
-    if not isinstance(task, ClassificationTask):
-        raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
-    datamodule.setup("test")
-    results = evaluate_robustness(task, datamodule.test_dataloader(), cfg.robustness)
+    with torch_threads(cfg.get("threads")):  # the run's own setting: a sweep worker's share of the cores
+        datamodule, task = load_run(cfg, checkpoint)
+        if not isinstance(task, ClassificationTask):
+            raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
+        datamodule.setup("test")
+        results = evaluate_robustness(task, datamodule.test_dataloader(), cfg.robustness)
     record["robustness"] = results
     record["robustness_config"] = OmegaConf.to_container(cfg.robustness, resolve=True)
     write_record(run_dir, record)

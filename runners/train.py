@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -49,10 +50,7 @@ def train(args: list[str]) -> dict:
 def run(cfg: DictConfig) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
     console.quiet()
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         batch = check_settings(cfg)
@@ -77,8 +75,19 @@ def run(cfg: DictConfig) -> dict:
         if writes:
             save_record(run_dir, record)
         return record
+
+
+@contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op threads at ``count`` (None: unchanged) inside the block, as before it afterwards, so
+    the next run of a sweep in this process starts as this one did."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
     finally:
-        torch.set_num_threads(threads)  # later runs of a sweep in this process start as this one did
+        torch.set_num_threads(before)
 
 
 def check_settings(cfg: DictConfig) -> dict[str, int] | None:

@@ -114,15 +114,21 @@ def test_autoattack_respects_eps(tiny):
     assert results["acc_autoattack_eps0.5"] <= results["acc_clean"]
 
 
-def test_quest_robustness_adds_results_to_the_record(tmp_path):
+def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
+    import runners.robustness
     from runners.cli import main
     from runners.train import train
 
     record = train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}",
-                    f"cache_dir={tmp_path}/cache"])
+                    f"cache_dir={tmp_path}/cache", "threads=1"])
     assert record["status"] == "ok"
     run_dir = next(tmp_path.glob("vision/standard/*"))
+    threads, attack = [], runners.robustness.evaluate_robustness
+    monkeypatch.setattr(runners.robustness, "evaluate_robustness",
+                        lambda *args: threads.append(torch.get_num_threads()) or attack(*args))
+    torch.set_num_threads(2)
     assert main(["robustness", str(run_dir), "robustness.eps=[0.05]", "robustness.max_samples=16"]) == 0
+    assert threads == [1] and torch.get_num_threads() == 2  # the run's thread setting, then restored
     saved = json.loads((run_dir / "record.json").read_text())
     rob = saved["robustness"]
     assert rob["n_samples"] == 16 and 0 <= rob["acc_pgd_eps0.05"] <= rob["acc_fgsm_eps0.05"] + 1e-9
