@@ -41,7 +41,7 @@ class Task(pl.LightningModule):
     """``primary`` (metric, "min" | "max") overrides the domain's registered primary metric, for a domain
     whose tasks differ in kind (graph: regression or classification).
 
-    ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, schedule (one of
+    ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, nesterov, schedule (one of
     ``SCHEDULES``), warmup_steps, min_lr_ratio, cooldown_steps, poly_power; the runner checks the names
     before a run starts. Weight decay applies to the parameters ``decayed()`` names."""
 
@@ -158,7 +158,7 @@ class Task(pl.LightningModule):
                   {"params": no_decay, "weight_decay": 0.0}]
         name = cfg.get("name", "adamw")
         if name == "sgd":
-            settings = {"momentum": cfg.get("momentum", 0.9), "nesterov": True}
+            settings = {"momentum": cfg.get("momentum", 0.9), "nesterov": cfg.get("nesterov", True)}
         else:
             settings = {"betas": tuple(cfg.get("betas", (0.9, 0.999)))}
         opt = OPTIMIZERS[name](groups, lr=cfg["lr"], **settings)
