@@ -11,8 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.errors import ConfigError, DataError
 
 LANGUAGE = "language"
@@ -20,23 +18,9 @@ LANGUAGE = "language"
 
 def load_run(run_dir: Path, device: str):
     """The trained ``LanguageTask`` of a run directory, in eval mode on ``device``."""
-    import torch
+    from runners.restore import restore, run_config
 
-    from common.registry import get_domain
-    from runners.config import build_config
-
-    config, checkpoint = run_dir / "config.yaml", run_dir / "checkpoints" / "best.ckpt"
-    if not config.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = OmegaConf.load(config)
-    if cfg.get("domain") != LANGUAGE:
-        raise ConfigError(f"{run_dir} is a {cfg.get('domain')!r} run; quest generate samples from {LANGUAGE!r} runs")
-    if not checkpoint.is_file():
-        raise ConfigError(f"{run_dir} has no checkpoints/best.ckpt (did the run finish a validation?)")
-    _, task = get_domain(LANGUAGE).build(build_config(cfg))
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    task.load_state_dict(state)
-    return task.to(device).eval()
+    return restore(*run_config(run_dir, domain=LANGUAGE), device=device).task
 
 
 def main(argv: list[str]) -> int:

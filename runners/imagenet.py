@@ -25,28 +25,19 @@ from domains.vision.imagenet import (
     evaluate_imagenet_c,
     evaluate_real,
 )
-from runners.robustness import load_run, locate
-
-
-def load_classifier(run_dir: Path, checkpoint: Path) -> Classifier:
-    """The run's model with the checkpoint's weights, in eval mode, with its classes and data config."""
-    config_path = run_dir / "config.yaml"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{config_path}: not a run directory (no resolved config)")
-    cfg = OmegaConf.load(config_path)
-    if cfg.domain != "vision" or cfg.data.dataset != "imagefolder":
-        raise ConfigError(f"{run_dir} is a {cfg.domain} run on {cfg.data.get('dataset')}: ImageNet evaluation "
-                          "needs a vision run on an ImageFolder tree")
-    datamodule, task = load_run(cfg, checkpoint)
-    return Classifier(task, datamodule.classes, OmegaConf.to_container(cfg.data, resolve=True))
+from runners.restore import restore, run_config
 
 
 def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None = None, imagenet_c: str | None = None,
                  imagenet_a: str | None = None, max_per_class: int | None = None) -> dict[str, float]:
     """Evaluate one run on the suites given and merge the results into its record; returns them."""
-    run_dir, checkpoint = locate(path)
+    run_dir, checkpoint, cfg = run_config(path, domain="vision")
+    if cfg.data.dataset != "imagefolder":
+        raise ConfigError(f"{run_dir} is a vision run on {cfg.data.dataset}: ImageNet evaluation needs a run on an "
+                          "ImageFolder tree")
     record = read_record(run_dir)
-    classifier = load_classifier(run_dir, checkpoint)
+    run = restore(run_dir, checkpoint, cfg)
+    classifier = Classifier(run.task, run.datamodule.classes, OmegaConf.to_container(cfg.data, resolve=True))
     results: dict[str, float] = {}
     if real:
         results |= evaluate_real(classifier, real, val or Path(classifier.data["root"]) / "val", max_per_class)

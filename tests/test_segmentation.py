@@ -1,7 +1,9 @@
 """Segmentation domain: metrics with ignore pixels, the ADE20K layout and its label shift, the folder
 loader's split layouts (shipped split folders, CamVid, random, grouped; none following the training seed),
 class names, the label check before training, native-resolution evaluation, bad input, sliding-window
-inference, corruption conditions and their summaries, the digit-scene cache, and the presets."""
+inference, corruption conditions and their summaries, the digit-scene cache, the presets, and the encoder
+started from a finished vision run (``model.init_from``)."""
+import logging
 import math
 from pathlib import Path
 
@@ -9,15 +11,18 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from common.data import SPLITS, DataError
+from common.errors import ConfigError
 from common.registry import get_domain
-from common.robustness import corrupt
+from common.robustness import CORRUPTIONS, corrupt
 from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import build_config, compose, run_directory
+from runners.train import train
 
 
 def config(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/nonexistent"):
@@ -269,6 +274,27 @@ def test_digit_scenes_are_cached_and_drawn_from_the_split_seed(cache_dir):
     assert other.split_info["hash"]["test"] != first.split_info["hash"]["test"]
 
 
+def darkest_stroke_per_digit(images, masks) -> list[float]:
+    """Per digit region (scene and label) of generated scenes: its darkest pixel's brightest channel."""
+    return [float(image[:, mask == label].amax(0).min()) / 255
+            for image, mask in zip(images, masks) for label in mask.unique().tolist() if label > 0]
+
+
+@pytest.mark.parametrize("ink", ["colour", "dark"])
+def test_scene_ink_colours_every_digit_or_draws_it_dark(tmp_path, ink):
+    datamodule = SegmentationDataModule(config(f"data.scenes.ink={ink}").data, tmp_path)
+    datamodule.setup()
+    darkest = darkest_stroke_per_digit(datamodule.datasets["train"].images, datamodule.datasets["train"].masks)
+    assert len(darkest) >= 16  # several digits per scene: each digit is inked on its own
+    dark = sum(value <= 0.2 for value in darkest) / len(darkest)  # fully inked pixels dark in every channel
+    assert dark == 1.0 if ink == "dark" else dark < 0.25
+
+
+def test_unknown_scene_ink_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown data.scenes.ink 'pink'; choose from colour, dark"):
+        build("data.scenes.ink=pink")
+
+
 def test_test_epoch_logs_clean_corrupted_and_per_class_scores(cache_dir):
     datamodule, task = build(cache_dir=cache_dir)
     trainer = pl.Trainer(**compose(["domain=segmentation", "preset=smoke"]).trainer, logger=False,
@@ -288,3 +314,98 @@ def test_presets_pass_the_runner_schema_and_build(preset):
         assert len(task.net.encoder.layers) == 12 and task.net.pos_embed.shape == (1, 192, 32, 32)
         with pytest.raises(DataError, match="does not exist"):
             datamodule.setup()
+
+
+def test_paper_preset_follows_segmenters_recipe_and_scores_every_corruption_at_five_severities():
+    cfg = compose(["domain=segmentation", "preset=paper"])
+    assert cfg.optim.name == "sgd" and cfg.optim.lr == 1e-3 and cfg.optim.momentum == 0.9
+    assert cfg.optim.schedule == "poly" and cfg.optim.poly_power == 0.9 and cfg.trainer.max_steps == 160_000
+    assert cfg.data.batch_size == 8 and cfg.data.crop_size == 512 and cfg.model.window_stride == 512
+    _, task = build(preset="paper")
+    assert set(task.perturbations) == {f"{name}_{severity}" for name in CORRUPTIONS for severity in range(1, 6)}
+    summary = task.summarize_perturbed({condition: torch.tensor(0.25) for condition in task.perturbations})
+    assert summary["miou_corrupt"] == 0.25 and {f"miou_{name}" for name in CORRUPTIONS} < set(summary)
+
+
+# ---------------------------------------------------------------- encoder started from a vision run
+
+VISION_VARIANT = "qknorm_hs"  # has learnable attention gains, which must come along
+
+
+@pytest.fixture(scope="module")
+def vision_run(tmp_path_factory) -> Path:
+    """The directory of a tiny vision run trained through the runner on a folder of RGB images (two
+    classes), shaped like the segmentation smoke model: 16 wide, one layer of two heads, 8-pixel
+    patches over 32-pixel images (a 4 x 4 grid, as the smoke crop), the segmenter's normalisation."""
+    root = tmp_path_factory.mktemp("vision-run")
+    rng = np.random.default_rng(0)
+    for label in ("circle", "square"):
+        folder = root / "images" / label
+        folder.mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    args = ["domain=vision", "preset=smoke", f"attention={VISION_VARIANT}", f"output_dir={root / 'runs'}",
+            f"cache_dir={root / 'cache'}", "data.dataset=imagefolder", f"data.root={root / 'images'}",
+            "data.channels=3", "data.image_size=32", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]",
+            "model.patch_size=8", "model.depth=1", "model.mlp_ratio=4.0"]
+    assert train(args)["status"] == "ok"
+    return run_directory(compose(args))
+
+
+def test_init_from_a_vision_run_loads_its_encoder_and_leaves_out_cls_token_and_head(vision_run, caplog):
+    state = torch.load(vision_run / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
+    with caplog.at_level(logging.INFO, logger="common.checkpoint"):
+        _, task = build(f"model.init_from={vision_run}", f"attention={VISION_VARIANT}")
+    net = task.net
+    encoder = {f"encoder.{name}": tensor for name, tensor in net.encoder.state_dict().items()}
+    assert any(name.endswith("attn.qk.gain") for name in encoder)
+    for name, tensor in {**encoder, "patch_embed.weight": net.patch_embed.weight,
+                         "patch_embed.bias": net.patch_embed.bias}.items():
+        assert torch.equal(tensor, state[f"net.{name}"]), name
+    positions = state["net.pos_embed"][:, 1:].transpose(1, 2).unflatten(2, (4, 4))  # the cls token's row dropped
+    assert torch.equal(net.pos_embed, positions)
+    line = caplog.records[-1].getMessage()
+    assert "model.init_from: Segmenter starts from" in line and "best.ckpt" in line
+    assert f"{len(encoder) + 3} tensors loaded (patch_embed 2, pos_embed 1, encoder {len(encoder)})" in line
+    assert "left out: cls_token, head.bias, head.weight" in line
+
+    # Another crop: the positions resized as the model resizes them for a larger image.
+    _, larger = build(f"model.init_from={vision_run / 'checkpoints' / 'last.ckpt'}", f"attention={VISION_VARIANT}",
+                      "data.crop_size=64")
+    expected = F.interpolate(torch.load(vision_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+                             ["net.pos_embed"][:, 1:].transpose(1, 2).unflatten(2, (4, 4)), size=(8, 8),
+                             mode="bicubic", align_corners=False)
+    assert torch.allclose(larger.net.pos_embed, expected)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("attention=quest", f"trained attention variant '{VISION_VARIANT}', this run uses 'quest'"),
+    ("model.heads=4", "the vision run has model.heads=2, this run model.heads=4"),
+    ("model.dim=32", "the vision run has model.dim=16, this run model.dim=32"),
+    ("model.pixel_std=[0.5,0.5,0.5]", r"data.std=\[0.25, 0.25, 0.25\], this run model.pixel_std=\[0.5, 0.5, 0.5\]"),
+])
+def test_init_from_an_incompatible_vision_run_is_a_config_error(vision_run, override, message):
+    with pytest.raises(ConfigError, match=message):
+        build(f"model.init_from={vision_run}", f"attention={VISION_VARIANT}", override)
+
+
+def test_init_from_a_path_without_a_run_is_a_config_error(vision_run, tmp_path):
+    variant = f"attention={VISION_VARIANT}"
+    with pytest.raises(ConfigError, match=r"model.init_from: .*/none is neither a run directory nor a checkpoint"):
+        build(f"model.init_from={tmp_path / 'none'}", variant)
+    with pytest.raises(ConfigError, match="has no checkpoints/best.ckpt or last.ckpt"):
+        build(f"model.init_from={tmp_path}", variant)
+    (tmp_path / "broken.ckpt").write_bytes(b"not a checkpoint")
+    (tmp_path / "config.yaml").write_text((vision_run / "config.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"broken\.ckpt is not a readable Lightning checkpoint"):
+        build(f"model.init_from={tmp_path / 'broken.ckpt'}", variant)
+
+
+def test_quest_train_refuses_a_mismatched_vision_run_in_one_line_before_the_run_starts(vision_run, run_args, capsys):
+    args = ["train", "domain=segmentation", "preset=smoke", "attention=standard", f"model.init_from={vision_run}",
+            *run_args]
+    assert cli(args) == 2
+    error = capsys.readouterr().err.strip()
+    assert "trained attention variant" in error and "\n" not in error
+    output_dir = Path(run_args[0].removeprefix("output_dir="))
+    assert not list(output_dir.rglob("config.yaml"))  # nothing was left behind

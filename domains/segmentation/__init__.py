@@ -1,6 +1,7 @@
 """Segmentation domain: Segmenter (ViT encoder + mask-transformer decoder) on digit scenes, ADE20K or a
 folder of images and masks, scored by mIoU on clean test images and under the corruptions of
-``task.perturbations``, with per-class IoU by class name."""
+``task.perturbations``, with per-class IoU by class name. ``model.init_from`` starts the encoder from a
+finished vision run of the same attention variant."""
 from common.registry import BuildConfig, register_domain
 
 from .data import DATASETS
@@ -9,10 +10,14 @@ from .data import DATASETS
 @register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS)
 def build(cfg: BuildConfig):
     from .data import SegmentationDataModule
-    from .model import SegmentationTask, Segmenter, corruption_conditions
+    from .model import SegmentationTask, Segmenter, corruption_conditions, init_encoder_from_vision
 
     datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir)
-    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attention=cfg.attention, **cfg.model)
+    model = dict(cfg.model)
+    init_from = model.pop("init_from")
+    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attention=cfg.attention, **model)
+    if init_from:
+        init_encoder_from_vision(net, init_from, model, cfg.attention["variant"])
     conditions = corruption_conditions(**cfg.task["perturbations"])
     task = SegmentationTask(net, datamodule.class_names, datamodule.ignore_index, cfg.optim, perturbations=conditions,
                             seed=cfg.seed)

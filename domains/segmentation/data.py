@@ -42,9 +42,14 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.errors import ConfigError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
+# How a scene's digits are inked. colour: each its own colour, far from the background under it (the
+# shape must be told from colour changes); dark: near-black with a tint, as handwriting on paper (the
+# shape is the dark strokes, which a small ViT learns to read several times sooner).
+INKS = ("colour", "dark")
 ADE20K_CLASSES = 150
 
 
@@ -64,13 +69,14 @@ def texture(size: int, strength: float, generator: torch.Generator) -> Tensor:
 
 def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, digits_per_image: tuple[int, int],
                    digit_size: tuple[int, int], dilate: int, label_dilate: int, texture_strength: float,
-                   max_overlap: float, placement_tries: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+                   ink_style: str, max_overlap: float, placement_tries: int,
+                   generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """``count`` scenes: ``digits_per_image`` digits (ink in [0, 1]) drawn from ``digits`` at random
-    sizes and positions, each in its own colour far from the background under it, overlapping earlier
-    digits' regions by at most ``max_overlap`` (``placement_tries`` positions are tried). Strokes are
-    widened by ``dilate`` pixels (of the 28-pixel original) to draw the digit and by ``label_dilate`` to
-    label it: a digit is an object region of digit+1 around its strokes, not a hairline that a
-    patch-resolution segmenter could never trace. Everything else is 0 (background)."""
+    sizes and positions, each inked as ``ink_style`` says (``INKS``), overlapping earlier digits' regions
+    by at most ``max_overlap`` (``placement_tries`` positions are tried). Strokes are widened by
+    ``dilate`` pixels (of the 28-pixel original) to draw the digit and by ``label_dilate`` to label it: a
+    digit is an object region of digit+1 around its strokes, not a hairline that a patch-resolution
+    segmenter could never trace. Everything else is 0 (background)."""
     widen = lambda x, r: F.max_pool2d(x[:, None], 2 * r + 1, stride=1, padding=r)[:, 0] if r else x  # noqa: E731
     digits, regions = widen(digits, dilate), widen(digits, label_dilate)
     randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=generator))  # noqa: E731
@@ -91,9 +97,11 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
                     break
             else:
                 continue  # no room left: this scene gets fewer digits
-            # A cyclic shift of at least 0.3 per channel keeps the ink visible on its background.
             patch = image[:, window[0], window[1]]
-            colour = (patch.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
+            if ink_style == "colour":  # a cyclic shift of at least 0.3 per channel keeps it visible on its background
+                colour = (patch.mean(dim=(1, 2)) + 0.3 + 0.4 * torch.rand(3, generator=generator)) % 1.0
+            else:
+                colour = 0.15 * torch.rand(3, generator=generator)
             image[:, window[0], window[1]] = patch * (1 - ink) + colour[:, None, None] * ink
             masks[i][window][region > 0.5] = int(labels[pick]) + 1
         images[i] = (image * 255).round().to(torch.uint8)
@@ -111,7 +119,7 @@ def digit_scenes(data: dict, cache_dir: Path) -> dict[str, tuple[Tensor, Tensor]
     return {
         stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes["image_size"],
                               tuple(scenes["digits_per_image"]), tuple(scenes["digit_size"]), scenes["dilate"],
-                              scenes["label_dilate"], scenes["texture"], scenes["max_overlap"],
+                              scenes["label_dilate"], scenes["texture"], scenes["ink"], scenes["max_overlap"],
                               scenes["placement_tries"], generator)
         for stage, pool in zip(SPLITS, pools)
     }
@@ -280,6 +288,8 @@ class DigitScenes:
     their settings."""
 
     def __init__(self, data: dict, cache_dir: Path):
+        if data["scenes"]["ink"] not in INKS:
+            raise ConfigError(f"unknown data.scenes.ink {data['scenes']['ink']!r}; choose from {', '.join(INKS)}")
         self.data, self.cache_dir = data, cache_dir
         self.class_names = list(DIGIT_CLASSES)
 

@@ -4,20 +4,28 @@ mask is the product of normalised patch and class embeddings) or the linear base
 
 Every attention layer, encoder and decoder, is a ``common.blocks.Encoder`` layer, so the variant under
 study runs everywhere. Other image sizes interpolate the positional embeddings; test images are
-predicted with a sliding window of the training crop.
+predicted with a sliding window of the training crop. ``init_encoder_from_vision`` starts the encoder
+from a finished vision run (``model.init_from``), as Segmenter starts from an ImageNet-trained ViT.
 """
 from __future__ import annotations
 
+import math
 from itertools import product
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from common.blocks import Encoder
+from common.checkpoint import load_encoder, load_run
+from common.errors import ConfigError
 from common.robustness import corrupt
 from common.task import Task
+
+ENCODER = ("patch_embed", "pos_embed", "encoder")  # what a vision run's ViT and the Segmenter share
+SHARED_SHAPE = ("patch_size", "dim", "depth", "heads", "mlp_ratio")  # model keys the two must agree on
 
 
 class LinearDecoder(nn.Module):
@@ -56,6 +64,11 @@ class MaskTransformer(nn.Module):
         return masks.transpose(1, 2).unflatten(2, grid)
 
 
+def resize_positions(pos: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Positional embeddings [1, D, h, w] interpolated (bicubic) to another grid of patches."""
+    return pos if pos.shape[-2:] == grid else F.interpolate(pos, size=grid, mode="bicubic", align_corners=False)
+
+
 class Segmenter(nn.Module):
     """Images [B, 3, H, W] in [0, 1] → class logits [B, classes, H, W] for any H, W."""
 
@@ -90,10 +103,7 @@ class Segmenter(nn.Module):
         x = F.pad(x, (0, -width % self.patch_size, 0, -height % self.patch_size))
         tokens = self.patch_embed(x)
         grid = tokens.shape[-2:]
-        pos = self.pos_embed
-        if pos.shape[-2:] != grid:
-            pos = F.interpolate(pos, size=grid, mode="bicubic", align_corners=False)
-        tokens = self.encoder((tokens + pos).flatten(2).transpose(1, 2))
+        tokens = self.encoder((tokens + resize_positions(self.pos_embed, grid)).flatten(2).transpose(1, 2))
         logits = F.interpolate(self.decoder(tokens, tuple(grid)), size=x.shape[-2:], mode="bilinear",
                                align_corners=False)
         return logits[..., :height, :width]
@@ -113,6 +123,35 @@ class Segmenter(nn.Module):
             logits[..., y:y + win_h, x:x + win_w] += part
             count[..., y:y + win_h, x:x + win_w] += 1
         return logits / count
+
+
+def vision_positions(state: dict[str, Tensor], grid: tuple[int, int], key: str) -> Tensor:
+    """A ViT's positional embeddings [1, (1 +) n², D] (the cls token's first, when it has one) as the
+    Segmenter's [1, D, h, w]: the cls token's row dropped, the n x n patch positions resized to ``grid``."""
+    pos = state["pos_embed"][:, 1:] if "cls_token" in state else state["pos_embed"]
+    side = math.isqrt(pos.shape[1])
+    if side * side != pos.shape[1]:
+        raise ConfigError(f"{key}: the vision run's {pos.shape[1]} patch positions do not form a square grid")
+    return resize_positions(pos.transpose(1, 2).unflatten(2, (side, side)), grid)
+
+
+def init_encoder_from_vision(net: Segmenter, path: str, model: dict, variant: str, *,
+                             key: str = "model.init_from") -> list[str]:
+    """Start ``net``'s patch embedding, positions and encoder layers (attention gains included) from the
+    vision run at ``path`` (run directory or checkpoint), which must share the attention ``variant``, the
+    encoder's shape (``SHARED_SHAPE`` of ``model``), the three colour channels and the pixel
+    normalisation (its encoder learned on inputs normalised that way). Its cls token and classification
+    head are left out. Returns the names loaded (``common.checkpoint.load_encoder`` logs them)."""
+    run = load_run(path, key=key, domain="vision", variant=variant)
+    pairs = [(f"model.{name}", run.config.model[name], f"model.{name}", model[name]) for name in SHARED_SHAPE]
+    pairs += [("data.channels", run.config.data.channels, "input channels", 3),
+              ("data.mean", list(run.config.data.mean), "model.pixel_mean", model["pixel_mean"]),
+              ("data.std", list(run.config.data.std), "model.pixel_std", model["pixel_std"])]
+    for theirs, their_value, ours, our_value in pairs:
+        if np.shape(their_value) != np.shape(our_value) or not np.allclose(their_value, our_value):
+            raise ConfigError(f"{key}: the vision run has {theirs}={their_value}, this run {ours}={our_value}")
+    state = {**run.state, "pos_embed": vision_positions(run.state, tuple(net.pos_embed.shape[-2:]), key)}
+    return load_encoder(net, state, ENCODER, key=key, source=run.checkpoint)
 
 
 def corruption_conditions(corruptions: list[str], severities: list[int]) -> dict[str, dict]:
