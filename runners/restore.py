@@ -43,7 +43,11 @@ def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None
     """The run's datamodule and task with the checkpoint's weights, in eval mode, on ``device`` (default:
     the GPU when the run asked for an accelerator and there is one)."""
     discover("domains")
-    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    try:
+        datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    except (TypeError, KeyError) as err:  # a setting the domain now takes is missing from an older run's config
+        raise ConfigError(f"{run_dir}/config.yaml does not fit this version of the {cfg.domain!r} domain "
+                          f"({type(err).__name__}: {err}); rerun the run with this version") from None
     task.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"])
     if device is None:
         device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda") else "cpu"

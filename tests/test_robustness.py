@@ -135,3 +135,19 @@ def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
     assert "acc_jpeg_compression_s5" in rob and "acc_corruption_mean" in rob
     assert saved["robustness_config"]["eps"] == [0.05]
     assert main(["robustness", str(tmp_path / "missing")]) == 2
+
+
+def test_a_run_from_an_older_version_is_a_clear_error(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from runners.cli import main
+    from runners.train import train
+
+    train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
+    run_dir = next(tmp_path.glob("vision/standard/*"))
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    del saved.model["norm_eps"]  # as a run from before the key existed
+    OmegaConf.save(saved, run_dir / "config.yaml")
+    assert main(["robustness", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit this version of the 'vision' domain" in err and err.count("\n") == 1
