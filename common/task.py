@@ -25,6 +25,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
+from common.metrics import MajorityClassAccuracy
 from common.optim import Lamb
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": Lamb}
@@ -197,9 +198,11 @@ def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 
 
 
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
-    """``acc`` (overall, the headline) and ``macc`` (mean per-class accuracy)."""
+    """``acc`` (overall, the headline), ``macc`` (mean per-class accuracy) and ``acc_baseline`` (always the
+    most frequent class)."""
     return {"acc": MulticlassAccuracy(num_classes, average="micro"),
-            "macc": MulticlassAccuracy(num_classes, average="macro")}
+            "macc": MulticlassAccuracy(num_classes, average="macro"),
+            "acc_baseline": MajorityClassAccuracy(num_classes)}
 
 
 class ClassificationTask(Task):

@@ -46,6 +46,9 @@ RECORD_FIELDS = ("domain", "dataset", "variant", "seed", "preset", "status", "pr
 IDENTITY = {*RECORD_FIELDS, "run_dir"}
 # Means this close count as tied: equal results can differ in the last bits from the order of summation.
 TIE_RTOL = 1e-9
+# A table counts as learning when its reference variant closes this share of the gap between the trivial
+# baseline and a perfect score; below it, ranking variants would rank noise.
+CLEAR_MARGIN = 0.1
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +145,9 @@ def paired_differences(ok: pd.DataFrame, metric: str, variants: list[str]) -> pd
                           keys=["v", "s"]).dropna()
         diff = pairs["v"] - pairs["s"]
         row = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": np.nan}
-        if len(diff) > 1:
-            row["p"] = 1.0 if np.allclose(diff, 0) else stats.ttest_rel(pairs["v"], pairs["s"]).pvalue
+        if len(diff) > 1:  # a difference equal on every seed has no spread to test against: p is 0 or 1
+            constant = np.allclose(diff, diff.iloc[0], rtol=1e-9, atol=1e-12)
+            row["p"] = float(abs(diff.iloc[0]) < 1e-12) if constant else stats.ttest_rel(pairs["v"], pairs["s"]).pvalue
         rows[variant] = row
     table = pd.DataFrame(rows, index=["diff", "half", "n", "p"]).T
     tested = table["p"].dropna()
@@ -207,6 +211,25 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:
+    """Whether the table's runs beat the trivial predictor their task logs (``<primary>_baseline``) by a
+    clear margin: the reference (`standard`, else every variant) closes at least ``CLEAR_MARGIN`` of the
+    gap between the baseline and a perfect score (1 for scores, 0 for errors). None without a baseline."""
+    primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
+    ok, column = runs[runs["status"] == "ok"], f"{primary}_baseline"
+    if column not in ok or primary not in ok or ok[column].isna().all():
+        return None
+    reference = ok[ok["variant"] == "standard"] if (ok["variant"] == "standard").any() else ok
+    model, base = reference[primary].mean(), ok[column].mean()
+    closed = (base - model) / base if mode == "min" else (model - base) / (1 - base)
+    verdict = "learns at this size" if closed >= CLEAR_MARGIN else "does not learn at this size"
+    who = "standard closes" if reference is not ok else "the variants close"
+    sentence = (f"Trivial baseline ({column}: the best constant prediction) {base:.4g}; {who} {closed:.0%} of the "
+                f"gap to a perfect score: {verdict}"
+                f"{'' if closed >= CLEAR_MARGIN else ', so this table is left out of the cross-domain ranks'}.")
+    return closed >= CLEAR_MARGIN, sentence
+
+
 def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
     """One sentence: which variants differ from `standard` on the primary metric after Holm's correction."""
     primary = runs["primary_metric"].iloc[0]
@@ -225,6 +248,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
     for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):
+        if (learned := learns(group)) is not None and not learned[0]:
+            continue  # ranks of a model that does not beat a constant predictor rank noise
         primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
         ok = group[group["status"] == "ok"]
         name = f"{domain}/{dataset} ({preset}) {primary} {'↓' if mode == 'min' else '↑'}"
@@ -247,7 +272,8 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """Rows = variants; the number of domains where each is significantly better than, not different
     from, or worse than `standard` (Holm-corrected within each table), and where it is ``≡`` another."""
-    found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)]
+    found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)
+             if (learned := learns(group)) is None or learned[0]]
     variants = [v for v in variant_order(runs["variant"]) if v != "standard"]
     columns = ("better", "not different", "worse", "≡ another variant")
     table = pd.DataFrame(0, index=variants, columns=list(columns))
@@ -277,6 +303,8 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
         for key, group in runs.groupby(GROUP, sort=True):
             parts += [f"## {' / '.join(key)}", "", f"{len(group)} runs.", "",
                       domain_table(group).to_markdown(), "", significance_line(group), ""]
+            if (learned := learns(group)) is not None:
+                parts += [learned[1], ""]
             if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):
                 parts += ["Attacked accuracies (`acc_fgsm_*`, `acc_pgd_*`) of the elliptical variants may be "
                           "optimistic: their attention weights are computed without gradient, so white-box attacks "

@@ -187,3 +187,20 @@ def test_study_reports_and_hand_written_notes_join_the_results(tmp_path, capsys)
     assert cli(["aggregate", str(runs), "--notes", str(notes), "-o", str(out), "--no-plots"]) == 2
     assert "no section of the results is headed 'Mechanism sutdy'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_table_that_does_not_beat_its_trivial_baseline_is_not_ranked(tmp_path):
+    """Domain a's standard closes 80% of the gap between its constant predictor (acc 0.5) and 1; domain b's
+    closes 2%: b is said not to learn and stays out of the ranks and verdict counts."""
+    for domain, accs in (("a", (0.9, 0.91)), ("b", (0.51, 0.52))):
+        write_runs(tmp_path, [(v, seed, {"acc": acc + 0.001 * seed, "acc_baseline": 0.5},
+                               {"domain": domain, "primary_metric": "acc", "mode": "max"})
+                              for v, acc in zip(("standard", "quest"), accs) for seed in range(3)])
+    runs = aggregate.load_runs(tmp_path)
+    learned_a, sentence_a = aggregate.learns(runs[runs["domain"] == "a"])
+    learned_b, sentence_b = aggregate.learns(runs[runs["domain"] == "b"])
+    assert learned_a and "standard closes 80% of the gap" in sentence_a and "learns at this size" in sentence_a
+    assert not learned_b and "does not learn at this size" in sentence_b
+    summary = aggregate.summary_table(runs)
+    assert "rank a/d (study)" in summary and not any("b/d" in column for column in summary.columns)
+    assert aggregate.verdict_table(runs).loc["quest"].sum() == 1  # domain a only

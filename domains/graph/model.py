@@ -23,6 +23,7 @@ from torch_geometric.utils import add_self_loops, to_dense_batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
 from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention
+from common.metrics import MeanPredictorError
 from common.task import Task, classification_metrics
 
 NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm}
@@ -154,8 +155,8 @@ class GraphRegression(GraphTask):
 
     def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, *, level: str = "graph",
                  loss: str = "l1"):
-        super().__init__(net, optim, {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False)},
-                         level=level)
+        super().__init__(net, optim, {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False),
+                                      "mae_baseline": MeanPredictorError(target_mean)}, level=level)
         self.loss_fn = _choice(LOSSES, loss, "loss")
         self.register_buffer("target_mean", target_mean.float())
         self.register_buffer("target_std", target_std.float())

@@ -1,0 +1,45 @@
+"""Scores of trivial predictors, logged beside a model's so that every table can say whether the model
+learned anything (``<metric>_baseline``). Each is a torchmetrics ``Metric``: it sees the targets of every
+batch, ignores the predictions, and its state is summed over DDP ranks like any other metric's."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+
+class MajorityClassAccuracy(Metric):
+    """Accuracy of always predicting the split's most frequent class: the best constant classifier on
+    the targets seen, so a conservative baseline (at least the accuracy of the training set's majority
+    class, or of chance)."""
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.add_state("counts", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        self.counts += torch.bincount(target.flatten(), minlength=len(self.counts))
+
+    def compute(self) -> Tensor:
+        return self.counts.max() / self.counts.sum().clamp_min(1)
+
+
+class MeanPredictorError(Metric):
+    """Mean absolute error of predicting ``center`` (the training targets' mean) for every target."""
+
+    full_state_update = False
+
+    def __init__(self, center: Tensor):
+        super().__init__()
+        self.register_buffer("center", center.float())
+        self.add_state("abs_error", torch.zeros(()), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        self.abs_error += (target - self.center).abs().sum()
+        self.count += target.numel()
+
+    def compute(self) -> Tensor:
+        return self.abs_error / self.count.clamp_min(1)
