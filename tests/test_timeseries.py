@@ -219,6 +219,6 @@ def test_persistence_baseline_is_logged_on_test():
     windows = datamodule_.windows("test")
     x, y = (torch.stack(part) for part in zip(*(windows[i] for i in range(2 * cfg.data["eval_batch_size"]))))
     held = x[:, -1:].expand_as(y)
-    assert results["test/persistence_mse"] == pytest.approx(F.mse_loss(held, y).item(), rel=1e-5)
-    assert results["test/persistence_mae"] == pytest.approx(F.l1_loss(held, y).item(), rel=1e-5)
+    assert results["test/mse_baseline"] == pytest.approx(F.mse_loss(held, y).item(), rel=1e-5)
+    assert results["test/mae_baseline"] == pytest.approx(F.l1_loss(held, y).item(), rel=1e-5)
     assert {"test/loss", "test/mse", "test/mae"} <= results.keys()

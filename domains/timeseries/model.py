@@ -95,11 +95,11 @@ def error_metrics() -> dict[str, Metric]:
 class ForecastTask(Task):
     """MSE training on ``(x, y)`` windows; logs ``mse`` and ``mae`` on the standardised scale (the field's
     convention), and on the test split also a persistence baseline (the last observed value repeated over
-    the horizon) as ``test/persistence_mse`` and ``test/persistence_mae``."""
+    the horizon: the trivial baseline) as ``test/mse_baseline`` and ``test/mae_baseline``."""
 
     def __init__(self, net: nn.Module, optim: dict):
         super().__init__(net, optim, error_metrics())
-        self.persistence = MetricCollection(error_metrics(), prefix="test/persistence_")
+        self.persistence = MetricCollection(error_metrics(), prefix="test/", postfix="_baseline")
 
     def loss(self, forecast: Tensor, y: Tensor, stage: str) -> Tensor:
         return F.mse_loss(forecast, y)
