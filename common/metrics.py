@@ -43,3 +43,20 @@ class MeanPredictorError(Metric):
 
     def compute(self) -> Tensor:
         return self.abs_error / self.count.clamp_min(1)
+
+
+class MajorityClassIoU(MajorityClassAccuracy):
+    """Mean IoU of labelling every pixel with the split's most frequent class (background, usually): that
+    class's IoU is its share of the labelled pixels, every other class present scores 0, and the mean runs
+    over the classes present. Pixels at ``ignore_index`` are left out."""
+
+    def __init__(self, num_classes: int, ignore_index: int | None = None):
+        super().__init__(num_classes)
+        self.ignore_index = ignore_index
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        labelled = target if self.ignore_index is None else target[target != self.ignore_index]
+        super().update(preds, labelled)
+
+    def compute(self) -> Tensor:
+        return super().compute() / (self.counts > 0).sum().clamp_min(1)

@@ -409,3 +409,14 @@ def test_quest_train_refuses_a_mismatched_vision_run_in_one_line_before_the_run_
     assert "trained attention variant" in error and "\n" not in error
     output_dir = Path(run_args[0].removeprefix("output_dir="))
     assert not list(output_dir.rglob("config.yaml"))  # nothing was left behind
+
+
+def test_majority_class_baseline_iou():
+    """Masks with 7 background pixels, 2 of class 1, 2 of class 2 and one ignored: labelling every pixel
+    background scores IoU 7/11 on background and 0 on the two other classes present (class 3, 4 absent)."""
+    from common.metrics import MajorityClassIoU
+
+    metric = MajorityClassIoU(5, ignore_index=255)
+    masks = torch.tensor([[[0, 0, 0, 1], [0, 0, 0, 1], [2, 255, 2, 0]]])
+    metric.update(torch.zeros_like(masks), masks)
+    assert metric.compute().item() == pytest.approx((7 / 11) / 3)

@@ -21,6 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardInd
 from common.blocks import Encoder
 from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
+from common.metrics import MajorityClassIoU
 from common.robustness import corrupt
 from common.task import Task
 
@@ -176,7 +177,8 @@ class SegmentationTask(Task):
             return MulticlassJaccardIndex(num_classes, average=average, ignore_index=ignore_index, validate_args=False)
 
         metrics = {"miou": jaccard("macro"),
-                   "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False)}
+                   "acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index, validate_args=False),
+                   "miou_baseline": MajorityClassIoU(num_classes, ignore_index)}
         super().__init__(net, optim, metrics, perturbations=perturbations, seed=seed)
         self.ignore_index, self.class_names = ignore_index, class_names
         self.class_iou = jaccard("none")
