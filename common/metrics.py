@@ -20,7 +20,7 @@ class MajorityClassAccuracy(Metric):
         self.add_state("counts", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, preds: Tensor, target: Tensor) -> None:
-        self.counts += torch.bincount(target.flatten(), minlength=len(self.counts))
+        self.counts += torch.bincount(target.flatten().long(), minlength=len(self.counts))
 
     def compute(self) -> Tensor:
         return self.counts.max() / self.counts.sum().clamp_min(1)
@@ -60,3 +60,12 @@ class MajorityClassIoU(MajorityClassAccuracy):
 
     def compute(self) -> Tensor:
         return super().compute() / (self.counts > 0).sum().clamp_min(1)
+
+
+class UnigramCrossEntropy(MajorityClassAccuracy):
+    """Cross-entropy in nats per token of the best constant predictive distribution, the split's own token
+    frequencies: their entropy, -Σ p log p (what a language model scores before it uses any context)."""
+
+    def compute(self) -> Tensor:
+        p = self.counts[self.counts > 0].double() / self.counts.sum()
+        return -(p * p.log()).sum()

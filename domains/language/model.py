@@ -25,6 +25,7 @@ from torchmetrics import Metric
 
 from common.attention import KVCache, MultiheadAttention
 from common.blocks import Encoder
+from common.metrics import UnigramCrossEntropy
 from common.task import Task
 
 INIT_STD = 0.02
@@ -134,11 +135,13 @@ class Perplexity(MeanNLL):
 class LanguageTask(Task):
     """Next-token cross-entropy on ``(inputs, targets)`` windows. The step logs ``<stage>/loss`` (nats per
     token, the primary metric); the metrics add bits per token (``bpb`` for bytes, ``bpc`` for
-    characters) and perplexity (``ppl``), over every token of the stage. ``tokenizer`` is kept for sampling."""
+    characters), perplexity (``ppl``) and the trivial baseline ``loss_baseline`` (the stage's unigram
+    entropy), over every token of the stage. ``tokenizer`` is kept for sampling."""
 
     def __init__(self, net: GPT, tokenizer, optim: dict, *, seed: int = 0):
         bits = f"bp{tokenizer.unit[0]}"
-        super().__init__(net, optim, {bits: BitsPerToken(), "ppl": Perplexity()}, seed=seed)
+        super().__init__(net, optim, {bits: BitsPerToken(), "ppl": Perplexity(),
+                                      "loss_baseline": UnigramCrossEntropy(tokenizer.vocab_size)}, seed=seed)
         self.tokenizer = tokenizer
 
     def loss(self, logits: Tensor, target: Tensor, stage: str) -> Tensor:
