@@ -67,6 +67,13 @@ def test_ett_hourly_window_counts_and_borders(ett_folder):
     dm.setup("test")
     sizes = [len(y) for _, y in dm.test_dataloader()]
     assert len(sizes) == 29 and sizes[-1] == 57 and sum(sizes) == 2857
+    # Validation may thin its windows (val_stride); test never does.
+    sparse = datamodule("data.dataset=ETTh1", f"data.root={ett_folder}", "data.seq_len=48", "data.pred_len=24",
+                        "data.val_stride=8")
+    val = sparse.windows("val")
+    assert len(val) == -(-2857 // 8) and len(sparse.windows("test")) == 2857
+    assert row_index(sparse, val[1][1][:, OT]).tolist() == list(range(8648, 8672))  # the ninth window
+    assert row_index(sparse, val[len(val) - 1][1][-1, OT]).item() == 11519  # 2856 = 357 x 8: the last window
 
 
 def test_ett_minute_borders():

@@ -140,24 +140,27 @@ def _own_rows(borders: list[tuple[int, int]]) -> dict[str, range]:
 
 
 class Windows(Dataset):
-    """Every (look-back, horizon) pair of ``series`` [T, C] at stride one: ``T - seq_len - pred_len + 1``."""
+    """The (look-back, horizon) pairs of ``series`` [T, C] starting every ``stride`` rows: at stride one all
+    ``T - seq_len - pred_len + 1`` of them."""
 
-    def __init__(self, series: Tensor, seq_len: int, pred_len: int):
-        self.series, self.seq_len, self.pred_len = series, seq_len, pred_len
+    def __init__(self, series: Tensor, seq_len: int, pred_len: int, stride: int = 1):
+        self.series, self.seq_len, self.pred_len, self.stride = series, seq_len, pred_len, stride
 
     def __len__(self) -> int:
-        return max(0, len(self.series) - self.seq_len - self.pred_len + 1)
+        return max(0, -(-(len(self.series) - self.seq_len - self.pred_len + 1) // self.stride))
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        cut = i + self.seq_len
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        cut = i * self.stride + self.seq_len
         return self.series[i:cut], self.series[cut:cut + self.pred_len]
 
 
 class ForecastDataModule(SplitDataModule):
     """Windows of a standardised multivariate series; batches are ``(x [B, seq_len, C], y [B, pred_len, C])``.
 
-    ``data`` keys: dataset, root, split, split_column, seq_len, pred_len, batch_size, eval_batch_size,
-    num_workers.
+    ``data`` keys: dataset, root, split, split_column, seq_len, pred_len, val_stride, batch_size,
+    eval_batch_size, num_workers.
     """
 
     def __init__(self, data: dict):
@@ -206,7 +209,10 @@ class ForecastDataModule(SplitDataModule):
         return self.splits["train"].shape[1]
 
     def windows(self, split: str) -> Windows:
-        return Windows(self.splits[split], self.cfg["seq_len"], self.cfg["pred_len"])
+        """Training and test windows start at every row (test scores every forecast); validation, which runs
+        every epoch only to pick the checkpoint, every ``val_stride`` rows."""
+        stride = self.cfg["val_stride"] if split == "val" else 1
+        return Windows(self.splits[split], self.cfg["seq_len"], self.cfg["pred_len"], stride)
 
     def setup(self, stage: str | None = None) -> None:
         # Load now, so bad data fails before training starts. Evaluation keeps every window (no
