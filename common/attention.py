@@ -199,12 +199,27 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+class ZeroQuery(QKFold):
+    """Every logit 0: each query takes the plain mean of the values of the keys it may see (padding and
+    causality still apply). The architecture and its parameters stay; what attention computes from
+    content goes."""
+
+    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.zeros_like(q), k
+
+
+# Ablations run like variants (``attention=uniform``) but are not compared with them: ``variants: all`` in
+# a sweep leaves them out, and ``quest aggregate`` reports them beside standard without ranking them.
+ABLATIONS: dict[str, Variant] = {"uniform": Variant("uniform", norm_q=False, norm_k=False, scaled=True, fold=ZeroQuery)}
+
+
 def get_variant(variant: str | Variant) -> Variant:
     if isinstance(variant, Variant):
         return variant
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    return VARIANTS[variant]
+    spec = VARIANTS.get(variant) or ABLATIONS.get(variant)
+    if spec is None:
+        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join([*VARIANTS, *ABLATIONS])}")
+    return spec
 
 
 def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None = None,

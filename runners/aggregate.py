@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from common.attention import VARIANTS
+from common.attention import ABLATIONS, VARIANTS
 from common.errors import ConfigError
 from common.records import read_records
 
@@ -173,8 +173,8 @@ def verdicts(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
     if primary not in ok or not (ok["variant"] == "standard").any():
         return {}
     same = equivalents(ok)
-    compared = [v for v in variant_order(ok["variant"]) if v != "standard" and v not in same]
-    table = paired_differences(ok, primary, compared).dropna(subset=["p"])
+    compared = [v for v in variant_order(ok["variant"]) if v != "standard" and v not in same and v not in ABLATIONS]
+    table = paired_differences(ok, primary, compared).dropna(subset=["p"]) if compared else pd.DataFrame()
     found = {v: f"≡ {other}" for v, other in same.items()}
     for variant, row in table.iterrows():
         gain = -row["diff"] if mode == "min" else row["diff"]
@@ -197,13 +197,17 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     for m in metrics:
         lower = lower_is_better(m, primary, mode)
         cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
-        table[m + (" ↓" if lower else " ↑")] = _bold_best(cells, means[m], lower)
+        contenders = means[m].where(~means.index.isin(list(ABLATIONS)))  # an ablation is never the best
+        table[m + (" ↓" if lower else " ↑")] = _bold_best(cells, contenders, lower)
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
     table["diverged"] = [int(((runs["variant"] == v) & (runs["status"] == "diverged")).sum()) for v in variants]
     table["failed"] = [int(((runs["variant"] == v) & (runs["status"] == "failed")).sum()) for v in variants]
     same = equivalents(ok)
-    compared = [v for v in variants if v != "standard" and v not in same]
-    diffs = paired_differences(ok, primary, compared) if primary in ok and compared else pd.DataFrame()
+    # Holm's family is the variants; an ablation's difference is tested on its own
+    families = [[v for v in variants if v != "standard" and v not in same and v not in ABLATIONS],
+                [v for v in variants if v in ABLATIONS]]
+    diffs = pd.concat([paired_differences(ok, primary, family) for family in families if family and primary in ok]
+                      or [pd.DataFrame()])
     table[f"Δ{primary} vs standard ± 95% (p, Holm)"] = [
         f"≡ {same[v]}" if v in same else _fmt_difference(diffs.loc[v]) if v in diffs.index else "–"
         for v in variants]
@@ -244,7 +248,7 @@ def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
     rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
-    variants = variant_order(runs["variant"])
+    variants = [v for v in variant_order(runs["variant"]) if v not in ABLATIONS]  # ablations are not contenders
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
     for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):
@@ -274,7 +278,7 @@ def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     from, or worse than `standard` (Holm-corrected within each table), and where it is ``≡`` another."""
     found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)
              if (learned := learns(group)) is None or learned[0]]
-    variants = [v for v in variant_order(runs["variant"]) if v != "standard"]
+    variants = [v for v in variant_order(runs["variant"]) if v != "standard" and v not in ABLATIONS]
     columns = ("better", "not different", "worse", "≡ another variant")
     table = pd.DataFrame(0, index=variants, columns=list(columns))
     for by_variant in found:

@@ -51,7 +51,7 @@ def train_main(argv: list[str]) -> int:
 
 def list_main(argv: list[str]) -> int:
     import runners.config  # noqa: F401  (makes the project's domains package known)
-    from common.attention import VARIANTS
+    from common.attention import ABLATIONS, VARIANTS
     from common.registry import domain_names, get_domain
 
     argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
@@ -64,6 +64,7 @@ def list_main(argv: list[str]) -> int:
             continue
         print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}")
     print("variants:", ", ".join(VARIANTS))
+    print("ablations:", ", ".join(ABLATIONS))
     return 0
 
 

@@ -136,10 +136,11 @@ def _domain_config(name: str) -> DictConfig:
 
 def _check_choices(cfg: DictConfig) -> None:
     """The names a config picks: attention variant and dataset (these need torch and the domain)."""
-    from common.attention import VARIANTS
+    from common.attention import ABLATIONS, VARIANTS
 
-    if cfg.attention.variant not in VARIANTS:
-        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from {', '.join(VARIANTS)}")
+    if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
+        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "
+                          f"{', '.join([*VARIANTS, *ABLATIONS])}")
     domain = get_domain(cfg.domain)
     if "dataset" in cfg.get("data", {}) and cfg.data.dataset not in domain.datasets:
         raise ConfigError(f"unknown dataset {cfg.data.dataset!r} for domain {domain.name!r}; "

@@ -204,3 +204,15 @@ def test_a_table_that_does_not_beat_its_trivial_baseline_is_not_ranked(tmp_path)
     summary = aggregate.summary_table(runs)
     assert "rank a/d (study)" in summary and not any("b/d" in column for column in summary.columns)
     assert aggregate.verdict_table(runs).loc["quest"].sum() == 1  # domain a only
+
+
+def test_an_ablation_is_reported_beside_standard_but_never_ranked_or_bolded(tmp_path):
+    runs = {"standard": [0.9, 0.92, 0.91], "quest": [0.91, 0.93, 0.92], "uniform": [0.99, 0.98, 0.99]}
+    write_runs(tmp_path, [(v, seed, {"acc": x}, {"primary_metric": "acc", "mode": "max"})
+                          for v, xs in runs.items() for seed, x in enumerate(xs)])
+    loaded = aggregate.load_runs(tmp_path)
+    table = aggregate.domain_table(loaded)
+    assert not table.loc["uniform", "acc ↑"].startswith("**") and table.loc["quest", "acc ↑"].startswith("**")
+    assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm)"].startswith("+0.0767")
+    assert "uniform" not in aggregate.summary_table(loaded).index
+    assert "uniform" not in aggregate.verdicts(loaded) and "uniform" not in aggregate.verdict_table(loaded).index

@@ -344,3 +344,21 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
     memory = result["memory_mb"]
     assert memory["quest (naive explicit softmax)"] > 2 * memory["quest"] and memory["quest"] < 100
     assert "× standard" in capsys.readouterr().out
+
+
+def test_uniform_ablation_averages_the_visible_values():
+    """attention=uniform keeps the module and drops what it computes from content: each query takes the mean
+    of the values it may see (padding masked, causal prefix); it is not one of the variants compared."""
+    from common.attention import ABLATIONS
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    fold = get_variant("uniform").make_fold(2, 4)
+    out = attend(q, k, v, "uniform", fold=fold, key_padding_mask=pad)
+    torch.testing.assert_close(out[0], v[0].mean(-2, keepdim=True).expand(2, 5, 4))
+    torch.testing.assert_close(out[1], v[1, :, :3].mean(-2, keepdim=True).expand(2, 5, 4))
+    causal = attend(q, k, v, "uniform", fold=fold, causal=True)
+    prefix_means = v.cumsum(-2) / torch.arange(1, 6).view(1, 1, 5, 1)
+    torch.testing.assert_close(causal, prefix_means)
+    assert "uniform" in ABLATIONS and "uniform" not in VARIANTS
