@@ -62,8 +62,8 @@ from runners.config import CONFIG_DIR, compose, run_directory
 
 log = logging.getLogger(__name__)
 
-SWEEP_KEYS = {"domains", "variants", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid", "slurm",
-              "robustness"}
+SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid",
+              "slurm", "robustness"}
 # sweep YAML `slurm:` keys -> submitit AutoExecutor parameters
 SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_per_task": "gpus_per_node",
               "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "array_parallelism": "slurm_array_parallelism",
@@ -93,7 +93,7 @@ def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     domains = spec.get("domains", "all")
     domains = domain_names() if domains == "all" else list(domains)
     variants = spec.get("variants", "all")
-    variants = list(VARIANTS) if variants == "all" else list(variants)
+    variants = (list(VARIANTS) if variants == "all" else list(variants)) + list(spec.get("ablations") or [])
     grid = spec.get("grid") or {}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
     out = output_dir or spec.get("output_dir", "runs")

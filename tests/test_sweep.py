@@ -13,6 +13,7 @@ import conftest
 import pytest
 
 import runners.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
+from common.attention import VARIANTS
 from common.errors import DataError
 from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
 from runners import sweep
@@ -273,3 +274,10 @@ def test_a_worker_that_dies_fails_the_sweep(toy_domain, tmp_path, fake_run, monk
     monkeypatch.setattr(sweep, "_spawn", lambda *_: Forked(lambda: os.kill(os.getpid(), signal.SIGKILL)))
     assert sweep.main([write_spec(tmp_path, seeds=[0, 1]), "--workers", "2"]) == 1
     assert capsys.readouterr().out.splitlines()[-1].startswith("sweep: finished, 0/2 done: ")
+
+
+def test_all_variants_leave_ablations_out_unless_asked():
+    spec = {"domains": ["toy"], "variants": "all", "seeds": [0]}
+    assert {run[1] for run in sweep.expand(spec)} == {f"attention={v}" for v in VARIANTS}
+    with_ablation = sweep.expand({**spec, "ablations": ["uniform"]})
+    assert {run[1] for run in with_ablation} == {f"attention={v}" for v in [*VARIANTS, "uniform"]}
