@@ -2,8 +2,9 @@
 
 Reads the records of a learning-rate sweep (configs/sweep/stability.yaml) and writes, per domain, dataset
 and preset: final loss against learning rate (one line per variant, a band over seeds), each variant's
-learning-rate sensitivity with its spread over seeds, where runs diverged, and the max attention logit over
-training at the two highest learning rates, layer by layer.
+learning-rate sensitivity with its spread over seeds, where runs diverged, the peak attention logit at the two
+highest learning rates (median over seeds), and the max attention logit over training there, layer by layer
+(first seed).
 
 Learning-rate sensitivity follows Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
 training instabilities"): for one variant and seed, the mean over the learning-rate grid of
@@ -70,6 +71,17 @@ def divergence_summary(runs: pd.DataFrame) -> pd.Series:
         where = ", ".join(f"{lr:.3g}: {n}/{totals[lr]}" for lr, n in per_lr.items() if n)
         out[variant] = f"{int(per_lr.sum())}/{len(group)}" + (f" ({where})" if where else "")
     return pd.Series(out)
+
+
+def peak_logits(runs: pd.DataFrame, top: int = 2) -> pd.DataFrame:
+    """Per variant (rows) and each of the ``top`` highest learning rates (columns): the largest attention
+    logit any layer reached at any probe step, median over seeds."""
+    lrs = sorted(runs["lr"].unique())[-top:]
+    chosen = runs[runs["lr"].isin(lrs)]
+    peak = chosen["trajectory"].map(lambda t: max((max(stats["max_logit"], default=np.nan)
+                                                   for stats in t.get("layers", {}).values()), default=np.nan))
+    table = chosen.assign(peak=peak).groupby(["variant", "lr"])["peak"].median().unstack("lr")
+    return table.reindex(variant_order(runs["variant"]))
 
 
 def plot_final_loss(runs: pd.DataFrame, path: Path) -> None:
@@ -140,6 +152,11 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         lines.append(f"| {variant} | {row['lr_sensitivity']:.4g} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
+    peaks = peak_logits(runs)
+    lines += ["", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
+              "| variant | " + " | ".join(f"lr {lr:.3g}" for lr in peaks.columns) + " |",
+              "|---|" + "---|" * len(peaks.columns)]
+    lines += [f"| {variant} | " + " | ".join(f"{value:.3g}" for value in row) + " |" for variant, row in peaks.iterrows()]
     rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
     lines += ["", f"![final loss vs learning rate]({rel(stem + '_final_loss.png')})",
               f"![max attention logit over training]({rel(stem + '_max_logit.png')})", ""]
