@@ -152,6 +152,12 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         lines.append(f"| {variant} | {row['lr_sensitivity']:.4g} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
+    finals = runs.assign(clipped=clipped_final(runs)).groupby(["variant", "lr"])["clipped"].median().unstack("lr")
+    finals = finals.reindex(variant_order(runs["variant"]))
+    lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
+              "| variant | " + " | ".join(f"lr {lr:.3g}" for lr in finals.columns) + " |",
+              "|---|" + "---|" * len(finals.columns)]
+    lines += [f"| {variant} | " + " | ".join(f"{value:.3g}" for value in row) + " |" for variant, row in finals.iterrows()]
     peaks = peak_logits(runs)
     lines += ["", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
               "| variant | " + " | ".join(f"lr {lr:.3g}" for lr in peaks.columns) + " |",
