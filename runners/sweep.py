@@ -44,11 +44,13 @@ import logging
 import math
 import os
 import select
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from statistics import fmean
 
@@ -71,6 +73,7 @@ SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_p
 # --redo -> the recorded statuses a rerun of the sweep runs again
 RERUN = {None: {"failed"}, "diverged": {"failed", "diverged"}, "all": {"failed", "diverged", "ok", "unreadable"}}
 PROBLEMS = ("failed", "invalid")
+LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_dir (``log_launch``)
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -428,6 +431,22 @@ def run_local(args: argparse.Namespace, runs: list[list[str]], pending: int, rob
     return max(code, progress.code())
 
 
+def log_launch(folder: Path, argv: list[str], started: float, progress: Progress) -> None:
+    """Append this launch to ``<output_dir>/launches.jsonl``: the command, when it started, its wall time, its
+    workers, what became of the runs it ran, the machine and the commit, so that results aggregated from the
+    folder can say how they were made (a sweep finished over several launches has several lines)."""
+    from runners.train import git_commit, hardware  # Lightning is slow to import: not for --dry-run
+
+    ran = [o for o in progress.outcomes.values() if o["wall_s"] is not None]
+    entry = {"command": shlex.join(["quest", "sweep", *argv]), "started": datetime.fromtimestamp(started).isoformat(
+        timespec="seconds"), "wall_s": round(time.time() - started, 1), "workers": progress.workers,
+        "ran": {status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
+        "hardware": hardware(), "git_commit": git_commit()}
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LAUNCH_LOG, "a") as log_file:
+        log_file.write(json.dumps(entry) + "\n")
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     spec = load_sweep(args.sweep)
@@ -446,7 +465,9 @@ def main(argv: list[str]) -> int:
         submit_slurm(pending, spec, Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm")
         progress.problems()
         return progress.code()
+    started = time.time()
     code = run_local(args, runs, len(pending), robustness, progress)
+    log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress)
     if args.aggregate:
         from runners.aggregate import main as aggregate
 

@@ -233,9 +233,9 @@ def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> dict:
         "probes": {},
         "wall_time_s": 0.0,
         "params": 0,
-        "hardware": _hardware(),
+        "hardware": hardware(),
         "versions": _versions(),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
     }
     if batch is not None:
         record["batch"] = batch
@@ -265,11 +265,21 @@ def _validation_losses(metrics_csv: Path) -> dict[str, float]:
     return {"val_final": float(values.iloc[-1]), "val_best": float(values.min())} if len(values) else {}
 
 
-def _hardware() -> dict:
-    info = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+def hardware() -> dict:
+    """The machine a run (or a sweep) ran on: platform, CPU model and count, torch's threads, any GPUs."""
+    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
 
 
 def _versions() -> dict:
@@ -282,7 +292,7 @@ def _versions() -> dict:
     return found
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,

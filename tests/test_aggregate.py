@@ -216,3 +216,26 @@ def test_an_ablation_is_reported_beside_standard_but_never_ranked_or_bolded(tmp_
     assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm)"].startswith("+0.0767")
     assert "uniform" not in aggregate.summary_table(loaded).index
     assert "uniform" not in aggregate.verdicts(loaded) and "uniform" not in aggregate.verdict_table(loaded).index
+
+
+def test_paper_anchors_put_measured_cells_beside_the_papers_numbers(tmp_path, capsys):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    write_runs(runs, [(v, seed, {"mse": x + seed, "mae": 1.0}, {}) for v, x in (("standard", 2.0), ("quest", 1.0))
+                      for seed in range(2)])
+    anchors = tmp_path / "anchors.yaml"
+    anchors.write_text(
+        "- {experiment: big run, paper: 'quest 1.0', nearest: the a table, agreement: same order,\n"
+        "   measured: {table: a/d/study, metrics: [mse, mae], variants: [quest, standard]}}\n"
+        "- {experiment: toy study, paper: '58%', nearest: ours, agreement: higher here, see: Mechanism study}\n")
+    assert aggregate.main([str(runs), "--anchors", str(anchors), "-o", str(out), "--no-plots"]) == 0
+    section = re.sub(r" {2,}", " ", sections(out.read_text())["Paper anchors"])  # without the tables' padding
+    # mean ± 95% half-width over the two seeds, computed from the runs: (1, 2) for quest, (2, 3) for standard
+    half = t_dist.ppf(0.975, 1) * np.std([1.0, 2.0], ddof=1) / math.sqrt(2)
+    assert f"quest: mse 1.5 ± {half:.2g}, mae 1 ± 0<br>standard: mse 2.5 ± {half:.2g}, mae 1 ± 0" in section
+    assert "| toy study | 58% | ours | see “Mechanism study” | higher here |" in section
+    # a table or metric the runs lack is a user error that writes nothing
+    out.unlink()
+    anchors.write_text("- {experiment: e, paper: p, nearest: n, agreement: a, measured: {table: a/d/study, "
+                       "metrics: [acc]}}\n")
+    assert cli(["aggregate", str(runs), "--anchors", str(anchors), "-o", str(out), "--no-plots"]) == 2
+    assert "table 'a/d/study' has no metric acc" in capsys.readouterr().err and not out.exists()

@@ -132,6 +132,23 @@ def test_rerun_retries_failed_runs_keeps_the_others_and_redo_forces_them(toy_dom
     assert sweep.main([spec]) == 0 and len(fake_run.executions()) == 8
 
 
+def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_domain, tmp_path, fake_run):
+    from runners.aggregate import describe_launches, read_launches
+
+    spec = write_spec(tmp_path, seeds=[0, 1])
+    fake_run.statuses[1] = "diverged"
+    assert sweep.main([spec]) == 0
+    assert sweep.main([spec]) == 0  # the second launch finds everything recorded
+    first, second = read_launches(tmp_path / "runs")
+    assert first["command"] == f"quest sweep {spec}" and first["workers"] == 1
+    assert first["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0}
+    assert second["ran"] == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0}
+    assert first["hardware"]["cpus"] == os.cpu_count() and first["wall_s"] >= 0
+    header = "\n".join(describe_launches([first, second]))
+    assert header.startswith("How these runs were made (2 sweep launches,")
+    assert "ran 1 ok, 1 diverged;" in header and "ran nothing (every run was recorded)" in header
+
+
 def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake_run):
     """Processes that keep trying the same run, from the same moment, over a lock left by a dead one; in
     several rounds, one run directory each, since a race may need a few tries to show."""

@@ -72,7 +72,9 @@ def test_ett_hourly_window_counts_and_borders(ett_folder):
                         "data.val_stride=8")
     val = sparse.windows("val")
     assert len(val) == -(-2857 // 8) and len(sparse.windows("test")) == 2857
-    assert row_index(sparse, val[1][1][:, OT]).tolist() == list(range(8648, 8672))  # the ninth window
+    ninth_x, ninth_y = val[1]
+    assert row_index(sparse, ninth_x[:, OT]).tolist() == list(range(8600, 8648))  # the ninth window: its look-back
+    assert row_index(sparse, ninth_y[:, OT]).tolist() == list(range(8648, 8672))  # and its horizon
     assert row_index(sparse, val[len(val) - 1][1][-1, OT]).item() == 11519  # 2856 = 357 x 8: the last window
 
 

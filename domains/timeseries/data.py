@@ -152,8 +152,9 @@ class Windows(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(i)
-        cut = i * self.stride + self.seq_len
-        return self.series[i:cut], self.series[cut:cut + self.pred_len]
+        start = i * self.stride
+        cut = start + self.seq_len
+        return self.series[start:cut], self.series[cut:cut + self.pred_len]
 
 
 class ForecastDataModule(SplitDataModule):
