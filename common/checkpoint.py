@@ -1,7 +1,8 @@
 """Starting a model from the weights of a finished run (pre-training, then fine-tuning elsewhere).
 
-``load_run`` finds a run's resolved ``config.yaml`` and its Lightning checkpoint from the run directory or
-a checkpoint file inside it, and refuses a run of another domain or another attention variant: every
+``run_config`` finds a run's resolved ``config.yaml`` and its Lightning checkpoint from the run directory or
+a checkpoint file inside it (``quest robustness``, ``imagenet`` and ``generate`` restore runs from it too);
+``load_run`` adds the network's weights, and refuses a run of another domain or another attention variant: every
 variant learns weights for its own attention logits, so a comparison of variants must start each one from
 its own pre-training. ``load_encoder`` copies the tensors under some module names (the encoder) into a
 model and refuses anything but an exact match of names and shapes there. Both raise ``ConfigError`` with
@@ -19,8 +20,7 @@ from torch import Tensor, nn
 
 from common.errors import ConfigError
 
-log = logging.getLogger(__name__)
-log.setLevel(logging.INFO)  # which weights a run starts from belongs on the console, beside its warnings
+log = logging.getLogger(__name__)  # its info line (which weights a run starts from) is shown by runners.console
 
 CHECKPOINTS = ("best.ckpt", "last.ckpt")  # a run directory's checkpoints, in order of preference
 
@@ -45,16 +45,23 @@ def locate(path: Path, key: str) -> tuple[Path, Path]:
     return path, found[0]
 
 
-def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> FinishedRun:
-    """The finished ``domain`` run at ``path`` (run directory or checkpoint), trained with attention
-    ``variant``; ``key`` is the config key that named it, for the error messages."""
+def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tuple[Path, Path, DictConfig]:
+    """(run directory, checkpoint, resolved config) of the run at ``path`` (``locate``); with ``domain``, a
+    run of another domain is a ``ConfigError``. ``key`` names what pointed at the run, for the messages."""
     run_dir, checkpoint = locate(Path(path).expanduser(), key)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{key}: {run_dir} is not a run directory (no config.yaml beside checkpoints/)")
     config = OmegaConf.load(config_path)
-    if config.get("domain") != domain:
+    if domain is not None and config.get("domain") != domain:
         raise ConfigError(f"{key}: {run_dir} is a {config.get('domain')!r} run, not a {domain!r} run")
+    return run_dir, checkpoint, config
+
+
+def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> FinishedRun:
+    """The finished ``domain`` run at ``path`` (run directory or checkpoint), trained with attention
+    ``variant``; ``key`` is the config key that named it, for the error messages."""
+    run_dir, checkpoint, config = run_config(path, key=key, domain=domain)
     trained = OmegaConf.select(config, "attention.variant")
     if trained != variant:
         raise ConfigError(f"{key}: {run_dir} trained attention variant {trained!r}, this run uses {variant!r}; "

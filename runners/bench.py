@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from common.attention import VARIANTS, attend, elliptical_metric, get_variant
+from common.timing import interleaved_seconds
 
 SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
@@ -49,25 +49,10 @@ def step(variant: str, q, k, v, fold, prev, naive: bool = False) -> None:
     out.sum().backward()
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per forward+backward. Variants are interleaved, and each round starts at the next
-    variant, so neither drift nor a position in the round favours any of them."""
+    """Median seconds per forward+backward of each variant, interleaved (``common.timing``)."""
     inputs = {v: make_inputs(shape, v, device) for v in variants}
-    times = {v: [] for v in variants}
-    for r in range(warmup + repeats):
-        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            _sync(device)
-            t0 = time.perf_counter()
-            step(v, *inputs[v])
-            _sync(device)
-            if r >= warmup:
-                times[v].append(time.perf_counter() - t0)
-    return {v: statistics.median(t) for v, t in times.items()}
+    return interleaved_seconds({v: partial(step, v, *inputs[v]) for v in variants}, repeats, device, warmup)
 
 
 def _status_mb(field: str) -> float:

@@ -16,6 +16,8 @@ KNOWN_NOISE = (
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # Lightning on torch 2.14
     r"`torch\.jit\.script` is deprecated.*",  # PyG's pooling modules, at import
 )
+# The project's info lines that belong on the console beside its warnings: which weights a run starts from.
+SHOWN_INFO = ("common.checkpoint",)
 
 
 def quiet() -> None:
@@ -26,5 +28,7 @@ def quiet() -> None:
 
 
 def show_project_warnings() -> None:
-    """The CLI's logging: warnings and errors, named by the module that raised them."""
+    """The CLI's logging: warnings and errors, named by the module that raised them, and ``SHOWN_INFO``'s info."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in SHOWN_INFO:
+        logging.getLogger(name).setLevel(logging.INFO)

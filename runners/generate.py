@@ -18,9 +18,10 @@ LANGUAGE = "language"
 
 def load_run(run_dir: Path, device: str):
     """The trained ``LanguageTask`` of a run directory, in eval mode on ``device``."""
-    from runners.restore import restore, run_config
+    from common.checkpoint import run_config
+    from runners.restore import restore
 
-    return restore(*run_config(run_dir, domain=LANGUAGE), device=device).task
+    return restore(*run_config(run_dir, key="run", domain=LANGUAGE), device=device).task
 
 
 def main(argv: list[str]) -> int:

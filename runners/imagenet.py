@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.records import read_record, write_record
 from domains.vision.imagenet import (
@@ -25,13 +26,13 @@ from domains.vision.imagenet import (
     evaluate_imagenet_c,
     evaluate_real,
 )
-from runners.restore import restore, run_config
+from runners.restore import restore
 
 
 def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None = None, imagenet_c: str | None = None,
                  imagenet_a: str | None = None, max_per_class: int | None = None) -> dict[str, float]:
     """Evaluate one run on the suites given and merge the results into its record; returns them."""
-    run_dir, checkpoint, cfg = run_config(path, domain="vision")
+    run_dir, checkpoint, cfg = run_config(path, key="run", domain="vision")
     if cfg.data.dataset != "imagefolder":
         raise ConfigError(f"{run_dir} is a vision run on {cfg.data.dataset}: ImageNet evaluation needs a run on an "
                           "ImageFolder tree")

@@ -1,5 +1,5 @@
 """A finished run back in memory, for the commands that use one (`quest robustness`, `quest imagenet`,
-`quest generate`): the run directory and checkpoint a path names (``common.checkpoint.locate``: a run
+`quest generate`): the run directory and checkpoint a path names (``common.checkpoint.run_config``: a run
 directory's best checkpoint, else its last, or a checkpoint file), and the run's datamodule and task
 rebuilt from its resolved ``config.yaml`` with the checkpoint's weights, in eval mode."""
 from __future__ import annotations
@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from common.checkpoint import locate
 from common.errors import ConfigError
 from common.registry import discover, get_domain
 from runners.config import build_config
@@ -24,19 +23,6 @@ class Restored:
     cfg: DictConfig
     datamodule: Any
     task: Any
-
-
-def run_config(path: str | Path, *, domain: str | None = None) -> tuple[Path, Path, DictConfig]:
-    """(run directory, checkpoint, resolved config) of the run at ``path``; with ``domain``, a run of
-    another domain is a ``ConfigError``."""
-    run_dir, checkpoint = locate(Path(path).expanduser(), "run")
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = OmegaConf.load(config_path)
-    if domain is not None and cfg.get("domain") != domain:
-        raise ConfigError(f"{run_dir} is a {cfg.get('domain')!r} run, not a {domain!r} run")
-    return run_dir, checkpoint, cfg
 
 
 def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None = None) -> Restored:

@@ -18,11 +18,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from common.attention import get_variant
+from common.checkpoint import run_config
 from common.records import read_record, write_record
 from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
 from runners.config import ConfigError, apply_override, parse_overrides
-from runners.restore import restore, run_config
+from runners.restore import restore
 from runners.train import torch_threads
 
 ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
@@ -30,8 +31,8 @@ ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without g
 
 
 def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, DictConfig]:
-    """The run at ``path`` (``runners.restore.run_config``) with this evaluation's ``overrides`` applied."""
-    run_dir, checkpoint, cfg = run_config(path)
+    """The run at ``path`` (``common.checkpoint.run_config``) with this evaluation's ``overrides`` applied."""
+    run_dir, checkpoint, cfg = run_config(path, key="run")
     if "robustness" not in cfg:
         raise ConfigError(f"domain {cfg.domain!r} has no robustness section: robustness evaluation does not apply")
     groups, dotted = parse_overrides(overrides)
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
         parser.error("no run directory or checkpoint given")
     for path in runs:
         results = evaluate_run(path, overrides)
-        variant = run_config(path)[2].attention.variant
+        variant = run_config(path, key="run")[2].attention.variant
         print(f"{path}: " + " ".join(f"{k}={v:.4g}" for k, v in results.items()))
         if get_variant(variant).elliptical:
             print(f"  note: {ELLIPTICAL_NOTE}")

@@ -12,12 +12,13 @@ and load from other processes on a shared machine fall on all of them; the media
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from common.timing import add_device_arguments, device_from, interleaved_seconds
 
 from .model import GPT, generate
 
@@ -42,11 +43,6 @@ class TorchGPT(nn.Module):
         return self.head(self.encoder(x, mask=mask, is_causal=True))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def train_steps(model: nn.Module, tokens: Tensor):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -61,19 +57,9 @@ def train_steps(model: nn.Module, tokens: Tensor):
 
 
 def rates(jobs: dict, work: int, rounds: int, device: torch.device) -> dict[str, float]:
-    """Median units/s of each job (``job(work)`` does ``work`` units), in rotating interleaved rounds."""
-    names = list(jobs)
-    for job in jobs.values():
-        job(1)  # warm-up: allocator, kernels
-    seen = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            _sync(device)
-            start = time.perf_counter()
-            jobs[name](work)
-            _sync(device)
-            seen[name].append(work / (time.perf_counter() - start))
-    return {name: statistics.median(v) for name, v in seen.items()}
+    """Median units/s of each job (``job(work)`` does ``work`` units), interleaved (``common.timing``)."""
+    seconds = interleaved_seconds({name: partial(job, work) for name, job in jobs.items()}, rounds, device)
+    return {name: work / s for name, s in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -87,12 +73,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per round (default: context-1)")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    add_device_arguments(parser)
     args = parser.parse_args(argv)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = device_from(args)
 
     size = {"context": args.context, "dim": args.dim, "depth": args.depth, "heads": args.heads, "mlp_ratio": 4.0}
     torch.manual_seed(0)
