@@ -280,14 +280,15 @@ class SplitDataModule(pl.LightningDataModule):
         self.num_workers, self.collate_fn = num_workers, collate_fn
         self.datasets: dict[str, Dataset] = {}
 
-    def loader(self, split: str, sampler: Sampler | None = None) -> DataLoader:
+    def loader(self, split: str, sampler: Sampler | None = None, collate_fn: Callable | None = None) -> DataLoader:
         """The split's loader: shuffled for training unless a ``sampler`` orders it; workers kept alive
         between epochs; batches in pinned memory when the trainer runs on a GPU, so the copy to it overlaps
-        the step."""
+        the step. ``collate_fn`` replaces the datamodule's own for this loader."""
         if len(self.datasets[split]) == 0:
             raise DataError(f"the {split} split is empty; use more data or other split fractions")
         train = split == "train"
-        extra = {"collate_fn": self.collate_fn} if self.collate_fn is not None else {}
+        collate_fn = collate_fn or self.collate_fn
+        extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return self.loader_class(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
                                  shuffle=train and sampler is None, sampler=sampler, drop_last=False,
@@ -296,6 +297,14 @@ class SplitDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")
+
+    def augment_batch(self, batch):
+        """Training augmentation run on a whole batch on the training device, after the copy there: the
+        data-preparation work that would otherwise hold up the loader workers (none by default)."""
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        return self.augment_batch(batch) if self.trainer is not None and self.trainer.training else batch
 
     def val_dataloader(self) -> DataLoader:
         return self.loader("val")

@@ -15,6 +15,7 @@ import time
 import torch
 from pytorch_lightning.utilities import move_data_to_device
 
+from common.timing import sync
 from runners import console
 from runners.config import build_config, compose
 
@@ -39,25 +40,22 @@ def step_rate(datamodule, task, batches: int, device: torch.device) -> float:
     task.to(device).train()
     optimizer = torch.optim.AdamW(task.parameters(), lr=1e-4)
 
+    augment = getattr(datamodule, "augment_batch", lambda batch: batch)  # common.data.SplitDataModule's
+
     def step(batch) -> None:
-        batch = datamodule.on_after_batch_transfer(batch, 0)  # device-side augmentation is part of the step
+        batch = augment(batch)  # augmentation on the device is part of the step
         inputs, target = task.unpack(batch)
         task.loss(task(inputs), target, "train").backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     step(held[0])
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for batch in held[1:]:
         step(batch)
-    _sync(device)
+    sync(device)
     return sum(_samples(task, b) for b in held[1:]) / (time.perf_counter() - start)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str]) -> int:

@@ -420,3 +420,67 @@ def test_majority_class_baseline_iou():
     masks = torch.tensor([[[0, 0, 0, 1], [0, 0, 0, 1], [2, 255, 2, 0]]])
     metric.update(torch.zeros_like(masks), masks)
     assert metric.compute().item() == pytest.approx((7 / 11) / 3)
+
+
+# ---------------------------------------------------------------- augmentation on the training device
+
+def device_augment(**data):
+    from domains.segmentation.augment import DeviceAugment
+
+    settings = {"scale_range": [1.0, 1.0], "resize": None, "crop_size": 4, "flip": False, "ignore_index": 255,
+                "jitter": {"brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0}}
+    return DeviceAugment({**settings, **data})
+
+
+def test_device_augment_at_scale_one_crops_exactly_and_flips_whole_samples():
+    images, masks = torch.rand(6, 3, 4, 4), torch.randint(0, 5, (6, 4, 4))
+    sizes = torch.tensor([[4, 4]] * 6)
+    out, labels = device_augment()(images, masks, sizes)
+    torch.testing.assert_close(out, images)  # pixel centres hit: nothing is interpolated
+    assert torch.equal(labels, masks)
+    torch.manual_seed(0)
+    out, labels = device_augment(flip=True)(images, masks, sizes)
+    mirrored = [bool(torch.equal(labels[i], masks[i].flip(-1))) for i in range(6)]
+    for i, flip in enumerate(mirrored):
+        torch.testing.assert_close(out[i], images[i].flip(-1) if flip else images[i])
+        assert flip or torch.equal(labels[i], masks[i])
+    assert any(mirrored) and not all(mirrored)
+
+
+def test_device_augment_rescales_labels_by_nearest_and_fills_beyond_the_image_with_ignore():
+    masks = torch.arange(4).view(1, 2, 2)
+    _, labels = device_augment(scale_range=[2.0, 2.0])(torch.rand(1, 3, 2, 2), masks, torch.tensor([[2, 2]]))
+    assert labels[0].tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 3, 3], [2, 2, 3, 3]]
+    # a 2x3 sample padded into a 4x4 batch: its 6 labels survive, the crop's other 10 pixels are ignored
+    masks = torch.full((1, 4, 4), 255)
+    masks[0, :2, :3] = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    out, labels = device_augment()(torch.rand(1, 3, 4, 4), masks, torch.tensor([[2, 3]]))
+    kept = labels[labels != 255]
+    assert sorted(kept.tolist()) == [0, 0, 1, 2, 3, 4] and out.shape == (1, 3, 4, 4)
+
+
+def test_device_jitter_draws_a_factor_per_sample_within_its_range():
+    images = torch.full((64, 3, 4, 4), 0.5)
+    out, _ = device_augment(jitter={"brightness": 0.3})(images, torch.zeros(64, 4, 4, dtype=torch.long),
+                                                        torch.tensor([[4, 4]] * 64))
+    factors = out[:, 0, 0, 0] / 0.5  # a grey image: brightness scales it, one factor per sample
+    assert factors.min() >= 0.7 - 1e-6 and factors.max() <= 1.3 + 1e-6 and factors.std() > 0.1
+    assert torch.equal(out, out[:, :1, :1, :1].expand_as(out))
+    with pytest.raises(ConfigError, match="data.jitter.hue=0"):
+        device_augment(jitter={"hue": 0.1})
+
+
+def test_augment_on_device_hands_the_loader_stored_images_and_trains(cache_dir, tmp_path):
+    datamodule, _ = build("data.augment_on=device", "data.scale_range=[0.5,1.5]", cache_dir=cache_dir)
+    datamodule.setup("fit")
+    images, masks, sizes = next(iter(datamodule.train_dataloader()))
+    stored = datamodule.data["scenes"]["image_size"]
+    assert images.shape[-2:] == (stored, stored) and sizes.tolist() == [[stored, stored]] * len(images)
+    cropped, labels = datamodule.augment_batch((images, masks, sizes))
+    crop = datamodule.data["crop_size"]
+    assert cropped.shape == (len(images), 3, crop, crop) and labels.shape == (len(images), crop, crop)
+    record = train(["domain=segmentation", "preset=smoke", "data.augment_on=device", "attention=quest",
+                    f"cache_dir={cache_dir}", f"output_dir={tmp_path}"])
+    assert record["status"] == "ok"
+    with pytest.raises(ConfigError, match="unknown data.augment_on 'gpu'"):
+        build("data.augment_on=gpu")

@@ -247,9 +247,7 @@ class PointCloudDataModule(SplitDataModule):
         self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
         self.describe_split(*split)
 
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        if self.trainer is None or not self.trainer.training:
-            return batch
+    def augment_batch(self, batch):
         points, labels = batch
         aug = self.augment
         points = scale_shift(points, tuple(aug["scale"]), aug["shift"])

@@ -44,6 +44,8 @@ from common.data import (
 )
 from common.errors import ConfigError
 
+from .augment import DeviceAugment
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
 # How a scene's digits are inked. colour: each its own colour, far from the background under it (the
@@ -260,25 +262,33 @@ def train_transform(data: dict) -> v2.Compose:
     ])
 
 
+def stored_as_float() -> v2.ToDtype:
+    """Images as stored, in [0, 1]: what the loader hands on when the device augments (``DeviceAugment``)."""
+    return v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)
+
+
 def eval_transform(data: dict) -> v2.Compose:
     """Evaluation images at ``data.eval_resize`` (short side), or as stored when it is None."""
     resize = [v2.Resize(data["eval_resize"])] if data["eval_resize"] is not None else []
-    return v2.Compose(resize + [v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)])
+    return v2.Compose(resize + [stored_as_float()])
 
 
 class PadCollate:
-    """Stack samples of different sizes by padding to the largest (image 0, mask ``ignore_index``)."""
+    """Stack samples of different sizes by padding to the largest (image 0, mask ``ignore_index``); with
+    ``sizes``, also each sample's (height, width) before padding, which ``DeviceAugment`` needs."""
 
-    def __init__(self, ignore_index: int):
-        self.ignore_index = ignore_index
+    def __init__(self, ignore_index: int, sizes: bool = False):
+        self.ignore_index, self.sizes = ignore_index, sizes
 
     def __call__(self, samples):
         height = max(image.shape[-2] for image, _ in samples)
         width = max(image.shape[-1] for image, _ in samples)
         pad = lambda x, fill: F.pad(x, (0, width - x.shape[-1], 0, height - x.shape[-2]), value=fill)  # noqa: E731
         images = torch.stack([pad(image.as_subclass(Tensor), 0.0) for image, _ in samples])
-        masks = torch.stack([pad(mask.as_subclass(Tensor), self.ignore_index) for _, mask in samples])
-        return images, masks.long()
+        masks = torch.stack([pad(mask.as_subclass(Tensor), self.ignore_index) for _, mask in samples]).long()
+        if self.sizes:
+            return images, masks, torch.tensor([image.shape[-2:] for image, _ in samples])
+        return images, masks
 
 
 # ---------------------------------------------------------------- the datasets
@@ -404,6 +414,7 @@ class ADE20K(FolderPairs):
 
 
 DATASETS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}
+AUGMENT_ON = ("cpu", "device")  # data.augment_on: per sample in the loader, or per batch on the training device
 
 
 # ---------------------------------------------------------------- the data module
@@ -416,9 +427,20 @@ class SegmentationDataModule(SplitDataModule):
     def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"],
                          collate_fn=PadCollate(data["ignore_index"]))
+        if data["augment_on"] not in AUGMENT_ON:
+            raise ConfigError(f"unknown data.augment_on {data['augment_on']!r}; choose from {', '.join(AUGMENT_ON)}")
         self.data, self.ignore_index = data, data["ignore_index"]
+        self.device_augment = DeviceAugment(data) if data["augment_on"] == "device" else None
         self.source = DATASETS[data["dataset"]](data, Path(cache_dir))
         self.class_names = self.source.class_names
+
+    def train_dataloader(self):
+        if self.device_augment is None:
+            return super().train_dataloader()
+        return self.loader("train", collate_fn=PadCollate(self.ignore_index, sizes=True))
+
+    def augment_batch(self, batch):
+        return batch if self.device_augment is None else self.device_augment(*batch)
 
     @property
     def num_classes(self) -> int:
@@ -428,6 +450,7 @@ class SegmentationDataModule(SplitDataModule):
         if self.datasets:
             return
         evaluate = eval_transform(self.data)
-        transforms = {"train": train_transform(self.data), "val": evaluate, "test": evaluate}
+        train = train_transform(self.data) if self.device_augment is None else stored_as_float()
+        transforms = {"train": train, "val": evaluate, "test": evaluate}
         self.datasets, split = self.source.load(transforms)
         self.describe_split(*split)
