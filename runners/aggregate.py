@@ -306,15 +306,17 @@ def describe_launches(launches: Sequence[dict]) -> list[str]:
     and commit; and the wall time of all of them together."""
     if not launches:
         return []
+    minutes = sum(launch["wall_s"] for launch in launches) / 60
     lines = [f"How these runs were made ({len(launches)} sweep launch{'es' if len(launches) > 1 else ''}, "
-             f"{sum(launch['wall_s'] for launch in launches) / 60:.0f} min of wall time in all):", ""]
+             f"{minutes:.0f} min of wall time in all):", ""]
     for launch in launches:
         machine = launch["hardware"]
-        ran = ", ".join(f"{count} {status}" for status, count in launch["ran"].items() if count) or "nothing (every run was recorded)"
-        lines.append(f"- `{launch['command']}` started {launch['started']}: {launch['wall_s'] / 60:.1f} min with "
-                     f"{launch['workers']} worker(s), ran {ran}; {machine.get('cpu', '?')} × {machine['cpus']} "
-                     f"CPUs, {machine['platform']}{', GPUs: ' + ', '.join(machine['gpus']) if machine.get('gpus') else ''}"
-                     f", commit {launch['git_commit'] or 'unknown'}")
+        gpus = f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ""
+        ran = ", ".join(f"{n} {status}" for status, n in launch["ran"].items() if n) or "nothing (every run was recorded)"
+        lines.append(f"- `{launch['command']}` started {launch['started']}"
+                     f"{'' if launch['finished'] else ' (stopped before the end)'}: {launch['wall_s'] / 60:.1f} min "
+                     f"with {launch['workers']} worker(s), ran {ran}; {machine.get('cpu', '?')} × {machine['cpus']} "
+                     f"CPUs, {machine['platform']}{gpus}, commit {launch['git_commit'] or 'unknown'}")
     return [*lines, ""]
 
 

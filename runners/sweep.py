@@ -431,15 +431,16 @@ def run_local(args: argparse.Namespace, runs: list[list[str]], pending: int, rob
     return max(code, progress.code())
 
 
-def log_launch(folder: Path, argv: list[str], started: float, progress: Progress) -> None:
+def log_launch(folder: Path, argv: list[str], started: float, progress: Progress, finished: bool = True) -> None:
     """Append this launch to ``<output_dir>/launches.jsonl``: the command, when it started, its wall time, its
-    workers, what became of the runs it ran, the machine and the commit, so that results aggregated from the
-    folder can say how they were made (a sweep finished over several launches has several lines)."""
+    workers, what became of the runs it ran, whether it finished or was stopped, the machine and the commit,
+    so that results aggregated from the folder can say how they were made (a sweep finished over several
+    launches has several lines)."""
     from runners.train import git_commit, hardware  # Lightning is slow to import: not for --dry-run
 
     ran = [o for o in progress.outcomes.values() if o["wall_s"] is not None]
     entry = {"command": shlex.join(["quest", "sweep", *argv]), "started": datetime.fromtimestamp(started).isoformat(
-        timespec="seconds"), "wall_s": round(time.time() - started, 1), "workers": progress.workers,
+        timespec="seconds"), "wall_s": round(time.time() - started, 1), "finished": finished, "workers": progress.workers,
         "ran": {status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
         "hardware": hardware(), "git_commit": git_commit()}
     folder.mkdir(parents=True, exist_ok=True)
@@ -465,9 +466,12 @@ def main(argv: list[str]) -> int:
         submit_slurm(pending, spec, Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm")
         progress.problems()
         return progress.code()
-    started = time.time()
-    code = run_local(args, runs, len(pending), robustness, progress)
-    log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress)
+    started, code = time.time(), None
+    try:
+        code = run_local(args, runs, len(pending), robustness, progress)
+    finally:  # a launch stopped with Ctrl-C (SIGINT to its process group) is logged too, with what it finished
+        log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress,
+                   finished=code is not None)
     if args.aggregate:
         from runners.aggregate import main as aggregate
 

@@ -132,7 +132,8 @@ def test_rerun_retries_failed_runs_keeps_the_others_and_redo_forces_them(toy_dom
     assert sweep.main([spec]) == 0 and len(fake_run.executions()) == 8
 
 
-def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_domain, tmp_path, fake_run):
+def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_domain, tmp_path, fake_run,
+                                                                           monkeypatch):
     from runners.aggregate import describe_launches, read_launches
 
     spec = write_spec(tmp_path, seeds=[0, 1])
@@ -144,9 +145,21 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
     assert first["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0}
     assert second["ran"] == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0}
     assert first["hardware"]["cpus"] == os.cpu_count() and first["wall_s"] >= 0
+    assert first["finished"] and second["finished"]
     header = "\n".join(describe_launches([first, second]))
     assert header.startswith("How these runs were made (2 sweep launches,")
     assert "ran 1 ok, 1 diverged;" in header and "ran nothing (every run was recorded)" in header
+    # a launch stopped with Ctrl-C is logged as such, with the runs it finished
+    def stop_after_the_first_run(progress, outcome):
+        progress.add(outcome)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.Progress, "update", stop_after_the_first_run)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.main([spec, "--redo", "all"])
+    stopped = read_launches(tmp_path / "runs")[-1]
+    assert not stopped["finished"] and stopped["ran"] == {"ok": 1, "diverged": 0, "failed": 0, "invalid": 0}
+    assert "(stopped before the end)" in "\n".join(describe_launches([stopped]))
 
 
 def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake_run):
