@@ -45,6 +45,7 @@ import math
 import os
 import select
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -431,6 +432,10 @@ def run_local(args: argparse.Namespace, runs: list[list[str]], pending: int, rob
     return max(code, progress.code())
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def log_launch(folder: Path, argv: list[str], started: float, progress: Progress, finished: bool = True) -> None:
     """Append this launch to ``<output_dir>/launches.jsonl``: the command, when it started, its wall time, its
     workers, what became of the runs it ran, whether it finished or was stopped, the machine and the commit,
@@ -467,9 +472,11 @@ def main(argv: list[str]) -> int:
         progress.problems()
         return progress.code()
     started, code = time.time(), None
+    default = signal.signal(signal.SIGTERM, _stop)  # `kill` stops a background launch as Ctrl-C does, logged
     try:
         code = run_local(args, runs, len(pending), robustness, progress)
-    finally:  # a launch stopped with Ctrl-C (SIGINT to its process group) is logged too, with what it finished
+    finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
+        signal.signal(signal.SIGTERM, default)
         log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress,
                    finished=code is not None)
     if args.aggregate:

@@ -311,3 +311,20 @@ def test_all_variants_leave_ablations_out_unless_asked():
     assert {run[1] for run in sweep.expand(spec)} == {f"attention={v}" for v in VARIANTS}
     with_ablation = sweep.expand({**spec, "ablations": ["uniform"]})
     assert {run[1] for run in with_ablation} == {f"attention={v}" for v in [*VARIANTS, "uniform"]}
+
+
+def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fake_run):
+    """A launch run in the background ignores SIGINT; SIGTERM to its process group stops it, logged."""
+    from runners.aggregate import read_launches
+
+    fake_run.delay = 30.0
+    spec = write_spec(tmp_path, seeds=[0])
+    launcher = FORK.Process(target=sweep.main, args=([spec],))
+    launcher.start()
+    deadline = time.monotonic() + 20
+    while not fake_run.executions() and time.monotonic() < deadline:  # the run has started
+        time.sleep(0.05)
+    os.kill(launcher.pid, signal.SIGTERM)
+    launcher.join(20)
+    (stopped,) = read_launches(tmp_path / "runs")
+    assert not stopped["finished"] and stopped["ran"]["ok"] == 0
