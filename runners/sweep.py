@@ -443,11 +443,13 @@ def log_launch(folder: Path, argv: list[str], started: float, progress: Progress
     launches has several lines)."""
     from runners.train import git_commit, hardware  # Lightning is slow to import: not for --dry-run
 
-    ran = [o for o in progress.outcomes.values() if o["wall_s"] is not None]
-    entry = {"command": shlex.join(["quest", "sweep", *argv]), "started": datetime.fromtimestamp(started).isoformat(
-        timespec="seconds"), "wall_s": round(time.time() - started, 1), "finished": finished, "workers": progress.workers,
-        "ran": {status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
-        "hardware": hardware(), "git_commit": git_commit()}
+    # this launch's outcomes: not those recorded before it (no wall time), but its invalid runs (none either)
+    ran = [o for o in progress.outcomes.values() if o["wall_s"] is not None or o["status"] == "invalid"]
+    entry = {"command": shlex.join(["quest", "sweep", *argv]),
+             "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+             "wall_s": round(time.time() - started, 1), "finished": finished, "workers": progress.workers,
+             "ran": {status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
+             "hardware": hardware(), "git_commit": git_commit()}
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LAUNCH_LOG, "a") as log_file:
         log_file.write(json.dumps(entry) + "\n")
