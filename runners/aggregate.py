@@ -231,7 +231,7 @@ def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:
     closed = (base - model) / base if mode == "min" else (model - base) / (1 - base)
     verdict = "learns at this size" if closed >= CLEAR_MARGIN else "does not learn at this size"
     who = "standard closes" if reference is not ok else "the variants close"
-    sentence = (f"Trivial baseline ({column}: the best constant prediction) {base:.4g}; {who} {closed:.0%} of the "
+    sentence = (f"Trivial baseline (`{column}`) {base:.4g}; {who} {closed:.0%} of the "
                 f"gap to a perfect score: {verdict}"
                 f"{'' if closed >= CLEAR_MARGIN else ', so this table is left out of the cross-domain ranks'}.")
     return closed >= CLEAR_MARGIN, sentence
@@ -334,7 +334,11 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
                       "t-interval over finished runs (seeds and any swept settings); best per column in bold (none "
                       "where all variants tie). Δ vs standard pairs runs by seed: mean ± 95% interval, paired t-test, "
                       "p-values Holm-corrected over the variants of a table. A variant whose every metric equals an "
-                      "earlier one's on every seed computes the same function there: marked ≡ and not ranked.")
+                      "earlier one's on every seed computes the same function there: marked ≡ and not ranked. "
+                      "A table's trivial baseline (`<metric>_baseline`) is the majority class for classifiers, the "
+                      "training mean for regression, every pixel the majority class for segmentation, the unigram "
+                      "entropy for language and the persistence forecast for time series; a table whose `standard` "
+                      f"closes less than {CLEAR_MARGIN:.0%} of the gap from it to a perfect score is not ranked.")
         parts += ["", *describe_launches(launches), "## Across domains", "", summary_table(runs).to_markdown(), "",
                   "Domains where each variant is better than, not different from, or worse than `standard` "
                   "(primary metric, Holm-corrected, α = 0.05):", "", verdict_table(runs).to_markdown(), ""]
