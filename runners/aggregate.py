@@ -248,6 +248,33 @@ def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
             f"{', '.join(differ) if differ else 'no variant differs from standard'}.")
 
 
+def ablation_lines(runs: pd.DataFrame, alpha: float = 0.05) -> list[str]:
+    """Per ablation in the table (``attention=uniform``: every logit 0, each query averaging what it may see),
+    one sentence on what it does to the primary metric against `standard`, paired by seed: what the metric
+    owes to attention in this setting, or that removing attention changes nothing measurable."""
+    primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
+    ok = runs[runs["status"] == "ok"]
+    present = [a for a in ABLATIONS if (ok["variant"] == a).any()]
+    if not present or primary not in ok or not (ok["variant"] == "standard").any():
+        return []
+    lines = []
+    for ablation, row in paired_differences(ok, primary, present).iterrows():
+        if np.isnan(row["p"]):
+            lines.append(f"Attention ablation `{ablation}`: fewer than two seeds paired with `standard`.")
+            continue
+        worse = (row["diff"] > 0) == (mode == "min")
+        if row["p"] >= alpha:
+            verdict = "not different from standard: removing attention changes nothing measurable at this size"
+        elif worse:
+            verdict = "worse than standard: the metric owes that much to attention here"
+        else:
+            verdict = "better than standard: attention costs this setting that much"
+        lines.append(f"Attention ablation `{ablation}` (every logit 0, each query averaging what it may see): "
+                     f"Δ{primary} {row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, n={int(row['n'])}), "
+                     f"{verdict}.")
+    return lines
+
+
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
     rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
@@ -346,6 +373,7 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
         for key, group in runs.groupby(GROUP, sort=True):
             parts += [f"## {' / '.join(key)}", "", f"{len(group)} runs.", "",
                       domain_table(group).to_markdown(), "", significance_line(group), ""]
+            parts += [line for ablation in ablation_lines(group) for line in (ablation, "")]
             if (learned := learns(group)) is not None:
                 parts += [learned[1], ""]
             if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):

@@ -216,6 +216,15 @@ def test_an_ablation_is_reported_beside_standard_but_never_ranked_or_bolded(tmp_
     assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm)"].startswith("+0.0767")
     assert "uniform" not in aggregate.summary_table(loaded).index
     assert "uniform" not in aggregate.verdicts(loaded) and "uniform" not in aggregate.verdict_table(loaded).index
+    (line,) = aggregate.ablation_lines(loaded)
+    assert line.startswith("Attention ablation `uniform`") and "Δacc +0.0767" in line and "better than standard" in line
+
+
+def test_an_ablation_that_changes_nothing_is_said_to(tmp_path):
+    runs = {"standard": [0.9, 0.92, 0.91], "uniform": [0.91, 0.90, 0.915]}
+    write_runs(tmp_path, [(v, seed, {"mse": x}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
+    (line,) = aggregate.ablation_lines(aggregate.load_runs(tmp_path))
+    assert "not different from standard: removing attention changes nothing measurable at this size" in line
 
 
 def test_paper_anchors_put_measured_cells_beside_the_papers_numbers(tmp_path, capsys):
