@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM to a sweep: stopped on purpose, not a crash
+        print(f"quest: {err or 'interrupted'}", file=sys.stderr)
+        return 130
     except Exception as err:  # not the user's input: keep the traceback for whoever debugs it
         traceback.print_exc()
         print(f"quest: error: {type(err).__name__}: {err}", file=sys.stderr)

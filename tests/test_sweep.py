@@ -17,6 +17,7 @@ from common.attention import VARIANTS
 from common.errors import DataError
 from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
 from runners import sweep
+from runners.cli import main as cli
 from runners.config import compose, run_directory
 
 FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner
@@ -319,12 +320,13 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
 
     fake_run.delay = 30.0
     spec = write_spec(tmp_path, seeds=[0])
-    launcher = FORK.Process(target=sweep.main, args=([spec],))
+    launcher = FORK.Process(target=lambda: sys.exit(cli(["sweep", spec])))
     launcher.start()
     deadline = time.monotonic() + 20
     while not fake_run.executions() and time.monotonic() < deadline:  # the run has started
         time.sleep(0.05)
     os.kill(launcher.pid, signal.SIGTERM)
     launcher.join(20)
+    assert launcher.exitcode == 130  # stopped on purpose: neither ok nor a crash
     (stopped,) = read_launches(tmp_path / "runs")
     assert not stopped["finished"] and stopped["ran"]["ok"] == 0
