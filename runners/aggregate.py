@@ -40,7 +40,9 @@ from runners.sweep import LAUNCH_LOG
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
-LOWER_IS_BETTER = ("loss", "mse", "mae", "rmse", "err")
+# Substrings of secondary metrics where lower is better (a primary metric carries its own mode):
+# errors, losses, and the language model's bits per token/character and perplexity.
+LOWER_IS_BETTER = ("loss", "mse", "mae", "rmse", "err", "bpb", "bpc", "ppl")
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics.
 ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
 GROUP = ["domain", "dataset", "preset"]  # one table and one set of plots per group: runs of different sizes never mix

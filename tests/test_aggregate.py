@@ -248,3 +248,8 @@ def test_paper_anchors_put_measured_cells_beside_the_papers_numbers(tmp_path, ca
                        "metrics: [acc]}}\n")
     assert cli(["aggregate", str(runs), "--anchors", str(anchors), "-o", str(out), "--no-plots"]) == 2
     assert "table 'a/d/study' has no metric acc" in capsys.readouterr().err and not out.exists()
+
+
+def test_language_secondary_metrics_count_lower_as_better():
+    assert all(aggregate.lower_is_better(m, "loss", "min") for m in ("bpb", "bpc", "ppl", "val_loss", "rmse"))
+    assert not any(aggregate.lower_is_better(m, "loss", "min") for m in ("acc", "miou", "acc_pgd_eps0.02"))
