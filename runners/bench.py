@@ -21,6 +21,7 @@ from common.timing import interleaved_seconds
 
 SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def make_inputs(shape, variant: str, device: str, dtype=torch.float32, seed: int = 0):
@@ -49,9 +50,10 @@ def step(variant: str, q, k, v, fold, prev, naive: bool = False) -> None:
     out.sum().backward()
 
 
-def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1) -> dict[str, float]:
+def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
+                  dtype=torch.float32) -> dict[str, float]:
     """Median seconds per forward+backward of each variant, interleaved (``common.timing``)."""
-    inputs = {v: make_inputs(shape, v, device) for v in variants}
+    inputs = {v: make_inputs(shape, v, device, dtype) for v in variants}
     return interleaved_seconds({v: partial(step, v, *inputs[v]) for v in variants}, repeats, device, warmup)
 
 
@@ -60,9 +62,9 @@ def _status_mb(field: str) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
 
-def peak_memory_mb(shape, variant: str, naive: bool, device: str) -> float:
+def peak_memory_mb(shape, variant: str, naive: bool, device: str, dtype=torch.float32) -> float:
     """Peak memory of one forward+backward above what the process held just before it."""
-    inputs = make_inputs(shape, variant, device)
+    inputs = make_inputs(shape, variant, device, dtype)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -75,8 +77,8 @@ def peak_memory_mb(shape, variant: str, naive: bool, device: str) -> float:
     return _status_mb("VmHWM") - base
 
 
-def _memory_in_child(shape, variant: str, naive: bool, device: str) -> float:
-    cmd = [sys.executable, "-m", "runners.bench", "--_memory", json.dumps([list(shape), variant, naive, device])]
+def _memory_in_child(shape, variant: str, naive: bool, device: str, dtype: str) -> float:
+    cmd = [sys.executable, "-m", "runners.bench", "--_memory", json.dumps([list(shape), variant, naive, device, dtype])]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         return float("nan")
@@ -89,31 +91,34 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--long", default="1,4,16384,64", help="shape of the memory measurement")
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="of q, k, v and the variants' scales (bfloat16: what an accelerator trains in)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._memory:
-        shape, variant, naive, device = json.loads(args._memory)
-        print(peak_memory_mb(tuple(shape), variant, naive, device))
+        shape, variant, naive, device, dtype = json.loads(args._memory)
+        print(peak_memory_mb(tuple(shape), variant, naive, device, DTYPES[dtype]))
         return 0
 
     shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
     long = tuple(int(x) for x in args.long.split(","))
     names = [SDPA, *VARIANTS]
-    result = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    dtype = DTYPES[args.dtype]
+    result = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "repeats": args.repeats, "long_shape": long, "shapes": {}}
     for shape in shapes:
-        times = time_variants(shape, names, args.device, args.repeats)
+        times = time_variants(shape, names, args.device, args.repeats, dtype=dtype)
         result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
                                              "ratio": {v: times[v] / times[SDPA] for v in VARIANTS}}
-    memory = {"standard": _memory_in_child(long, "standard", False, args.device),
-              "quest": _memory_in_child(long, "quest", False, args.device)}
+    memory = {"standard": _memory_in_child(long, "standard", False, args.device, args.dtype),
+              "quest": _memory_in_child(long, "quest", False, args.device, args.dtype)}
     if not args.no_naive:
-        memory["quest (naive explicit softmax)"] = _memory_in_child(long, "quest", True, args.device)
+        memory["quest (naive explicit softmax)"] = _memory_in_child(long, "quest", True, args.device, args.dtype)
     result["memory_mb"] = memory
 
-    print(f"forward+backward on {args.device} ({result['threads']} threads), float32, median of {args.repeats}, "
+    print(f"forward+backward on {args.device} ({result['threads']} threads), {args.dtype}, median of {args.repeats}, "
           "time over plain SDPA on the same q, k, v")
     columns = list(result["shapes"])
     print(f"{'variant':18s}" + "".join(f"{c:>18s}" for c in columns))
@@ -122,7 +127,8 @@ def main(argv: list[str]) -> int:
         print(f"{v:18s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
     print(f"\nmemory of one forward+backward above the memory held before it, {list(long)}:")
     for name, mb in memory.items():
-        print(f"  {name:32s} {mb:10.1f} MB  ({mb / memory['standard']:.2f}× standard)")
+        share = f"  ({mb / memory['standard']:.2f}× standard)" if memory["standard"] > 0 else ""
+        print(f"  {name:32s} {mb:10.1f} MB{share}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

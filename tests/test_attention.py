@@ -344,6 +344,12 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
     memory = result["memory_mb"]
     assert memory["quest (naive explicit softmax)"] > 2 * memory["quest"] and memory["quest"] < 100
     assert "× standard" in capsys.readouterr().out
+    # bfloat16, what an accelerator would train in: every variant runs its forward+backward in it
+    assert bench(["--shapes", "2,2,16,8", "--long", "1,2,64,8", "--repeats", "1", "--dtype", "bfloat16", "--no-naive",
+                  "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "bfloat16" and set(result["shapes"]["[2, 2, 16, 8]"]["ratio"]) == set(VARIANTS)
+    assert "bfloat16" in capsys.readouterr().out
 
 
 def test_uniform_ablation_averages_the_visible_values():
