@@ -103,6 +103,42 @@ def test_l2_normalize_gradient_and_zero_vectors():
     assert torch.equal(y, torch.zeros(2, 3)) and torch.isfinite(zero.grad).all()
 
 
+def _head_split(layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """A [B, H, N, D] leaf's view in the layouts attention meets: contiguous, the transposed [B, N, H, D] a
+    projection gives, and one of three chunks of a fused q/k/v projection (rows not dense in memory)."""
+    if layout == "contiguous":
+        return torch.randn(B, H, N, D, dtype=dtype)
+    if layout == "projection":
+        return torch.randn(B, N, H, D, dtype=dtype).transpose(1, 2)
+    return torch.randn(B, N, 3 * H * D, dtype=dtype).chunk(3, -1)[1].unflatten(-1, (H, D)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "projection", "packed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_cpu_normalisation_is_the_formula(layout, dtype):
+    """On CPU l2_normalize runs PyTorch's fused weight-norm kernels; everywhere else (and under torch.func) the
+    written-out formula: both give the same values and gradients, for the input, a per-head gain, rows
+    shorter than eps and all-zero rows."""
+    from common.attention import _L2Normalize
+
+    x = _head_split(layout, dtype)
+    with torch.no_grad():
+        x[0, 0, 0] = 0  # padding
+        x[0, 1, 2] *= 1e-8  # below eps: linear, x · g / eps
+    gain = torch.rand(H, 1, 1) + 0.5
+    grad = torch.randn(B, H, N, D, dtype=dtype)
+    results = []
+    for normalize in (l2_normalize, lambda x, eps, gain: _L2Normalize.apply(x, gain, eps)[0]):
+        leaves = (x.detach().clone().requires_grad_(), gain.clone().requires_grad_())
+        out = normalize(leaves[0], 1e-6, gain=leaves[1]) if normalize is l2_normalize else normalize(*leaves[:1], 1e-6, leaves[1])
+        results.append((out, *torch.autograd.grad(out, leaves, grad)))
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for got, want in zip(*results):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, **tol)
+    assert torch.equal(results[0][0][0, 0, 0], torch.zeros(D, dtype=dtype))
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_zero_padded_keys_and_fully_padded_rows_stay_finite(variant):
     q, k, v = (torch.randn(B, H, N, D, requires_grad=True) for _ in range(3))
@@ -350,6 +386,18 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
     result = json.loads(out.read_text())
     assert result["dtype"] == "bfloat16" and set(result["shapes"]["[2, 2, 16, 8]"]["ratio"]) == set(VARIANTS)
     assert "bfloat16" in capsys.readouterr().out
+    assert bench(["--shapes", "2,2,16,8", "--long", "1,2,64,8", "--repeats", "1", "--layout", "contiguous",
+                  "--no-naive", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["layout"] == "contiguous"
+
+
+def test_bench_inputs_are_laid_out_as_the_attention_module_gives_them():
+    from runners.bench import make_inputs
+
+    mha = MultiheadAttention(H * D, H)
+    x = torch.randn(B, N, H * D)
+    for want, got in zip(mha._project(x, x, x), make_inputs((B, H, N, D), "quest", "cpu").qkv()):
+        assert got.shape == want.shape and got.stride() == want.stride()
 
 
 def test_uniform_ablation_averages_the_visible_values():

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchmetrics.classification import MulticlassAccuracy
 
-from common.attention import MultiheadAttention
+from common.attention import MultiheadAttention, formula_normalization
 from common.task import Task
 
 # variant -> the variant it computes in this one-layer model (the per-head gain only with one head)
@@ -72,8 +72,9 @@ class RetrievalNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # SDPA's math kernel: on 8 tokens it costs less than the fused kernels' set-up, and under vmap
-        # (runners.ensemble) it batches over runs, where a fused kernel would be called once per run.
-        with sdpa_kernel(SDPBackend.MATH):
+        # (runners.ensemble) it batches over runs, where a fused kernel would be called once per run. The
+        # normalisation formula is the one vmap runs, so that a run trained alone is the run trained there.
+        with sdpa_kernel(SDPBackend.MATH), formula_normalization():
             out, _ = self.attn(x)
         return self.readout(out).mean(1)
 
