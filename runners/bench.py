@@ -12,6 +12,7 @@ peak does not count), on a GPU ``torch.cuda.max_memory_allocated`` above what th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,10 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.attention import VARIANTS, QKFold, attend, elliptical_metric, get_variant
+from common.attention import VARIANTS, QKFold, attend, elliptical_metric, formula_normalization, get_variant, l2_normalize
 from common.timing import interleaved_seconds
 
 SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
+# Where a normalising variant's extra time goes: the key normalisation alone, forward+backward, as
+# ``l2_normalize`` runs it on the device (CPU: the fused weight-norm kernels) and as the written-out formula.
+NORMALISATIONS = {"normalise k": contextlib.nullcontext, "normalise k (formula)": formula_normalization}
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,11 +92,24 @@ def step(variant: str, inputs: Inputs, naive: bool = False) -> None:
         out.backward(inputs.grad)
 
 
+def normalise_keys(inputs: Inputs, context) -> None:
+    """Forward+backward of the key normalisation alone."""
+    with context():
+        out = l2_normalize(inputs.qkv()[1])
+    for leaf in inputs.leaves:
+        leaf.grad = None
+    out.backward(inputs.grad if inputs.grad is not None else torch.ones_like(out))
+
+
 def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
                   dtype=torch.float32, layout: str = "projection") -> dict[str, float]:
-    """Median seconds per forward+backward of each variant, interleaved (``common.timing``)."""
+    """Median seconds per forward+backward of each variant and of the key normalisation alone
+    (``NORMALISATIONS``), interleaved (``common.timing``)."""
     inputs = {v: make_inputs(shape, v, device, dtype, layout=layout) for v in variants}
-    return interleaved_seconds({v: partial(step, v, inputs[v]) for v in variants}, repeats, device, warmup)
+    jobs = {v: partial(step, v, inputs[v]) for v in variants}
+    keys = make_inputs(shape, SDPA, device, dtype, layout=layout)
+    jobs.update({name: partial(normalise_keys, keys, context) for name, context in NORMALISATIONS.items()})
+    return interleaved_seconds(jobs, repeats, device, warmup)
 
 
 def _status_mb(field: str) -> float:
@@ -153,7 +170,8 @@ def main(argv: list[str]) -> int:
     for shape in shapes:
         times = time_variants(shape, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
         result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
-                                             "ratio": {v: times[v] / times[SDPA] for v in VARIANTS}}
+                                             "ratio": {v: times[v] / times[SDPA] for v in VARIANTS},
+                                             "normalisation": {n: times[n] / times[SDPA] for n in NORMALISATIONS}}
     measure = partial(_memory_in_child, long, device=args.device, dtype=args.dtype, layout=args.layout)
     memory = {"standard": measure("standard", False), "quest": measure("quest", False)}
     if not args.no_naive:
@@ -163,10 +181,12 @@ def main(argv: list[str]) -> int:
     print(f"forward+backward on {args.device} ({result['threads']} threads), {args.dtype}, q/k/v layout "
           f"{args.layout}, median of {args.repeats}, time over plain SDPA on the same q, k, v")
     columns = list(result["shapes"])
-    print(f"{'variant':18s}" + "".join(f"{c:>18s}" for c in columns))
-    print(f"{'sdpa (ms)':18s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
+    print(f"{'variant':22s}" + "".join(f"{c:>18s}" for c in columns))
+    print(f"{'sdpa (ms)':22s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
     for v in VARIANTS:
-        print(f"{v:18s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
+        print(f"{v:22s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
+    for n in NORMALISATIONS:
+        print(f"{n:22s}" + "".join(f"{result['shapes'][c]['normalisation'][n]:18.3f}" for c in columns))
     print(f"\nmemory of one forward+backward above the memory held before it, {list(long)}:")
     for name, mb in memory.items():
         share = f"  ({mb / memory['standard']:.2f}× standard)" if memory["standard"] > 0 else ""

@@ -377,6 +377,7 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
     assert list(result["shapes"]) == ["[2, 2, 16, 8]", "[1, 2, 32, 8]"]
     for timing in result["shapes"].values():
         assert set(timing["ratio"]) == set(VARIANTS) and all(r > 0 for r in timing["ratio"].values())
+        assert set(timing["normalisation"]) == {"normalise k", "normalise k (formula)"}
     memory = result["memory_mb"]
     assert memory["quest (naive explicit softmax)"] > 2 * memory["quest"] and memory["quest"] < 100
     assert "× standard" in capsys.readouterr().out
