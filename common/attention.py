@@ -131,7 +131,7 @@ _fused_allowed = contextvars.ContextVar("fused_normalization", default=True)
 def l2_normalize(x: Tensor, eps: float = 1e-6, gain: Tensor | None = None) -> Tensor:
     """Normalise the last dimension, times ``gain`` (broadcasting against [..., 1]) if given; all-zero
     (padding) vectors stay zero instead of NaN."""
-    if (x.device.type == "cpu" and x.dtype in _FUSED_DTYPES and _fused_allowed.get()
+    if (x.device.type == "cpu" and x.dtype in _FUSED_DTYPES and x.numel() and _fused_allowed.get()
             and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()):
         return _FusedRowNormalize.apply(x, gain, eps)
     return _L2Normalize.apply(x, gain, eps)[0]

@@ -101,6 +101,9 @@ def test_l2_normalize_gradient_and_zero_vectors():
     y = l2_normalize(zero)
     y.sum().backward()
     assert torch.equal(y, torch.zeros(2, 3)) and torch.isfinite(zero.grad).all()
+    empty = torch.randn(0, 3, 5, requires_grad=True)  # no rows: the fused CPU kernels would divide by zero
+    l2_normalize(empty).sum().backward()
+    assert empty.grad.shape == empty.shape
 
 
 def _head_split(layout: str, dtype: torch.dtype) -> torch.Tensor:
