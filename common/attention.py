@@ -79,7 +79,7 @@ class _FusedRowNormalize(torch.autograd.Function):
     """The same map on CPU, through PyTorch's fused weight-norm kernels (``torch._weight_norm_interface`` and
     its backward, with ``dim=0`` on x's rows): each takes a row's norm and rescales it in one sweep, where the
     formula above needs a reduction and broadcasts that are slow on rows of 16 to 64 numbers (``quest bench``'s
-    "normalise k" rows: 2.3-2.9x faster forward+backward at its two short shapes). The kernels have no eps:
+    "normalise k" rows: 2.5-2.9x faster forward+backward at its two short shapes). The kernels have no eps:
     a row at or below it would come out as 0/0, so those rows (padding) are rewritten by the formula after,
     on a check that costs one comparison per row. That check is a data-dependent branch, which is why
     ``l2_normalize`` keeps this path off GPUs (it would wait for the device), ``torch.compile`` and ``torch.func``
