@@ -20,8 +20,9 @@ discover("domains")  # the project's own domains; plugins add theirs through the
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
-# Keys that change where or how loudly a run goes, not what it computes: left out of the run's hash.
-UNHASHED = ("output_dir", "cache_dir", "threads", "trainer.enable_progress_bar", "logging")
+# Keys that change where or how loudly a run goes, not what it computes (``normalization``: the same map, another
+# kernel, equal to float rounding): left out of the run's hash.
+UNHASHED = ("output_dir", "cache_dir", "threads", "normalization", "trainer.enable_progress_bar", "logging")
 
 
 def _load(path: Path, what: str) -> DictConfig:

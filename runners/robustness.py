@@ -24,7 +24,7 @@ from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
 from runners.config import ConfigError, apply_override, parse_overrides
 from runners.restore import restore
-from runners.train import torch_threads
+from runners.train import normalization, torch_threads
 
 ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
                    "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
@@ -47,7 +47,7 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     """Evaluate one run and write the result into its record; returns the result."""
     run_dir, checkpoint, cfg = load_config(path, list(overrides))
     record = read_record(run_dir)
-    with torch_threads(cfg.get("threads")):  # the run's own setting: a sweep worker's share of the cores
+    with torch_threads(cfg.get("threads")), normalization(cfg):  # the run's own settings (threads: a worker's share)
         run = restore(run_dir, checkpoint, cfg)
         if not isinstance(run.task, ClassificationTask):
             raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from common.attention import formula_normalization
 from common.callbacks import DivergenceCallback, ProbeCallback
 from common.errors import ConfigError, DataError
 from common.records import SCHEMA_VERSION, write_record
@@ -50,7 +51,7 @@ def train(args: list[str]) -> dict:
 def run(cfg: DictConfig) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
     console.quiet()
-    with torch_threads(cfg.threads):
+    with torch_threads(cfg.threads), normalization(cfg):
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         batch = check_settings(cfg)
@@ -75,6 +76,15 @@ def run(cfg: DictConfig) -> dict:
         if writes:
             save_record(run_dir, record)
         return record
+
+
+def normalization(cfg: DictConfig) -> AbstractContextManager:
+    """How ``common.attention.l2_normalize`` runs inside the block: ``fused`` (PyTorch's fused kernels on CPU,
+    the formula elsewhere) or ``formula`` everywhere, as every run recorded before the fused kernels did."""
+    choice = cfg.get("normalization", "fused")
+    if choice not in ("fused", "formula"):
+        raise ConfigError(f"normalization must be fused or formula, not {choice!r}")
+    return formula_normalization() if choice == "formula" else nullcontext()
 
 
 @contextmanager

@@ -31,6 +31,7 @@ def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
         "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",
         "trainer=3": "config key 'trainer' (command line) is a section",
         "novalue": "override 'novalue' is not of the form key=value",
+        "normalization=fast": "normalization must be fused or formula, not 'fast'",
     }
     for arg, message in cases.items():
         assert cli(["train", "domain=toy", arg, *run_args]) == 2
@@ -55,6 +56,22 @@ def test_run_directory_depends_on_config_not_clock_or_output_flags(toy_domain, t
     c = compose(["domain=toy", "seed=1", f"output_dir={tmp_path}", "optim.lr=0.1"])
     assert run_directory(a) == run_directory(b) != run_directory(c)
     assert run_directory(a).parent.name == "quest" and run_directory(a).name.startswith("seed1-")
+
+
+def test_normalization_setting_picks_the_kernel_not_the_run(toy_domain, tmp_path, monkeypatch):
+    """normalization=formula runs the written-out formula (as runs recorded before the fused CPU kernels did),
+    the default the fused kernels; both are the same run, so one directory."""
+    from common import attention
+
+    fused_calls = []
+    apply = attention._FusedRowNormalize.apply
+    monkeypatch.setattr(attention._FusedRowNormalize, "apply", lambda *args: fused_calls.append(1) or apply(*args))
+    args = ["domain=toy", "attention=quest", "trainer.enable_progress_bar=false"]
+    train([*args, "normalization=formula", f"output_dir={tmp_path}/a"])
+    assert not fused_calls
+    train([*args, f"output_dir={tmp_path}/b"])
+    assert fused_calls
+    assert run_directory(compose([*args, "normalization=formula"])) == run_directory(compose(args))
 
 
 def test_same_seed_same_metrics(toy_domain, tmp_path):
