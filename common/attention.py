@@ -114,7 +114,7 @@ class _FusedRowNormalize(torch.autograd.Function):
         if small.numel():  # below eps the map is linear, x · g / eps: nothing to project out
             grad_x[small] = grad_rows[small] * (gains[small] / eps)
         grad_gain = None
-        if ctx.gain is not None:
+        if ctx.gain is not None and ctx.needs_input_grad[1]:
             shape, dtype = ctx.gain
             grad_gain = grad_gains.view(*ctx.shape[:-1], 1).permute(unorder).sum_to_size(shape).to(dtype)
         return grad_x.view(ctx.shape).permute(unorder), grad_gain, None
@@ -141,7 +141,8 @@ def l2_normalize(x: Tensor, eps: float = 1e-6, gain: Tensor | None = None) -> Te
 def formula_normalization():
     """Normalise with the written-out formula even where the fused CPU kernels would run. The two agree to
     float rounding, not to the bit: a model trained both alone and under ``torch.func.vmap`` (where only the
-    formula runs, ``runners.ensemble``) asks for it so that both give the same run."""
+    formula runs, ``runners.ensemble``) asks for it so that both give the same run, and a run's
+    ``normalization=formula`` setting reproduces runs recorded before the fused kernels."""
     token = _fused_allowed.set(False)
     try:
         yield
