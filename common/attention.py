@@ -90,8 +90,9 @@ class _FusedRowNormalize(torch.autograd.Function):
         # Rows in memory order (x is often a head-split view of a projection) so that [rows, d] is a view, or
         # at most one copy, and every per-row factor lines up with its row.
         order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i)) + [x.dim() - 1]
-        shape = x.permute(order).shape
-        rows = x.permute(order).reshape(-1, x.shape[-1]).contiguous()
+        ordered = x.permute(order)
+        shape = ordered.shape
+        rows = ordered.reshape(-1, x.shape[-1]).contiguous()
         if gain is None:
             gains = torch.ones(rows.shape[0], 1, dtype=x.dtype, device=x.device)
         else:

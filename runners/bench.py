@@ -5,9 +5,9 @@ head-split views of one [B, N, 3·H·d] projection, with the gradient its output
 the backward includes the split's (the same for every variant); ``--layout contiguous`` times separate
 contiguous [B, H, N, d] tensors and the gradient of ``out.sum()`` instead. Also the memory of one
 forward+backward of quest vs standard vs a naive explicit softmax at a long sequence, each in a fresh child
-process: on CPU the peak resident memory above
-the resident memory just before the call (the kernel's high-water mark is reset first, so the imports'
-peak does not count), on a GPU ``torch.cuda.max_memory_allocated`` above what the inputs hold.
+process: on CPU the peak resident memory above the resident memory just before the call (the kernel's
+high-water mark is reset first, so the imports' peak does not count), on a GPU
+``torch.cuda.max_memory_allocated`` above what the inputs hold.
 """
 from __future__ import annotations
 
@@ -33,9 +33,7 @@ SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
 NORMALISATIONS = {"normalise k": contextlib.nullcontext, "normalise k (formula)": formula_normalization}
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-LAYOUTS = ("projection", "contiguous")
+LAYOUTS = ("projection", "contiguous")  # q, k, v as MultiheadAttention gives them, or separate contiguous tensors
 
 
 @dataclass
