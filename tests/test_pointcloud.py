@@ -14,6 +14,7 @@ from domains.pointcloud import build
 from domains.pointcloud.data import PointCloudDataModule, drop_points, folder_splits
 from domains.pointcloud.model import PointCloudTask, farthest_point_sample, gather_points, knn
 from domains.pointcloud.shapes import SHAPES, generate_shapes
+from runners.cli import main as cli
 from runners.config import build_config, compose
 
 
@@ -106,6 +107,22 @@ def test_folder_without_splits_and_bad_roots(tmp_path):
     o3d.io.write_triangle_mesh(str(flat / "a.off"), o3d.geometry.TriangleMesh.create_box())
     with pytest.raises(DataError, match="ModelNet layout"):
         PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "flat"), tmp_path / "c2")
+
+
+def train_on(tmp_path, *overrides) -> int:
+    """``quest train`` of the point-cloud smoke preset, its outputs and cache in ``tmp_path``."""
+    return cli(["train", "domain=pointcloud", "preset=smoke", "data.num_points=64", *overrides,
+                f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"])
+
+
+@pytest.mark.parametrize("dataset", ["folder", "modelnet"])
+def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys, dataset):
+    file = tmp_path / "y.txt"
+    file.write_text("not a folder")
+    assert train_on(tmp_path, f"data.dataset={dataset}", f"data.root={file}") == 2
+    err = capsys.readouterr().err
+    assert f"data.root {file} is a file; dataset {dataset!r} needs a folder" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
 
 
 def clouds(dm) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ from common.task import perturbation_generator
 from domains.speech import build, network
 from domains.speech.data import SpeechDataModule, espeak_dataset, speech_commands_splits
 from domains.speech.model import ConformerEncoder, KeywordTask, add_noise
+from runners.cli import main as cli
 from runners.config import build_config, compose
 
 
@@ -107,6 +108,17 @@ def test_speech_commands_layout_splits_and_bad_files(tmp_path, caplog):
     (tmp_path / "testing_list.txt").unlink()
     with pytest.raises(DataError, match="testing_list.txt"):
         speech_commands_splits(speech_commands(tmp_path), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("dataset", ["folder", "speech_commands"])
+def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys, dataset):
+    file = tmp_path / "y.txt"
+    file.write_text("not a folder")
+    assert cli(["train", "domain=speech", "preset=smoke", f"data.dataset={dataset}", f"data.root={file}",
+                f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.root {file} is a file; dataset {dataset!r} needs a folder" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_class_folder_tree_takes_its_classes_from_its_folders(tmp_path):

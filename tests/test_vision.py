@@ -36,6 +36,7 @@ from domains.vision.data import (
     train_transform,
 )
 from domains.vision.model import binary_targets, mix_batch
+from runners.cli import main as cli
 from runners.config import build_config, compose
 
 
@@ -170,6 +171,16 @@ def test_imagefolder_errors(tmp_path, cache_dir):
     (tmp_path / "tree" / "dog").mkdir()
     with pytest.raises(DataError, match="dog"):  # a class folder without images
         build(config(cache_dir, "data.dataset=imagefolder", f"data.root={tmp_path}/tree"))
+
+
+def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys):
+    file = tmp_path / "y.txt"
+    file.write_text("not a folder")
+    assert cli(["train", "domain=vision", "preset=smoke", "data.dataset=imagefolder", f"data.root={file}",
+                f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.root {file} is a file; dataset 'imagefolder' needs a folder" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_mix_batch_soft_targets():

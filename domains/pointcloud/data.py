@@ -208,7 +208,10 @@ def _root(data: dict) -> Path:
     if root is None or not Path(root).expanduser().exists():
         raise DataError(f"dataset {data['dataset']!r} needs data.root, an existing folder of class folders "
                         f"(got {root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
-    return Path(root).expanduser()
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs a folder of class folders")
+    return root
 
 
 def _sampled(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:

@@ -102,10 +102,14 @@ def _words(data: dict, key: str) -> list[str] | None:
     return words
 
 
-def _root(data: dict) -> Path:
+def _root(data: dict, what: str) -> Path:
+    """``data.root``, an existing folder (``what`` names it when it does not exist)."""
     if data["root"] is None:
         raise DataError(f"data.root is required for dataset {data['dataset']!r}")
-    return Path(data["root"])
+    root = require_path(data["root"], what)
+    if not root.is_dir():
+        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs a folder of class folders")
+    return root
 
 
 def _keep_classes(items: Items, names: list[str], wanted: list[str] | None, key: str,
@@ -124,7 +128,7 @@ def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
     """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
     and ``testing_list.txt`` naming the held-out files (its shipped split); everything else trains.
     ``_background_noise_`` is not a word (``class_folder_files`` skips folders starting with an underscore)."""
-    root = require_path(_root(data), "Speech Commands root")
+    root = _root(data, "Speech Commands root")
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
@@ -142,7 +146,7 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
     """Any ``<class>/<file>`` audio tree at ``data.root`` with its classes from its folders (``data.classes``
     keeps some): split folders as shipped (``<root>/{train,val,test}/<class>/``), or one tree split by
     ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
-    root = require_path(_root(data), "audio folder")
+    root = _root(data, "audio folder")
     fractions = (1.0 - data["val_fraction"] - data["test_fraction"], data["val_fraction"], data["test_fraction"])
     seed, pattern, wanted = data["split_seed"], data["group_pattern"], _words(data, "classes")
     if split_folders(root):

@@ -156,6 +156,9 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
     if data["root"] is None:
         raise DataError("data.dataset=imagefolder needs data.root=<folder of class folders, or with train/ and val/>")
     root = require_path(data["root"])
+    if not root.is_dir():
+        raise DataError(f"data.root {root} is a file; dataset 'imagefolder' needs a folder of class folders, "
+                        "or with train/ and val/")
     seed, pattern = data["split_seed"], data["group_pattern"]
     if split_folders(root):
         found, classes = class_folder_splits(root, IMAGE_EXTENSIONS)
