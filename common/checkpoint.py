@@ -7,10 +7,17 @@ variant learns weights for its own attention logits, so a comparison of variants
 its own pre-training. ``load_encoder`` copies the tensors under some module names (the encoder) into a
 model and refuses anything but an exact match of names and shapes there. Both raise ``ConfigError`` with
 a one-line message naming the config key that pointed at the run.
+
+A checkpoint is data, never code: ``read_checkpoint`` is the one way the project reads one, with
+``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and refuses any other
+object instead of calling it. A Lightning checkpoint of this project holds nothing else: its loop and
+callback states are dicts, lists, numbers and strings, and its tasks save no hyper-parameters (the run's
+``config.yaml`` holds them), so no class needs allowing.
 """
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +59,12 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{key}: {run_dir} is not a run directory (no config.yaml beside checkpoints/)")
-    config = OmegaConf.load(config_path)
+    try:
+        config = OmegaConf.load(config_path)
+    except Exception as err:  # truncated, not YAML, or not a mapping
+        raise ConfigError(f"{key}: {config_path} is not a readable run config ({_first_line(err)})") from None
+    if not isinstance(config, DictConfig) or not isinstance(config.get("domain"), str):
+        raise ConfigError(f"{key}: {config_path} is not a run config (no domain: key)")
     if domain is not None and config.get("domain") != domain:
         raise ConfigError(f"{key}: {run_dir} is a {config.get('domain')!r} run, not a {domain!r} run")
     return run_dir, checkpoint, config
@@ -66,13 +78,30 @@ def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> Finish
     if trained != variant:
         raise ConfigError(f"{key}: {run_dir} trained attention variant {trained!r}, this run uses {variant!r}; "
                           f"start each variant from a run of its own")
-    try:
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
-    except Exception as err:  # truncated file, not a Lightning checkpoint, pickled objects
-        raise ConfigError(f"{key}: {checkpoint} is not a readable Lightning checkpoint "
-                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+    saved = read_checkpoint(checkpoint, key=key)["state_dict"]
     state = {name.removeprefix("net."): tensor for name, tensor in saved.items() if name.startswith("net.")}
     return FinishedRun(config, checkpoint, state)
+
+
+def read_checkpoint(path: Path, *, key: str) -> dict:
+    """The contents of the Lightning checkpoint at ``path``, unpickling nothing but tensors and plain
+    containers; a file that is truncated, not a checkpoint, or holds any other object (which a crafted file
+    would have run as code) is a ``ConfigError`` naming it."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only met an object it will not build
+        raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers; refused, "
+                          "since loading them would run code") from None
+    except Exception as err:  # truncated, empty, not a torch file
+        raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint ({_first_line(err)})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
+        raise ConfigError(f"{key}: {path} is not a Lightning checkpoint (no state_dict)")
+    return saved
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def under(names, parts: tuple[str, ...]) -> list[str]:

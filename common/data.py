@@ -4,6 +4,7 @@ cache for generated or featurised datasets (keyed by ``short_hash``), the MNIST 
 on, and the ``SplitDataModule`` every datamodule derives from."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -213,9 +214,17 @@ def class_folder_splits(root: Path, extensions: Iterable[str]) -> tuple[dict[str
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj, path)`` through a temporary file beside it, so a reader never sees half a file; a
+    folder that cannot be written is the user's to fix (``cache_dir``), named in one line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:
+        if err.errno not in UNWRITABLE:
+            raise
+        raise DataError(f"cannot write the cache file {path} ({err.strerror}); point cache_dir= at a writable "
+                        "folder") from None
     os.close(fd)
     try:
         torch.save(obj, tmp)
@@ -225,17 +234,29 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             os.unlink(tmp)
 
 
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)  # a folder the user gave
+
+
 def cached(path: str | Path, build: Callable[[], Any]) -> Any:
-    """``torch.load(path)`` if it exists, else ``build()`` saved there atomically (so concurrent runs
-    never read half a file). Delete the file to rebuild."""
+    """What ``build()`` returns, kept at ``path``: read back when the file is there, else built and saved
+    atomically (so concurrent runs never read half a file). Delete the file to rebuild.
+
+    A cache folder may be shared (a cluster's), so its files are data, never code: they hold tensors and
+    plain containers only, are read with ``weights_only=True``, and carry the file's own name as their key
+    (the callers' names hold a hash of what went into them). A file that does not load, or whose key is
+    another file's, is rebuilt with a logged line, never trusted."""
     path = Path(path)
     if path.exists():
         try:
-            return torch.load(path, weights_only=False)
-        except Exception as err:  # a truncated cache from a killed run: rebuild it
-            log.warning("rebuilding unreadable cache %s (%s)", path, type(err).__name__)
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(saved, dict) and saved.get("key") == path.name and "value" in saved:
+                return saved["value"]
+            problem = "made for another key"
+        except Exception as err:  # truncated by a killed run, an older format, or objects other than tensors
+            problem = f"unreadable: {type(err).__name__}"
+        log.warning("rebuilding the cache %s (%s)", path, problem)
     obj = build()
-    atomic_save(obj, path)
+    atomic_save({"key": path.name, "value": obj}, path)
     return obj
 
 

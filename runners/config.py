@@ -1,9 +1,15 @@
 """Compose and validate a run's config: base <- domain <- preset <- attention variant <- overrides.
 
-The keys of base.yaml and the domain file are the schema: a key outside it, or a value whose type
-differs from the default's, is a one-line ``ConfigError`` naming the key and what is allowed.
+The keys of base.yaml and the domain file are the schema: a key outside it, a value whose type differs
+from the default's there (not from whatever a preset set it to), or one outside its range in
+``configs/ranges.yaml``, is a one-line ``ConfigError`` naming the key and what is allowed.
 ``attention=<name>`` takes any variant of ``common.attention.VARIANTS``; a variant that carries
 settings of its own may add ``configs/attention/<name>.yaml``, applied after the preset.
+
+Values from the command line and sweep files are data. A value is read as YAML (numbers, lists, null)
+except where the schema or the reading says it is a string, which is then taken as typed (a path may hold
+`` #``); and a ``${...}`` in it is refused, since OmegaConf would resolve it, and ``oc.env`` reads the
+environment into the config and the run's record.
 """
 from __future__ import annotations
 
@@ -34,20 +40,53 @@ def _load(path: Path, what: str) -> DictConfig:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
 
 
-def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, Any]]]:
-    """Split ``key=value`` arguments into group choices (domain, preset, attention) and dotted overrides."""
+def refuse_interpolation(value: Any, where: str) -> None:
+    """A ``ConfigError`` if a string in ``value`` (scalar, list or mapping, keys included) holds ``${``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            refuse_interpolation(key, where)
+            refuse_interpolation(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            refuse_interpolation(item, where)
+    elif isinstance(value, str) and "${" in value:
+        raise ConfigError(f"{where}: {value!r} holds an interpolation ${{...}}; values given on the command line "
+                          "or in a sweep file are data and are not resolved")
+
+
+class Text(str):
+    """A value as typed on the command line, read once the schema says which type its key takes."""
+
+
+def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, Text]]]:
+    """Split ``key=value`` arguments into group choices (domain, preset, attention) and dotted overrides,
+    whose values stay the ``Text`` typed (``apply_override`` reads them by the key's type)."""
     groups, dotted = {}, []
     for arg in args:
         key, sep, raw = arg.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {arg!r} is not of the form key=value")
-        value = OmegaConf.from_dotlist([f"v={raw}"]).v if raw else ""
-        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-        if key in GROUPS and not isinstance(value, (dict, list)) and value is not None:
-            groups[key] = str(value)
+        refuse_interpolation(raw, key)
+        if key in GROUPS:
+            groups[key] = raw
         else:
-            dotted.append((key, value))
+            dotted.append((key, Text(raw)))
     return groups, dotted
+
+
+def read_text(key: str, raw: str, default: Any) -> Any:
+    """The value of ``raw`` for a key whose schema default is ``default``: YAML, but a string as typed
+    (YAML would cut a path at `` #``); quotes make a string of anything."""
+    if raw == "":
+        return ""
+    try:
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    except Exception as err:  # unbalanced brackets, a stray colon
+        raise ConfigError(f"config key {key!r}: cannot read {raw!r} ({str(err).splitlines()[0]})") from None
+    quoted = len(raw) > 1 and raw[0] == raw[-1] and raw[0] in "'\""
+    if value is not None and not quoted and (isinstance(default, str) or isinstance(value, str)):
+        return str(raw)
+    return value
 
 
 def _type_ok(default: Any, value: Any) -> bool:
@@ -60,7 +99,10 @@ def _type_ok(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def apply_override(schema: DictConfig, key: str, value: Any, source: str) -> None:
+def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: DictConfig | None = None) -> None:
+    """Set ``key`` of ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against
+    ``schema`` (default: ``cfg``): the key must be there, and the value of its default's type."""
+    schema = cfg if schema is None else schema
     node, parts = schema, key.split(".")
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "top level"
@@ -70,20 +112,35 @@ def apply_override(schema: DictConfig, key: str, value: Any, source: str) -> Non
         if depth < len(parts) - 1:
             node = node[part]
     default = OmegaConf.to_container(node, resolve=False)[parts[-1]] if isinstance(node, DictConfig) else None
+    if isinstance(value, Text):
+        value = read_text(key, value, default)
     if isinstance(default, dict):
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. {key}.{next(iter(default), 'x')}=...")
         for sub, sub_value in value.items():
-            apply_override(schema, f"{key}.{sub}", sub_value, source)
+            apply_override(cfg, f"{key}.{sub}", sub_value, source, schema)
         return
     if not _type_ok(default, value):
         raise ConfigError(f"config key {key!r} ({source}) expects {type(default).__name__} like {default!r}, got {value!r}")
-    OmegaConf.update(schema, key, value, merge=False)
+    OmegaConf.update(cfg, key, value, merge=False)
 
 
-def _apply(schema: DictConfig, update: dict, source: str) -> None:
+def _apply(cfg: DictConfig, update: dict, source: str, schema: DictConfig) -> None:
     for key, value in update.items():
-        apply_override(schema, str(key), value, source)
+        apply_override(cfg, str(key), value, source, schema)
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Each key of ``configs/ranges.yaml`` that ``cfg`` has, set to a number, within its range."""
+    for key, bounds in OmegaConf.to_container(_load(CONFIG_DIR / "ranges.yaml", "ranges")).items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low, high, above = bounds.get("min"), bounds.get("max"), bounds.get("above")
+        if (low is not None and value < low) or (high is not None and value > high) or (above is not None and value <= above):
+            allowed = " and ".join(part for part in (f">= {low}" if low is not None else "", f"> {above}" if above is not None
+                                                     else "", f"<= {high}" if high is not None else "") if part)
+            raise ConfigError(f"config key {key!r} must be {allowed}, got {value!r}")
 
 
 def compose(args: list[str]) -> DictConfig:
@@ -97,20 +154,22 @@ def compose(args: list[str]) -> DictConfig:
     presets = domain_cfg.pop("presets", OmegaConf.create({}))
     cfg = OmegaConf.merge(cfg, domain_cfg)
     cfg.domain = name
+    schema = cfg.copy()  # the types every later layer is checked against
 
     preset = groups.get("preset", cfg.preset)
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for domain {name!r}; choose from {', '.join(presets) or '(none)'}")
     cfg.preset = preset
-    _apply(cfg, OmegaConf.to_container(presets[preset]), f"preset {preset}")
+    _apply(cfg, OmegaConf.to_container(presets[preset]), f"preset {preset}", schema)
 
     cfg.attention.variant = variant = groups.get("attention", cfg.attention.variant)
     settings = CONFIG_DIR / "attention" / f"{variant}.yaml"
     if settings.exists():
-        _apply(cfg, OmegaConf.to_container(_load(settings, "attention")), f"attention {variant}")
+        _apply(cfg, OmegaConf.to_container(_load(settings, "attention")), f"attention {variant}", schema)
 
     for key, value in dotted:
-        apply_override(cfg, key, value, "command line")
+        apply_override(cfg, key, value, "command line", schema)
+    check_ranges(cfg)
     _check_choices(cfg)
     try:
         OmegaConf.resolve(cfg)

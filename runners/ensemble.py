@@ -61,7 +61,7 @@ from common.errors import ConfigError, DataError
 from common.records import RECORD_NAME
 from runners import sweep
 from runners.config import compose, config_hash, run_directory
-from runners.sweep import Progress
+from runners.sweep import Progress, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -630,7 +630,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quest ensemble", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=int, default=1, help="processes sharing the chunks and the CPU threads")
+    parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
     parser.add_argument("--members", type=int, default=128, help="most runs trained together (default 128)")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from common.checkpoint import read_checkpoint
 from common.errors import ConfigError
 from common.registry import discover, get_domain
 from runners.config import build_config
@@ -34,7 +35,11 @@ def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None
     except (TypeError, KeyError) as err:  # a setting the domain now takes is missing from an older run's config
         raise ConfigError(f"{run_dir}/config.yaml does not fit this version of the {cfg.domain!r} domain "
                           f"({type(err).__name__}: {err}); rerun the run with this version") from None
-    task.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"])
+    try:
+        task.load_state_dict(read_checkpoint(checkpoint, key="run")["state_dict"])
+    except RuntimeError as err:  # missing, unexpected or reshaped tensors: weights of another model
+        raise ConfigError(f"run: {checkpoint} does not hold this run's model "
+                          f"({str(err).strip().splitlines()[-1].strip()})") from None
     if device is None:
         device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda") else "cpu"
     return Restored(run_dir, checkpoint, cfg, datamodule, task.to(device).eval())

@@ -61,7 +61,7 @@ from common.attention import VARIANTS
 from common.errors import ConfigError, DataError
 from common.records import RECORD_NAME, RecordError, read_record
 from common.registry import domain_names
-from runners.config import CONFIG_DIR, compose, run_directory
+from runners.config import CONFIG_DIR, compose, refuse_interpolation, run_directory
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +78,68 @@ LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_
 
 
 def load_sweep(path: str | Path) -> dict:
+    """The sweep file at ``path`` (or named in ``configs/sweep/``), checked key by key: anything it cannot
+    mean is a one-line ``ConfigError`` naming the file and the key. Its values are data (no ``${...}``)."""
     path = Path(path)
     if not path.exists() and (CONFIG_DIR / "sweep" / f"{path}.yaml").exists():
         path = CONFIG_DIR / "sweep" / f"{path}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"sweep file {path} does not exist")
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} does not exist")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, DictConfig) or not loaded:
+        raise ConfigError(f"{path}: a sweep file is a mapping of sweep keys ({', '.join(sorted(SWEEP_KEYS))}); "
+                          f"this one is {'empty' if not loaded else 'a list'}")
+    spec = OmegaConf.to_container(loaded, resolve=False)
+    for key, value in spec.items():
+        refuse_interpolation(value, f"{path}: {key}")
     unknown = set(spec) - SWEEP_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; "
                           f"valid: {', '.join(sorted(SWEEP_KEYS))}")
+    for key, value in spec.items():
+        problem = SWEEP_CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"{path}: {key}: {problem}, got {value!r}")
     return spec
+
+
+def _names(value) -> str | None:
+    if value == "all":
+        return None
+    return _strings(value)
+
+
+def _strings(value) -> str | None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        return "must be a non-empty list of names" + (" or all" if value != "all" else "")
+    return None
+
+
+def _overrides(value) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        return "must be a list of key=value strings"
+    return None
+
+
+SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with its value, or None
+    "domains": _names,
+    "variants": _names,
+    "ablations": lambda v: None if v is None else _strings(v),
+    "seeds": lambda v: None if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                                  for s in v) else "must be a non-empty list of seeds >= 0",
+    "preset": lambda v: None if isinstance(v, str) and v else "must be a preset name",
+    "output_dir": lambda v: None if isinstance(v, str) and v else "must be a folder",
+    "overrides": lambda v: None if v is None else _overrides(v),
+    "domain_overrides": lambda v: None if v is None or (isinstance(v, dict) and not any(map(_overrides, v.values())))
+    else "must map domain names to lists of key=value strings",
+    "grid": lambda v: None if v is None or (isinstance(v, dict) and all(isinstance(x, list) and x for x in v.values()))
+    else "must map config keys to non-empty lists of values",
+    "slurm": lambda v: None if v is None or isinstance(v, dict) else "must be a mapping of slurm settings",
+    "robustness": lambda v: None if isinstance(v, bool) else "must be true or false",
+}
 
 
 def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
@@ -391,11 +442,18 @@ def _follow(reads: list[int], progress: Progress) -> None:
                 progress.update(json.loads(line))
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count of at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=int, default=1, help="local worker processes")
+    parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                         help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")

@@ -175,7 +175,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
             record.update(status="diverged", divergence=task.divergence)
         else:
             best = checkpoint.best_model_path or None
-            results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False)
+            results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
     except (ConfigError, DataError):
         raise

@@ -26,15 +26,23 @@ from .splits import LoadedGraphs
 from .stored import DATASETS as STORED
 
 DATASETS = {"qm9": qm9_splits, "qm9_atoms": qm9_atom_splits, "csv": csv_splits, **STORED}
-CACHE_FORMAT = 2  # bump when what the cache holds changes, so old files are not read as new ones
+CACHE_FORMAT = 3  # bump when what the cache holds changes, so old files are not read as new ones
 
 
 class GraphSet(InMemoryDataset):
-    """Graphs held collated in memory (PyG's storage format), built from a list or a cached collation."""
+    """Graphs held collated in memory (PyG's storage format), from ``stored``: the plain form of a
+    collation (its attributes as a dict, and its slices), which a cache file holds without pickled classes."""
 
-    def __init__(self, collated: tuple):
+    def __init__(self, stored: tuple[dict, dict]):
         super().__init__()
-        self.data, self.slices = collated
+        attributes, self.slices = stored
+        self.data = Data.from_dict(attributes)
+
+    @staticmethod
+    def stored(graphs: list[Data]) -> tuple[dict, dict]:
+        """The plain form of ``graphs`` collated, for ``GraphSet(...)``."""
+        data, slices = GraphSet.collate(graphs)
+        return data.to_dict(), slices
 
     @property
     def stacked(self) -> Data:
@@ -107,7 +115,7 @@ class GraphDataModule(SplitDataModule):
                 raise DataError(f"{self.cfg['dataset']}: the {split} split is empty "
                                 "(use more data or other split fractions)")
         graphs = self._encode(loaded)
-        return {"graphs": {split: GraphSet.collate(graphs[split]) for split in SPLITS},
+        return {"graphs": {split: GraphSet.stored(graphs[split]) for split in SPLITS},
                 "split": tuple(loaded.split), "classes": class_names(graphs, loaded.classes)}
 
     def _encode(self, loaded: LoadedGraphs) -> dict[str, list[Data]]:
