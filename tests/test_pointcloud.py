@@ -2,6 +2,7 @@
 (shipped folders, random, grouped; none following the training seed), the shape generator, augmentations
 and the test-time perturbations."""
 import logging
+import re
 
 import open3d as o3d
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 from common.data import SPLITS, DataError
 from common.task import perturbation_generator
 from domains.pointcloud import build
-from domains.pointcloud.data import PointCloudDataModule, drop_points, folder_splits
+from domains.pointcloud.data import MalformedMesh, PointCloudDataModule, drop_points, folder_splits, off_lines
 from domains.pointcloud.model import PointCloudTask, farthest_point_sample, gather_points, knn
 from domains.pointcloud.shapes import SHAPES, generate_shapes
 from runners.cli import main as cli
@@ -122,6 +123,61 @@ def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys, dataset):
     assert train_on(tmp_path, f"data.dataset={dataset}", f"data.root={file}") == 2
     err = capsys.readouterr().err
     assert f"data.root {file} is a file; dataset {dataset!r} needs a folder" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+TETRAHEDRON = "OFF\n4 4 0\n0 0 0\n1 0 0\n0 1 0\n0 0 1\n3 0 1 2\n3 0 1 3\n3 0 2 3\n3 1 2 3\n"
+
+
+@pytest.mark.parametrize("broken, problem", [
+    ("3 1 2 12", "face 3 refers to vertex 12, but the mesh has 4 vertices"),
+    ("3 1 2 -1", "face 3 refers to vertex -1, but the mesh has 4 vertices"),
+    ("3 1 2 x", "face 3 is not 'k i1 ... ik' with k >= 3 whole numbers"),
+    ("4 1 2 3", "face 3 is not 'k i1 ... ik' with k >= 3 whole numbers"),
+    ("2 1 2", "face 3 is not 'k i1 ... ik' with k >= 3 whole numbers"),
+    ("3 1 2 3\n3 0 1 2", "the header counts 4 vertices and 4 faces, but 9 lines follow"),
+])
+def test_off_lines_names_a_bad_face_before_open3d_reads_it(tmp_path, broken, problem):
+    path = tmp_path / "bad.off"
+    path.write_text(TETRAHEDRON.replace("3 1 2 3", broken))
+    with pytest.raises(MalformedMesh, match=re.escape(f"{path}: {problem}")):
+        off_lines(path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    (TETRAHEDRON.replace("4 4 0", "4 4"), "the line after the OFF header should be 'vertices faces edges', not '4 4'"),
+    (TETRAHEDRON.replace("4 4 0", "4 5 0"), "the header counts 4 vertices and 5 faces, but 8 lines follow"),
+    (TETRAHEDRON.replace("0 1 0", "0 one 0"), "vertex 2 is not 3 or more numbers"),
+    (TETRAHEDRON.replace("0 1 0", "0 1"), "vertex 2 is not 3 or more numbers"),
+])
+def test_off_lines_names_bad_counts_and_vertices(tmp_path, text, problem):
+    path = tmp_path / "bad.off"
+    path.write_text(text)
+    with pytest.raises(MalformedMesh, match=re.escape(f"{path}: {problem}")):
+        off_lines(path)
+
+
+def test_off_lines_reads_every_header_open3d_reads_and_leaves_other_files_unreadable(tmp_path):
+    path = tmp_path / "mesh.off"
+    commented = "# by hand\n" + TETRAHEDRON.replace("\n3", "\n\n3")
+    for text in (TETRAHEDRON, TETRAHEDRON.replace("OFF\n", "OFF"), TETRAHEDRON.replace("OFF\n", "OFF "), commented):
+        path.write_text(text)
+        assert off_lines(path) == TETRAHEDRON.splitlines()
+    path.write_text(TETRAHEDRON.replace("OFF", "COFF").replace("0 0 1", "0 0 1 255 0 0 255"))
+    assert off_lines(path)[0] == "COFF"
+    path.write_text("not a mesh")
+    assert off_lines(path) is None  # no OFF file: unreadable, so skipped
+
+
+def test_a_malformed_mesh_stops_the_run_in_one_line(tmp_path, capsys):
+    root = tmp_path / "ModelNet2"
+    write_modelnet_tree(root)
+    (root / "chair" / "train" / "broken.off").unlink()  # its warning would be a second line
+    bad = root / "lamp" / "test" / "bad.off"
+    bad.write_text(TETRAHEDRON.replace("3 1 2 3", "3 1 2 12"))
+    assert train_on(tmp_path, "data.dataset=modelnet", f"data.root={root}") == 2  # open3d never reads it
+    err = capsys.readouterr().err
+    assert f"{bad}: face 3 refers to vertex 12, but the mesh has 4 vertices" in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()
 
 

@@ -11,6 +11,7 @@ tree's split folders (``<root>/{train,val,test}/<class>/``) likewise; a single t
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from collections.abc import Callable
 from functools import partial
@@ -50,22 +51,75 @@ SAMPLING_SEED = 0
 
 # --- reading -------------------------------------------------------------------------------------
 
+OFF_HEADER = re.compile(r"(C?N?OFF)\s*(.*)")  # the keywords open3d reads, then counts on the same line or none
+
+
+class MalformedMesh(DataError):
+    """A mesh file that breaks its own format: the user's to fix (exit 2), where an unreadable one is skipped."""
+
+
+def off_lines(path: Path) -> list[str] | None:
+    """The lines of an OFF file for open3d's reader (comments and blank lines dropped, the header keyword on
+    a line of its own), once checked: open3d trusts the face indices, and one past the vertices makes its
+    sampling segfault. Three counts, then as many vertex lines (3 or more numbers) and face lines
+    (``k i1 ... ik``, k >= 3, each index a vertex) as they say, else a ``MalformedMesh`` saying what is
+    wrong. None for a file without an OFF header: no OFF mesh at all, so unreadable."""
+    lines = [line for line in map(str.strip, path.read_text(errors="replace").splitlines())
+             if line and not line.startswith("#")]
+    header = OFF_HEADER.fullmatch(lines[0]) if lines else None
+    if header is None:
+        return None
+    # open3d wants the counts on a line of their own; many ModelNet files fuse them with the header ("OFF490 518 0").
+    lines[:1] = [header[1], header[2]] if header[2] else [header[1]]
+    counts = lines[1].split() if len(lines) > 1 else []
+    if len(counts) != 3 or not all(count.isdecimal() for count in counts):
+        raise MalformedMesh(f"{path}: the line after the OFF header should be 'vertices faces edges', "
+                            f"not {' '.join(counts)!r}")
+    n_vertices, n_faces = int(counts[0]), int(counts[1])
+    if len(lines) - 2 != n_vertices + n_faces:
+        raise MalformedMesh(f"{path}: the header counts {n_vertices} vertices and {n_faces} faces, "
+                            f"but {len(lines) - 2} lines follow")
+    for number, line in enumerate(lines[2:2 + n_vertices]):
+        values = _parsed(line.split(), float)
+        if values is None or len(values) < 3:
+            raise MalformedMesh(f"{path}: vertex {number} is not 3 or more numbers")
+    for number, line in enumerate(lines[2 + n_vertices:]):
+        size, *rest = line.split()  # k, its k indices, perhaps a colour
+        indices = _parsed(rest[:int(size)], int) if size.isdecimal() else None
+        if indices is None or not 3 <= int(size) == len(indices):
+            raise MalformedMesh(f"{path}: face {number} is not 'k i1 ... ik' with k >= 3 whole numbers")
+        outside = next((index for index in indices if not 0 <= index < n_vertices), None)
+        if outside is not None:
+            raise MalformedMesh(f"{path}: face {number} refers to vertex {outside}, "
+                                f"but the mesh has {n_vertices} vertices")
+    return lines
+
+
+def _parsed(tokens: list[str], kind: type) -> list | None:
+    """``tokens`` read as ``kind`` (int or float), or None where one does not read."""
+    try:
+        return [kind(token) for token in tokens]
+    except ValueError:
+        return None
+
+
 def _read_mesh(path: Path) -> o3d.geometry.TriangleMesh:
-    mesh = o3d.io.read_triangle_mesh(str(path))
-    if not mesh.has_triangles() and path.suffix.lower() == ".off":
-        # Many ModelNet files fuse the header with the counts ("OFF490 518 0"), which open3d rejects.
-        text = path.read_text(errors="replace")
-        if text.startswith("OFF") and not text[3:4].isspace():
-            with tempfile.NamedTemporaryFile("w", suffix=".off") as fixed:
-                fixed.write("OFF\n" + text[3:])
-                fixed.flush()
-                mesh = o3d.io.read_triangle_mesh(fixed.name)
-    return mesh
+    if path.suffix.lower() != ".off":
+        return o3d.io.read_triangle_mesh(str(path))
+    lines = off_lines(path)
+    if lines is None:
+        return o3d.geometry.TriangleMesh()  # no triangles: unreadable
+    # open3d reads the lines as checked, so nothing it reads went unchecked.
+    with tempfile.NamedTemporaryFile("w", suffix=".off") as checked:
+        checked.write("\n".join(lines))
+        checked.flush()
+        return o3d.io.read_triangle_mesh(checked.name)
 
 
 def read_points(path: Path, num_points: int, rng: np.random.Generator) -> np.ndarray:
     """``num_points`` points from a mesh (uniform surface samples) or a point file (farthest-point
-    subset, or resampled with repetition when it has fewer). An unreadable or empty file is a DataError."""
+    subset, or resampled with repetition when it has fewer). An unreadable or empty file is a DataError, an
+    OFF file that breaks its format a ``MalformedMesh`` (``off_lines``)."""
     with o3d.utility.VerbosityContextManager(o3d.utility.VerbosityLevel.Error):
         mesh = _read_mesh(path) if path.suffix.lower() in MESH_EXTENSIONS else None
         if mesh is not None and mesh.has_triangles():
@@ -87,14 +141,16 @@ def normalise_unit_sphere(points: Tensor) -> Tensor:
 
 
 def sample_files(files: list[tuple[Path, int]], num_points: int) -> dict:
-    """Every file sampled to ``num_points``; unreadable ones are reported by path, skipped and counted.
-    ``kept`` lists the indices into ``files`` of the clouds returned."""
+    """Every file sampled to ``num_points``; unreadable ones are reported by path, skipped and counted, a
+    malformed one raises. ``kept`` lists the indices into ``files`` of the clouds returned."""
     rng = np.random.default_rng(SAMPLING_SEED)
     o3d.utility.random.seed(SAMPLING_SEED)
     points, labels, kept, skipped = [], [], [], []
     for index, (path, label) in enumerate(files):
         try:
             points.append(read_points(path, num_points, rng))
+        except MalformedMesh:
+            raise  # not a file to leave out: the user's to fix
         except DataError as err:
             log.warning("skipped %s", err)
             skipped.append(str(path))
