@@ -110,9 +110,11 @@ def read_record(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / RECORD_NAME
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text(encoding="utf-8"))  # as JSON is
     except FileNotFoundError:
         raise RecordError(path, "no such record") from None
+    except UnicodeDecodeError as err:
+        raise RecordError(path, f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise RecordError(path, f"not valid JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(record, dict):

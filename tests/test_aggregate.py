@@ -71,6 +71,22 @@ def test_a_non_numeric_metric_is_skipped_listed_and_the_rest_aggregated(tmp_path
     assert len((tmp_path / "R" / "runs.csv").read_text().splitlines()) == 1 + 2
 
 
+def test_a_record_that_is_not_utf8_is_skipped_and_listed(tmp_path, caplog):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
+    bad = runs / "utf16" / "record.json"
+    bad.parent.mkdir()
+    bad.write_bytes(b"\xff\xfe" + json.dumps(record("quest", 1, {"mse": 3.0})).encode("utf-16-le"))
+    reason = "not UTF-8 text (byte 0xff at offset 0)"
+    with pytest.raises(RecordError, match=re.escape(f"{bad}: {reason}")):
+        read_record(bad)
+    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+        assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
+    assert f"skipping {bad}: {reason}" in caplog.text
+    text = out.read_text()
+    assert "2 run records aggregated, 1 skipped (listed at the end)" in text and f"- `{bad}`: {reason}" in text
+
+
 def test_only_bad_records_is_a_user_error(tmp_path, capsys):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "record.json").write_text("{")
