@@ -76,6 +76,16 @@ def toy_domain():
     unregister_domain("toy")
 
 
+class CreatesAFile:
+    """Unpickled, this would run ``open(path, "w")``: the proof that a loader ran code from a file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
 def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
     """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
     return {

@@ -120,3 +120,42 @@ def test_the_console_carries_no_known_noise(tmp_path):
              "Loading `train_dataloader`", "Restoring states", "`Trainer.fit` stopped")
     assert not [line for line in (out.stdout + out.stderr).splitlines() if any(n in line for n in noise)]
     assert out.stdout.startswith("ok: retrieval/quest")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.betas=[0.9,0.99", "config key 'optim.betas': cannot read '[0.9,0.99'"),
+    ("optim.lr=-0.01", "config key 'optim.lr' must be > 0, got -0.01"),
+    ("data.n=[1]", "config key 'data.n' (command line) expects int like 64, got [1]"),
+    ("seed=-1", "config key 'seed' must be >= 0, got -1"),
+    ("threads=-2", "config key 'threads' must be >= 1, got -2"),
+    ("seed=abc", "config key 'seed' (command line) expects int like 0, got 'abc'"),
+    ("attention.qk_gain_init", "override 'attention.qk_gain_init' is not of the form key=value"),
+])
+def test_malformed_and_out_of_range_values_exit_2_in_one_line(toy_domain, run_args, tmp_path, capsys, override,
+                                                              message):
+    assert cli(["train", "domain=toy", override, *run_args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("domain, override, message", [
+    ("vision", "data.batch_size=-16", "config key 'data.batch_size' must be >= 1, got -16"),
+    ("vision", "model.heads=0", "config key 'model.heads' must be >= 1, got 0"),
+    ("vision", "model.depth=0", "config key 'model.depth' must be >= 1, got 0"),
+    ("language", "data.context=0", "config key 'data.context' must be >= 1, got 0"),
+])
+def test_ranges_hold_for_every_domain_that_has_the_key(tmp_path, capsys, domain, override, message):
+    assert cli(["train", f"domain={domain}", "preset=smoke", override, f"output_dir={tmp_path}/runs"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_types_come_from_the_schema_not_the_preset_and_a_path_is_a_string():
+    # vision's smoke preset sets limit_train_batches to 3; the schema's 1.0 says a fraction is fine too
+    cfg = compose(["domain=vision", "preset=smoke", "trainer.limit_train_batches=0.5", "output_dir=/tmp/runs/hash #1",
+                   "cache_dir=2024", "data.split=[0.8,0.1,0.1]", "optim.name='sgd'"])
+    assert cfg.trainer.limit_train_batches == 0.5
+    assert cfg.output_dir == "/tmp/runs/hash #1" and cfg.cache_dir == "2024"  # YAML would cut at ' #', make 2024 an int
+    assert list(cfg.data.split) == [0.8, 0.1, 0.1] and cfg.optim.name == "sgd"

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from conftest import CreatesAFile
 from PIL import Image
 from torch import nn
 
@@ -191,3 +192,6 @@ def test_quest_imagenet_adds_the_suites_to_the_record(tmp_path, capsys):
     assert main(["imagenet", str(tmp_path / "missing"), "--imagenet-a", str(tmp_path / "a")]) == 2
     with pytest.raises(SystemExit):
         main(["imagenet", str(run_dir)])  # no suite given
+    marker = tmp_path / "ran-code"  # a checkpoint crafted to run code is refused, not run
+    torch.save({"state_dict": {}, "payload": CreatesAFile(marker)}, run_dir / "checkpoints" / "best.ckpt")
+    assert main(["imagenet", str(run_dir), "--imagenet-a", str(tmp_path / "a")]) == 2 and not marker.exists()

@@ -330,3 +330,29 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
     assert launcher.exitcode == 130  # stopped on purpose: neither ok nor a crash
     (stopped,) = read_launches(tmp_path / "runs")
     assert not stopped["finished"] and stopped["ran"]["ok"] == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("domains: [toy\n", "not valid YAML"),
+    ("- toy\n- quest\n", "a sweep file is a mapping of sweep keys"),
+    ("", "this one is empty"),
+    ("domains: [toy]\nseeds: 3\n", "seeds: must be a non-empty list of seeds >= 0, got 3"),
+    ("domains: [toy]\ngrid: {optim.lr: 0.1}\n", "grid: must map config keys to non-empty lists of values"),
+    ("domains: []\n", "domains: must be a non-empty list of names or all, got []"),
+    ("domains: retrieval\n", "domains: must be a non-empty list of names or all, got 'retrieval'"),
+    ("domains: [toy]\noverrides: optim.lr=0.1\n", "overrides: must be a list of key=value strings"),
+    ("domains: [toy]\nrobustness: maybe\n", "robustness: must be true or false"),
+])
+def test_a_sweep_file_it_cannot_mean_is_one_line_naming_file_and_key(toy_domain, tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert cli(["sweep", str(path), "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert f"quest: error: {path}: " in err and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_needs_at_least_one_worker(capsys):
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["demo", "--workers", "0"])
+    assert stop.value.code == 2 and "--workers: must be a whole number >= 1, got '0'" in capsys.readouterr().err
