@@ -15,7 +15,7 @@ from typing import Any
 
 RECORD_NAME = "record.json"
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "diverged", "failed")
+STATUSES = ("ok", "diverged", "failed", "stopped")  # stopped: by SIGINT or SIGTERM, not a result
 
 # field -> accepted JSON types; None is accepted where listed.
 SCHEMA: dict[str, tuple[type, ...]] = {
@@ -48,6 +48,7 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "losses": (dict,),            # train_first/last/best and val_final/best loss, for stability studies
     "batch": (dict,),             # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
     "trajectory": (dict,),        # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
+    "stopped": (dict,),           # a run stopped by a signal: {"signal": "SIGTERM", "step": 40}
 }
 # Fields mapping names to numbers, which aggregation averages.
 NUMERIC_MAPS = ("metrics", "probes", "robustness", "imagenet", "losses")
@@ -127,9 +128,10 @@ def find_records(root: str | Path) -> list[Path]:
 
 
 def read_records(*roots: str | Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[RecordError]]:
-    """Every valid record under ``roots`` with its path, and the errors of those that are not."""
+    """Every valid record under ``roots`` with its path, and the errors of those that are not; a record under
+    two of them (``runs runs/vision``) once."""
     good, bad = [], []
-    for path in (p for root in roots for p in find_records(root)):
+    for path in {p.resolve(): p for root in roots for p in find_records(root)}.values():
         try:
             good.append((path, read_record(path)))
         except RecordError as err:

@@ -25,7 +25,9 @@ import json
 import logging
 import re
 import shutil
+import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -468,6 +470,20 @@ def insert_notes(document: str, notes: str, source: str) -> str:
     return document
 
 
+@contextmanager
+def each_warning_once():
+    """Show each warning raised inside once per place. Python means to, but forgets what it has shown whenever a
+    filter changes, as pandas does all the time; and a table's statistics are computed more than once (its
+    verdicts, its baseline), so a warning of theirs would print each time."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    finally:
+        for w in {(w.category, str(w.message), w.filename, w.lineno): w for w in caught}.values():
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+@each_warning_once()
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quest aggregate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -87,6 +87,28 @@ def test_a_record_that_is_not_utf8_is_skipped_and_listed(tmp_path, caplog):
     assert "2 run records aggregated, 1 skipped (listed at the end)" in text and f"- `{bad}`: {reason}" in text
 
 
+def test_a_record_under_two_of_the_roots_is_read_and_warned_about_once(tmp_path, caplog):
+    runs, out = tmp_path / "runs", tmp_path / "R.md"
+    write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
+    (runs / "bad").mkdir()
+    (runs / "bad" / "record.json").write_text("{")
+    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+        assert aggregate.main([str(runs), str(runs / "bad"), str(runs / "a-d-quest-0"), "-o", str(out), "--no-plots"]) == 0
+    assert caplog.text.count("skipping") == 1
+    assert "2 run records aggregated, 1 skipped" in out.read_text()
+
+
+def test_a_warning_of_the_tables_is_shown_once(tmp_path, recwarn):
+    runs = tmp_path / "runs"
+    # A trivial baseline that is already perfect leaves no gap to close: learns() divides by zero, for every table
+    # that asks (the cross-domain ranks, the verdicts, the table's own section).
+    write_runs(runs, [(variant, seed, {"mse": 1.0 + seed, "mse_baseline": 0.0}, {})
+                      for variant in ("standard", "quest") for seed in (0, 1)])
+    assert aggregate.main([str(runs), "-o", str(tmp_path / "R.md"), "--no-plots"]) == 0
+    divisions = [str(w.message) for w in recwarn if "divide by zero" in str(w.message)]
+    assert len(divisions) == 1, divisions
+
+
 def test_only_bad_records_is_a_user_error(tmp_path, capsys):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "record.json").write_text("{")
