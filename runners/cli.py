@@ -11,8 +11,11 @@ import argparse
 import importlib
 import sys
 import traceback
+from contextlib import nullcontext
 
 from omegaconf import OmegaConf
+
+from common.errors import ConfigError, DataError, Stopped
 
 SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.sweep",
                "aggregate": "runners.aggregate", "bench": "runners.bench", "robustness": "runners.robustness",
@@ -21,12 +24,14 @@ SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.
 
 
 def train_main(argv: list[str]) -> int:
-    from runners.config import compose
+    from runners.config import compose, run_directory
 
     parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
                                      "write the record.")
     parser.add_argument("overrides", nargs="*", help="domain=<name> preset=<p> attention=<variant> seed=<n> key.sub=value ...")
     parser.add_argument("--print-config", action="store_true", help="show the composed config and exit")
+    parser.add_argument("--wait", action="store_true", help="if another process is running this run, wait for it "
+                        "to end and then run it (default: say so and exit 2)")
     args = parser.parse_intermixed_args(argv)
     cfg = compose(args.overrides)
     if args.print_config:
@@ -34,9 +39,15 @@ def train_main(argv: list[str]) -> int:
         return 0
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+    from runners.rundir import claimed, lock_path
     from runners.train import run
 
-    record = run(cfg)
+    run_dir = run_directory(cfg)
+    with claimed(run_dir, wait=args.wait) if rank_zero_only.rank == 0 else nullcontext(True) as mine:
+        if not mine:  # a sweep's worker or another `quest train` (DDP's other ranks follow rank 0 and lock nothing)
+            raise ConfigError(f"{run_dir} is being run by another process (it holds {lock_path(run_dir)}); "
+                              "pass --wait to run it after that one")
+        record = run(cfg)
     failed = int(record["status"] == "failed")
     if rank_zero_only.rank != 0:
         return failed
@@ -69,7 +80,6 @@ def list_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.errors import ConfigError, DataError
     from common.records import RecordError
     from runners import console
 
@@ -87,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM to a sweep: stopped on purpose, not a crash
-        print(f"quest: {err or 'interrupted'}", file=sys.stderr)
+    except Stopped as stop:  # SIGINT or SIGTERM: stopped on purpose, not a crash
+        print(f"quest: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:  # Ctrl-C outside a run (composing, importing)
+        print("quest: stopped by SIGINT", file=sys.stderr)
         return 130
     except Exception as err:  # not the user's input: keep the traceback for whoever debugs it
         traceback.print_exc()

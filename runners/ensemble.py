@@ -58,9 +58,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from common.errors import ConfigError, DataError
-from common.records import RECORD_NAME
 from runners import sweep
 from runners.config import compose, config_hash, run_directory
+from runners.rundir import claimed
 from runners.sweep import Progress, positive_int
 
 log = logging.getLogger(__name__)
@@ -586,9 +586,9 @@ def run_chunks(pieces: list[list[Member]], report: Callable[[dict], None]) -> No
     """Train each chunk's runs that no other process holds and none has recorded since the plan."""
     for piece in pieces:
         with ExitStack() as held:
-            mine = [m for m in piece
-                    if held.enter_context(sweep.claimed(m.run_dir)) and not (m.run_dir / RECORD_NAME).exists()]
+            mine = [m for m in piece if held.enter_context(claimed(m.run_dir)) and sweep.settled(m.run_dir) is None]
             for outcome in train_chunk(mine) if mine else []:
+                sweep.note_outcome(Path(outcome["run_dir"]), outcome)
                 report(outcome)
 
 

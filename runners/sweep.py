@@ -5,39 +5,36 @@ data is wrong (``ConfigError`` or ``DataError``, from composing it or from the r
 leaves no record. The exit status is 0 when every run is ok or diverged, 1 when a run failed (or a
 worker died), 2 when a run was invalid; the output ends with the failed and invalid runs and why.
 
-Reruns. Running the sweep again skips the runs whose record says ok or diverged and retries the failed
-ones; ``--redo diverged`` reruns the diverged ones too, ``--redo all`` every run. The launching process
-decides this once, before any run starts: it removes the records to redo, each under its run's lock,
-and the runner then wipes a run directory that has no record. Runs are only ever run when they have no
-record, so a run one worker has just redone is not redone again by the next; an outcome that leaves no
-record (invalid, or an error that escaped the runner) is noted in the run's lock file for the rest of
-the sweep, and cleared by the next one, which tries the run again.
+Reruns. Running the sweep again skips the runs whose record says ok or diverged and retries the failed,
+stopped and unreadable ones; ``--redo diverged`` reruns the diverged ones too, ``--redo all`` every run.
+The launching process decides this once, before any run starts, and notes each run to redo in its lock
+file ("redo"), under the lock; the record stays until the rerun replaces it (``runners.rundir``), so a
+stopped or killed rerun loses nothing. A worker runs a run only when it has no record or is noted for a
+redo, and clears the note when it has run it, so a run one worker has just redone is not redone again by
+the next; an outcome that leaves no record (invalid, or an error that escaped the runner) is noted in the
+lock file instead for the rest of the sweep, and the next launch, which resets the notes, tries it again.
 
-Workers and progress. ``--workers N`` starts N worker processes (``quest sweep`` again, each with its
-share of CPU threads) that share the grid through the run locks. Each worker reports the outcome of
-every run it settles over a pipe to the launching process, one JSON line per run; a pipe rather than
-polling the records, because an invalid run leaves no record to poll. The launching process alone
-prints: the failure line of each failed or invalid run (stderr), one progress line for the whole sweep
-whenever the counts change (``12/56 done · 0 diverged · 1 failed · eta 4 min``, the eta being the mean
-time of the runs finished so far × the runs left / workers), and a final summary. ``--launcher slurm``
-submits the runs left to do as one job array (``SweepJob``) and returns.
+Workers and progress. The runs are made in worker processes (``quest sweep`` again, ``--workers N`` of
+them, each with its share of CPU threads) that share the grid through the run locks, so that a run that
+crashes the interpreter (a native library's segfault) takes down only its worker: its run is recorded
+as failed, killed by that signal, and a new worker takes the dead one's place. Each worker reports over a
+pipe to the launching process, one JSON line per run when it starts one and when it settles it; a pipe
+rather than polling the records, because an invalid run leaves no record to poll. The launching process
+alone prints: the failure line of each failed or invalid run (stderr), one progress line for the whole
+sweep whenever the counts change (``12/56 done · 0 diverged · 1 failed · eta 4 min``, the eta being the
+mean time of the runs finished so far × the runs left / workers), and a final summary. Stopped by SIGINT
+or SIGTERM, it passes SIGTERM on to its workers, which record their runs as stopped, logs the launch and
+exits 130 or 143. ``--launcher slurm`` submits the runs left to do as one job array (``SweepJob``) and
+returns.
 
-Locking. A run is claimed with a non-blocking ``fcntl.flock`` on ``.<run>.lock`` beside its directory
-(the runner wipes the directory itself). The kernel drops the lock when its holder exits, however it
-dies, so a lock left by a killed sweep never blocks a rerun and nothing has to take a stale lock over
-(an unlink-and-recreate takeover can let two processes in). The record is read after the lock is
-taken, so a run that another process finished and released in between is not run again. Lock files
-are never deleted: a process that opened the old file could lock it while another locks a new one.
-Across hosts, Linux implements flock on NFS with NFS byte-range locks, so SLURM array tasks on
-different nodes exclude each other too, and the server drops the locks of a dead node when its lease
-runs out (mounted with ``nolock`` or ``local_lock``, NFS locks within one node only, as Lustre does
-with ``localflock``; Lustre needs its ``flock`` mount option). A filesystem that refuses locks is a
-one-line error (exit 2) rather than a sweep run unlocked, where every worker would run every run.
+Locking. A run is claimed with the lock of ``runners.rundir`` (``quest train`` takes the same one), held
+for the whole run; the record is read after the lock is taken, so a run that another process finished and
+released in between is not run again. A filesystem that refuses locks is a one-line error (exit 2) rather
+than a sweep run unlocked, where every worker would run every run.
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import itertools
 import json
 import logging
@@ -49,8 +46,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 from statistics import fmean
@@ -58,10 +55,11 @@ from statistics import fmean
 from omegaconf import DictConfig, OmegaConf
 
 from common.attention import VARIANTS
-from common.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError, Stopped
 from common.records import RECORD_NAME, RecordError, read_record
 from common.registry import domain_names
 from runners.config import CONFIG_DIR, compose, refuse_interpolation, run_directory
+from runners.rundir import claimed, lock_path
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +70,9 @@ SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_p
               "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "array_parallelism": "slurm_array_parallelism",
               "nodes": "nodes", "tasks_per_node": "tasks_per_node"}
 # --redo -> the recorded statuses a rerun of the sweep runs again
-RERUN = {None: {"failed"}, "diverged": {"failed", "diverged"}, "all": {"failed", "diverged", "ok", "unreadable"}}
+RERUN = {None: {"failed", "stopped", "unreadable"}}
+RERUN |= {"diverged": RERUN[None] | {"diverged"}, "all": RERUN[None] | {"diverged", "ok"}}
+REDO = '"redo"'  # the lock-file note of a run this launch runs again (see keep_or_drop)
 PROBLEMS = ("failed", "invalid")
 LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_dir (``log_launch``)
 
@@ -164,44 +164,14 @@ def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     return runs
 
 
-def lock_path(run_dir: Path) -> Path:
-    return run_dir.parent / f".{run_dir.name}.lock"  # beside the run dir: the runner wipes that dir
-
-
-@contextmanager
-def claimed(run_dir: Path) -> Iterator[bool]:
-    """Whether this process holds the run's lock for the ``with`` block; False when another one holds it."""
-    lock = lock_path(run_dir)
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # written to: NFS grants exclusive locks on writable files
-    except OSError as err:
-        raise ConfigError(f"cannot write the lock file {lock}: {err.strerror}") from None
-    try:
-        yield _lock(fd, lock)
-    finally:
-        os.close(fd)  # drops the lock
-
-
-def _lock(fd: int, lock: Path) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as err:
-        raise ConfigError(f"cannot lock {lock} ({err.strerror}): a sweep needs file locks where its output_dir is "
-                          "(NFS with its lock service, Lustre mounted with -o flock)") from None
-    return True
-
-
 def recorded_status(run_dir: Path) -> str | None:
-    """The status in the run's record, None without a record; a broken record is kept as 'unreadable'."""
+    """The status in the run's record, None without a record; a broken record is 'unreadable' (rerun)."""
     if not (run_dir / RECORD_NAME).exists():
         return None
     try:
         return read_record(run_dir)["status"]
     except RecordError as err:
-        log.warning("%s; the sweep leaves it alone unless --redo all", err)
+        log.warning("%s; the run is made again", err)
         return "unreadable"
 
 
@@ -221,7 +191,7 @@ def error_line(err: Exception) -> str:
 
 def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list[list[str]]:
     """Before any run starts: tell ``progress`` about the invalid runs and the records the sweep keeps,
-    and remove the records it runs again (``RERUN``), each under its run's lock. Returns the runs to do."""
+    and note the runs it makes again (``RERUN``), each under its run's lock. Returns the runs to do."""
     pending = []
     for index, args in enumerate(runs):
         try:
@@ -238,16 +208,16 @@ def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list
 
 
 def keep_or_drop(run_dir: Path, rerun: set[str]) -> str | None:
-    """The status of the run's record if it stays; None if there is none now, or another process holds the run."""
+    """The status of the run's record if it stays; None if there is none, if the run is to be made again
+    (noted in its lock file, which forgets the notes of earlier launches: see ``settled``), or if another
+    process holds the run."""
     with claimed(run_dir) as mine:
         if not mine:
             return None
-        lock_path(run_dir).write_text("")  # forget the notes of earlier sweeps (see _settled)
         status = recorded_status(run_dir)
-        if status in rerun:
-            (run_dir / RECORD_NAME).unlink()
-            return None
-        return status
+        redo = status in rerun
+        lock_path(run_dir).write_text(REDO if redo else "")
+        return None if redo else status
 
 
 def run_all(runs: list[list[str]], robustness: bool = False,
@@ -257,16 +227,16 @@ def run_all(runs: list[list[str]], robustness: bool = False,
     with a ``robustness`` config section are then attacked (``quest robustness``) and the result lands
     in their record."""
     counts = dict.fromkeys(("ok", "diverged", "failed", "invalid", "skipped", "busy"), 0)
+    report = report or (lambda outcome: None)
     for index, args in enumerate(runs):
-        outcome = _settle(index, args, robustness)
+        outcome = _settle(index, args, robustness, report)
         recorded_before = outcome["wall_s"] is None and outcome["status"] not in ("invalid", "busy")
         counts["skipped" if recorded_before else outcome["status"]] += 1
-        if report:
-            report(outcome)
+        report(outcome)
     return counts
 
 
-def _settle(index: int, args: list[str], robustness: bool) -> dict:
+def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dict], None]) -> dict:
     try:
         cfg = compose(args)
     except ConfigError as err:
@@ -275,25 +245,34 @@ def _settle(index: int, args: list[str], robustness: bool) -> dict:
     with claimed(run_dir) as mine:
         if not mine:
             return run_outcome(index, "busy", run_dir=run_dir)
-        settled = _settled(run_dir)  # read under the lock: another process may have just finished it
-        if settled:
-            return run_outcome(index, *settled, run_dir)
+        before = settled(run_dir)  # read under the lock: another process may have just finished it
+        if before:
+            return run_outcome(index, *before, run_dir)
+        report(run_outcome(index, "running", run_dir=run_dir))  # so the launcher knows it if this process dies
         outcome = _run(index, cfg, run_dir, robustness)
-        if not (run_dir / RECORD_NAME).exists():  # so that the sweep's other workers do not try it again
-            # through a second descriptor: closing it keeps the flock, which belongs to the first
-            lock_path(run_dir).write_text(json.dumps([outcome["status"], outcome["error"]]))
+        note_outcome(run_dir, outcome)
         return outcome
 
 
-def _settled(run_dir: Path) -> tuple[str, str | None] | None:
-    """How the run was settled before: its record's status, or else the note in its lock file of an
-    outcome that leaves no record (invalid, or failed outside the runner), written by a worker of this
-    sweep (``prepare`` clears the notes of earlier sweeps, so a rerun tries the run again)."""
+def settled(run_dir: Path) -> tuple[str, str | None] | None:
+    """How the run was settled before, None if it is to be made: noted for a redo by this launch (see
+    ``keep_or_drop``), else its record's status, else the note in its lock file of an outcome that leaves no
+    record (invalid, or failed outside the runner), written by a worker of this launch."""
+    note = lock_path(run_dir).read_text()
+    if note == REDO:
+        return None
     status = recorded_status(run_dir)
     if status is not None:
         return status, None
-    note = lock_path(run_dir).read_text()
     return tuple(json.loads(note)) if note.startswith("[") else None  # else empty, or an old "host pid" lock
+
+
+def note_outcome(run_dir: Path, outcome: dict) -> None:
+    """After a run (its lock held): clear its note when it has a record, else note the outcome, so that the
+    sweep's other workers do not try it again. Written through a second descriptor: closing it keeps the
+    flock, which belongs to the first."""
+    recorded = (run_dir / RECORD_NAME).exists()
+    lock_path(run_dir).write_text("" if recorded else json.dumps([outcome["status"], outcome["error"]]))
 
 
 def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
@@ -324,8 +303,8 @@ class Progress:
 
     def add(self, outcome: dict) -> None:
         """Note a run's outcome; the first word on a run stands (workers that find it held by another process
-        or already recorded add nothing). A failed or invalid run is reported at once."""
-        if outcome["status"] == "busy" or outcome["index"] in self.outcomes:
+        or already recorded add nothing, nor does a run's start). A failed or invalid run is reported at once."""
+        if outcome["status"] in ("busy", "running") or outcome["index"] in self.outcomes:
             return
         self.outcomes[outcome["index"]] = outcome
         if outcome["status"] in PROBLEMS:
@@ -412,34 +391,67 @@ def _spawn(cmd: list[str], env: dict, report_fd: int) -> subprocess.Popen:
 
 def run_workers(args: argparse.Namespace, count: int, progress: Progress) -> int:
     """Run the sweep in ``count`` worker processes, feeding ``progress`` with what they report until all
-    have exited; returns the worst exit status among them (a worker killed by a signal counts as 1)."""
+    have exited; returns the worst exit status among them. A worker killed by a signal while making a run
+    fails that run (``_killed``) and is replaced; one killed between runs is not, and counts as status 1.
+    Stopped here (SIGINT, SIGTERM), it passes SIGTERM on to the workers and waits for them."""
     threads = max(1, (os.cpu_count() or 1) // count)
     cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, "--set", f"threads={threads}"]
     cmd += (["--output-dir", args.output_dir] if args.output_dir else []) + [f"--set={s}" for s in args.set]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    workers, reads = [], []
-    for _ in range(count):
+    workers: dict[int, subprocess.Popen] = {}  # the read end of each worker's pipe -> the worker
+
+    def start() -> None:
         read, write = os.pipe()
-        workers.append(_spawn(cmd + ["--report-fd", str(write)], env, write))
+        workers[read] = _spawn(cmd + ["--report-fd", str(write)], env, write)
         os.close(write)  # the worker holds the only write end: end of file on the pipe means it exited
-        reads.append(read)
-    _follow(reads, progress)
-    return max((1 if code < 0 else code for code in (w.wait() for w in workers)), default=0)
 
-
-def _follow(reads: list[int], progress: Progress) -> None:
-    """Feed ``progress`` the JSON lines coming down the workers' pipes until every pipe is closed."""
-    pending = dict.fromkeys(reads, b"")  # each pipe's incomplete last line
-    while pending:
-        for fd in select.select(list(pending), [], [])[0]:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
+    for _ in range(count):
+        start()
+    code, partial, running = 0, {}, {}  # each pipe's incomplete last line, and the run its worker is making
+    try:
+        while workers:
+            for fd in select.select(list(workers), [], [])[0]:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    *lines, partial[fd] = (partial.get(fd, b"") + chunk).split(b"\n")
+                    for outcome in map(json.loads, lines):
+                        if outcome["status"] == "running":
+                            running[fd] = outcome
+                        else:
+                            running.pop(fd, None)
+                            progress.update(outcome)
+                    continue
                 os.close(fd)
-                del pending[fd]
-                continue
-            *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
-            for line in lines:
-                progress.update(json.loads(line))
+                status, started = workers.pop(fd).wait(), running.pop(fd, None)
+                if status < 0 and started is not None:
+                    progress.update(_killed(started, -status, progress.runs[started["index"]]))
+                    start()
+                else:
+                    code = max(code, 1 if status < 0 else status)
+    except BaseException:  # stopped: the workers record their runs as stopped before they exit
+        for worker in workers.values():
+            with suppress(ProcessLookupError):
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers.values():
+            worker.wait()
+        raise
+    return code
+
+
+def _killed(started: dict, signum: int, args: list[str]) -> dict:
+    """The outcome of a run whose worker died of signal ``signum`` while making it: failed, and recorded so
+    unless an earlier result is there to keep or another worker has taken the run up meanwhile."""
+    from runners.train import record_killed  # Lightning is slow to import: only on this rare path
+
+    error = f"killed by signal {signum} ({signal.Signals(signum).name})"
+    outcome = run_outcome(started["index"], "failed", error, Path(started["run_dir"]), 0.0)
+    run_dir = Path(started["run_dir"])
+    with claimed(run_dir) as mine:
+        if mine:
+            if not (run_dir / RECORD_NAME).exists():
+                record_killed(compose(args), error)
+            note_outcome(run_dir, outcome)
+    return outcome
 
 
 def positive_int(text: str) -> int:
@@ -475,23 +487,14 @@ def submit_slurm(runs: list[list[str]], spec: dict, folder: Path) -> None:
     print(f"sweep: submitted {len(jobs)} runs as array job {jobs[0].job_id.split('_')[0]} (logs in {folder})")
 
 
-def run_local(args: argparse.Namespace, runs: list[list[str]], pending: int, robustness: bool,
-              progress: Progress) -> int:
-    """Run the sweep here, or in ``--workers`` processes when more than one run is left; prints the
-    progress and the summary. Returns the exit status."""
+def run_local(args: argparse.Namespace, pending: int, progress: Progress) -> int:
+    """Make the runs left in ``--workers`` processes (no more than there are runs); prints the progress and
+    the summary. Returns the exit status."""
     progress.workers = max(1, min(args.workers, pending))
     progress.show()
-    code = 0
-    if progress.workers > 1:
-        code = run_workers(args, progress.workers, progress)
-    else:
-        run_all(runs, robustness, report=progress.update)
+    code = run_workers(args, progress.workers, progress) if pending else 0
     progress.summary()
     return max(code, progress.code())
-
-
-def _stop(signum, frame):
-    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def log_launch(folder: Path, argv: list[str], started: float, progress: Progress, finished: bool = True) -> None:
@@ -532,9 +535,9 @@ def main(argv: list[str]) -> int:
         progress.problems()
         return progress.code()
     started, code = time.time(), None
-    default = signal.signal(signal.SIGTERM, _stop)  # `kill` stops a background launch as Ctrl-C does, logged
+    default = signal.signal(signal.SIGTERM, Stopped.handler)  # `kill` stops a background launch as Ctrl-C does, logged
     try:
-        code = run_local(args, runs, len(pending), robustness, progress)
+        code = run_local(args, len(pending), progress)
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
         signal.signal(signal.SIGTERM, default)
         log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress,

@@ -4,9 +4,14 @@ Failure policy. Everything that can be checked before training is checked before
 created: the optimiser and schedule names, the Lightning trainer settings (precision, accelerator
 availability, devices), and the data and model the domain builds from the config. A problem there is the
 user's (``ConfigError`` / ``DataError``: one line, exit 2) and leaves nothing behind; a ``DataError`` met
-later (data read lazily) removes the run directory too. A run that fails while training is recorded as
+later (data read lazily) removes what the run built too. A run that fails while training is recorded as
 ``status: failed`` (traceback in ``error.log``, one per rank under DDP) and exits 1. On a full disk the
 partial checkpoints are removed and the record says so, or stderr when even the record cannot be written.
+
+A run is built beside its directory and takes its place only with its record (``runners.rundir``), so a
+rerun that is killed, stopped or refused leaves the earlier result as it was. SIGINT and SIGTERM (Ctrl-C, a
+scheduler's preemption) raise ``Stopped``: the run is recorded as ``status: stopped`` with the signal and
+the step it reached, unless an earlier result is there to keep, and the command exits 128 + the signal.
 """
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ import errno
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -32,12 +39,13 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.attention import formula_normalization
 from common.callbacks import DivergenceCallback, ProbeCallback
-from common.errors import ConfigError, DataError
-from common.records import SCHEMA_VERSION, write_record
+from common.errors import ConfigError, DataError, Stopped
+from common.records import RECORD_NAME, SCHEMA_VERSION, write_record
 from common.registry import get_domain
 from common.task import OPTIMIZERS, SCHEDULES
 from runners import console
 from runners.config import build_config, compose, run_directory
+from runners.rundir import build_path, publish
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
@@ -51,7 +59,7 @@ def train(args: list[str]) -> dict:
 def run(cfg: DictConfig) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
     console.quiet()
-    with torch_threads(cfg.threads), normalization(cfg):
+    with torch_threads(cfg.threads), normalization(cfg), stop_signals():
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         batch = check_settings(cfg)
@@ -66,16 +74,47 @@ def run(cfg: DictConfig) -> dict:
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
         record["primary_metric"], record["mode"] = task.primary or (domain.metric, domain.mode)
-        run_dir = fresh_run_directory(cfg)
+        build_dir = fresh_run_directory(cfg)
         try:
-            writes = _fit_and_test(cfg, run_dir, datamodule, task, record)
+            writes = _fit_and_test(cfg, build_dir, datamodule, task, record)
         except (ConfigError, DataError):
-            _remove(run_dir)  # the user's to fix, met only while training: leave nothing behind
+            _remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
+            raise
+        except Stopped as stop:
+            stop.detail = _keep_or_record_stopped(build_dir, record)
             raise
         record["wall_time_s"] = round(time.perf_counter() - start, 3)
         if writes:
-            save_record(run_dir, record)
+            save_record(build_dir, record)
         return record
+
+
+@contextmanager
+def stop_signals():
+    """SIGINT and SIGTERM raise ``Stopped`` inside the block (Lightning calls the SIGTERM handler it finds
+    after its own), and the handlers before it come back after. Signals reach only the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.signal(signum, Stopped.handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
+    """A stopped run's record takes the run directory when it holds no earlier result; else the earlier
+    result stays and the stopped attempt is removed. Returns what happened, for the one line printed."""
+    run_dir = final_directory(build_dir)
+    if rank_zero_only.rank != 0:
+        return record["error"]
+    if (run_dir / RECORD_NAME).exists():
+        _remove(build_dir)
+        return f"{record['error']}; the earlier result in {run_dir} is kept"
+    save_record(build_dir, record)
+    return f"{record['error']}; recorded as stopped in {run_dir}"
 
 
 def normalization(cfg: DictConfig) -> AbstractContextManager:
@@ -130,20 +169,27 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
 
 
 def fresh_run_directory(cfg: DictConfig) -> Path:
-    """The run directory, emptied of any earlier attempt by rank 0 (the launcher's environment says which
-    rank this is); an output directory that cannot be written is the user's to fix."""
+    """The directory the run is built in (``runners.rundir``), emptied of any earlier attempt by rank 0 (the
+    launcher's environment says which rank this is); ``save_record`` puts it in the run directory's place.
+    An output directory that cannot be written is the user's to fix."""
     run_dir = run_directory(cfg)
+    build_dir = build_path(run_dir)
     try:
         if rank_zero_only.rank == 0:
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True)
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            if build_dir.exists():
+                shutil.rmtree(build_dir)
+            build_dir.mkdir(parents=True)
+            (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            build_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot write the run directory {run_dir}: {err.strerror or err}") from None
-    return run_dir
+    return build_dir
+
+
+def final_directory(build_dir: Path) -> Path:
+    """The run directory a build directory (``fresh_run_directory``) becomes."""
+    return build_dir.parent / build_dir.name.removeprefix(".").removesuffix(".partial")
 
 
 def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict) -> bool:
@@ -179,23 +225,53 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
     except (ConfigError, DataError):
         raise
+    except Stopped as stop:
+        step = trainer.global_step if trainer is not None else 0
+        record.update(status="stopped", error=f"stopped by {stop.name} at step {step}",
+                      stopped={"signal": stop.name, "step": step})
+        raise
     except Exception as err:  # a failed run is a record too, so a sweep carries on
         record.update(status="failed", error=f"{type(err).__name__}: {_first_line(err)}")
         if _no_space(err):
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
-            record["error"] = f"no space left on {getattr(err, 'filename', None) or run_dir}"
+            record["error"] = f"no space left on {_users_path(getattr(err, 'filename', None), run_dir)}"
         rank = rank_zero_only.rank
         write_text(run_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
     return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0
 
 
-def save_record(run_dir: Path, record: dict) -> None:
-    """Write the record; where even that fails, say so on stderr rather than lose the outcome."""
+def _users_path(filename: str | None, build_dir: Path) -> Path:
+    """Where a write failed, as the user knows it: a file of the build directory under the run directory's
+    name, and any other file (a library's temporary one, elsewhere) as the run directory."""
+    run_dir = final_directory(build_dir)
+    if filename and Path(filename).is_relative_to(build_dir):
+        return run_dir / Path(filename).relative_to(build_dir)
+    return run_dir
+
+
+def record_killed(cfg: DictConfig, error: str) -> None:
+    """Record as failed, with ``error``, a run whose process was killed before it could (a native crash);
+    what it had built becomes the run directory, as a failed run's does."""
+    build_dir = build_path(run_directory(cfg))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    record = new_record(cfg, get_domain(cfg.domain), None)
+    record.update(status="failed", error=error)
+    save_record(build_dir, record)
+
+
+def save_record(build_dir: Path, record: dict) -> None:
+    """Write the record into the build directory and put the run in its directory's place (``publish``);
+    where that fails, say so on stderr rather than lose the outcome, and remove the build directory (its
+    checkpoints may be what filled the disk), so the earlier result, if any, stays."""
+    run_dir = final_directory(build_dir)
     try:
-        write_record(run_dir, record)
+        write_record(build_dir, record)
+        publish(build_dir, run_dir)
     except OSError as err:  # even the record cannot be written: say so where a person or scheduler looks
-        print(f"quest: {record['status']}: {record['error'] or ''} (record not written: {err.strerror or err})",
-              file=sys.stderr)
+        _remove(build_dir)
+        print(f"quest: {record['status']}: {record['error'] or ''} (record not written to {run_dir}: "
+              f"{err.strerror or err})", file=sys.stderr)
 
 
 def write_text(path: Path, text: str) -> None:

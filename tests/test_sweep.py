@@ -23,6 +23,36 @@ from runners.config import compose, run_directory
 FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner
 
 
+class Forked:
+    """A process forked from the test process, with the toy domain and the fake runner, that the sweep
+    waits for as for a worker started with `python -m runners.cli`."""
+
+    def __init__(self, target):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.process = FORK.Process(target=target)
+        self.process.start()
+
+    def wait(self):
+        self.process.join()
+        return self.process.exitcode
+
+    def send_signal(self, signum):
+        os.kill(self.process.pid, signum)
+
+
+def forked_worker(cmd, env, report_fd):
+    """The worker's own code (``sweep.main`` with --report-fd), forked."""
+    argv = cmd[cmd.index("sweep") + 1:]
+    return Forked(lambda: sys.exit(cli(["sweep", *argv])))
+
+
+@pytest.fixture(autouse=True)
+def forked_workers(monkeypatch):
+    """Sweeps make their runs in workers: forked here, so that they run the test's toy domain and fakes."""
+    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+
+
 def write_spec(tmp_path, **spec) -> str:
     spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0], "preset": "demo",
             "output_dir": str(tmp_path / "runs"),
@@ -250,29 +280,7 @@ def test_progress_line_changes_only_with_the_counts(capsys):
     assert progress.code() == 1
 
 
-class Forked:
-    """A process forked from the test process, with the toy domain and the fake runner, that the sweep
-    waits for as for a worker started with `python -m runners.cli`."""
-
-    def __init__(self, target):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.process = FORK.Process(target=target)
-        self.process.start()
-
-    def wait(self):
-        self.process.join()
-        return self.process.exitcode
-
-
-def forked_worker(cmd, env, report_fd):
-    """The worker's own code (``sweep.main`` with --report-fd), forked."""
-    argv = cmd[cmd.index("sweep") + 1:]
-    return Forked(lambda: sys.exit(sweep.main(argv)))
-
-
-def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, monkeypatch, capfd):
-    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, capfd):
     fake_run.statuses.update({1: "failed", 2: "invalid"})
     fake_run.delay = 0.2
     assert sweep.main([write_spec(tmp_path, seeds=[0, 1, 2, 3, 4]), "--workers", "2"]) == 2
@@ -327,7 +335,7 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
         time.sleep(0.05)
     os.kill(launcher.pid, signal.SIGTERM)
     launcher.join(20)
-    assert launcher.exitcode == 130  # stopped on purpose: neither ok nor a crash
+    assert launcher.exitcode == 143  # stopped on purpose by SIGTERM: neither ok nor a crash
     (stopped,) = read_launches(tmp_path / "runs")
     assert not stopped["finished"] and stopped["ran"]["ok"] == 0
 
