@@ -94,15 +94,21 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
 
 def write_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
     """Validate and write ``<run_dir>/record.json`` via a temp file and rename: a reader never sees
-    half a record, and a killed run leaves none."""
+    half a record, and a killed run leaves none. A write that fails (a full disk) removes the temp file
+    and raises ``OSError`` naming the record's path, not the temp file's."""
     run_dir = Path(run_dir)
+    path = run_dir / RECORD_NAME
     run_dir.mkdir(parents=True, exist_ok=True)
-    validate(record, str(run_dir / RECORD_NAME))
+    validate(record, str(path))
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".record.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True, default=float)
-    os.replace(tmp, run_dir / RECORD_NAME)
-    return run_dir / RECORD_NAME
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True, default=float)
+        os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    return path
 
 
 def read_record(path: str | Path) -> dict[str, Any]:

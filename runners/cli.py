@@ -11,7 +11,6 @@ import argparse
 import importlib
 import sys
 import traceback
-from contextlib import nullcontext
 
 from omegaconf import OmegaConf
 
@@ -24,7 +23,7 @@ SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.
 
 
 def train_main(argv: list[str]) -> int:
-    from runners.config import compose, run_directory
+    from runners.config import compose
 
     parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
                                      "write the record.")
@@ -39,15 +38,9 @@ def train_main(argv: list[str]) -> int:
         return 0
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-    from runners.rundir import claimed, lock_path
     from runners.train import run
 
-    run_dir = run_directory(cfg)
-    with claimed(run_dir, wait=args.wait) if rank_zero_only.rank == 0 else nullcontext(True) as mine:
-        if not mine:  # a sweep's worker or another `quest train` (DDP's other ranks follow rank 0 and lock nothing)
-            raise ConfigError(f"{run_dir} is being run by another process (it holds {lock_path(run_dir)}); "
-                              "pass --wait to run it after that one")
-        record = run(cfg)
+    record = run(cfg, wait=args.wait)
     failed = int(record["status"] == "failed")
     if rank_zero_only.rank != 0:
         return failed

@@ -44,8 +44,8 @@ def claimed(run_dir: Path, wait: bool = False) -> Iterator[bool]:
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # written to: NFS grants exclusive locks on writable files
-    except OSError as err:
-        raise ConfigError(f"cannot write the lock file {lock}: {err.strerror}") from None
+    except OSError as err:  # the lock file is the first thing a run writes
+        raise ConfigError(f"cannot write the run directory {run_dir}: {err.strerror}") from None
     try:
         yield _lock(fd, lock, wait)
     finally:

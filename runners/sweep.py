@@ -282,7 +282,7 @@ def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
 
     start = time.monotonic()
     try:
-        record = run(cfg)
+        record = run(cfg, lock=False)  # this process holds the lock
     except (ConfigError, DataError) as err:  # the user's input is wrong; no record to keep
         return run_outcome(index, "invalid", error_line(err), run_dir)
     except Exception as err:  # escaped the runner's record: still one failed run, not the end of the sweep

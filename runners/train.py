@@ -45,7 +45,7 @@ from common.registry import get_domain
 from common.task import OPTIMIZERS, SCHEDULES
 from runners import console
 from runners.config import build_config, compose, run_directory
-from runners.rundir import build_path, publish
+from runners.rundir import build_path, claimed, lock_path, publish
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
@@ -56,8 +56,10 @@ def train(args: list[str]) -> dict:
     return run(compose(args))
 
 
-def run(cfg: DictConfig) -> dict:
-    """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input."""
+def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
+    """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input,
+    ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.rundir``;
+    with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it."""
     console.quiet()
     with torch_threads(cfg.threads), normalization(cfg), stop_signals():
         domain = get_domain(cfg.domain)
@@ -74,19 +76,31 @@ def run(cfg: DictConfig) -> dict:
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
         record["primary_metric"], record["mode"] = task.primary or (domain.metric, domain.mode)
-        build_dir = fresh_run_directory(cfg)
-        try:
-            writes = _fit_and_test(cfg, build_dir, datamodule, task, record)
-        except (ConfigError, DataError):
-            _remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
-            raise
-        except Stopped as stop:
-            stop.detail = _keep_or_record_stopped(build_dir, record)
-            raise
-        record["wall_time_s"] = round(time.perf_counter() - start, 3)
-        if writes:
-            save_record(build_dir, record)
+        run_dir = run_directory(cfg)
+        # DDP's other ranks follow rank 0, which holds the lock for them
+        with claimed(run_dir, wait) if lock and rank_zero_only.rank == 0 else nullcontext(True) as mine:
+            if not mine:
+                raise ConfigError(f"{run_dir} is being run by another process (it holds {lock_path(run_dir)}); "
+                                  "pass --wait to run it after that one")
+            _build(cfg, datamodule, task, record, start)
         return record
+
+
+def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> None:
+    """Fit and test in a fresh build directory, and put it in the run directory's place with its record
+    (``start``: when the run began, for its wall time)."""
+    build_dir = fresh_run_directory(cfg)
+    try:
+        writes = _fit_and_test(cfg, build_dir, datamodule, task, record)
+    except (ConfigError, DataError):
+        _remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
+        raise
+    except Stopped as stop:
+        stop.detail = _keep_or_record_stopped(build_dir, record)
+        raise
+    record["wall_time_s"] = round(time.perf_counter() - start, 3)
+    if writes:
+        save_record(build_dir, record)
 
 
 @contextmanager

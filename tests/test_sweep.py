@@ -85,7 +85,7 @@ def fake_run(monkeypatch, tmp_path):
     log = tmp_path / "executions"
     fake = SimpleNamespace(statuses={}, delay=0.0)
 
-    def run(cfg):
+    def run(cfg, **options):
         with open(log, "a") as f:
             f.write(f"{cfg.seed} {os.getpid()}\n")
         status = fake.statuses.get(cfg.seed, "ok")
