@@ -34,6 +34,17 @@ def require_path(path: str | Path, what: str = "dataset root") -> Path:
     return path
 
 
+def data_root(data: dict, what: str, *, folder: bool = False) -> Path:
+    """``data.root`` of a dataset read from disk: given, existing and, with ``folder``, a folder, else a
+    ``DataError`` naming it; ``what`` says what it should be ("a folder of class folders")."""
+    if data["root"] is None:
+        raise DataError(f"dataset {data['dataset']!r} needs data.root=<{what}>")
+    root = require_path(data["root"], "data.root")
+    if folder and not root.is_dir():
+        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs {what}")
+    return root
+
+
 def class_folder_files(root: str | Path, extensions: Iterable[str]) -> tuple[list[tuple[Path, int]], list[str]]:
     """Files under ``root/<class>/`` (searched recursively) with one of ``extensions`` (e.g. ".wav"),
     labelled by their class folder in sorted order. A missing root, no class folders, or a class folder

@@ -98,7 +98,7 @@ def test_folder_without_splits_and_bad_roots(tmp_path):
     dm = PointCloudDataModule(data_cfg(dataset="folder", root=tmp_path / "tree", test_fraction=0.25),
                               tmp_path / "cache")
     assert sum(len(s) for s in dm.datasets.values()) == 13  # 14 files, one unreadable
-    with pytest.raises(DataError, match="needs data.root"):
+    with pytest.raises(DataError, match="data.root .*missing does not exist"):
         PointCloudDataModule(data_cfg(dataset="modelnet", root=tmp_path / "missing"), tmp_path)
     (tmp_path / "tree" / "empty_class").mkdir()
     with pytest.raises(DataError, match="empty_class"):

@@ -103,7 +103,7 @@ def test_speech_commands_layout_splits_and_bad_files(tmp_path, caplog):
 
     with pytest.raises(DataError, match="does not exist"):
         SpeechDataModule(speech_commands(tmp_path / "nope"), tmp_path)
-    with pytest.raises(DataError, match="data.root is required"):
+    with pytest.raises(DataError, match="needs data.root"):
         SpeechDataModule(config("data.dataset=folder").data, tmp_path)
     (tmp_path / "testing_list.txt").unlink()
     with pytest.raises(DataError, match="testing_list.txt"):

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from common.data import SPLITS, DataError, Split, require_path, shipped_split
+from common.data import SPLITS, DataError, Split, data_root, require_path, shipped_split
 
 from .splits import LoadedGraphs, by_members, check_split_by, random_split
 
@@ -35,13 +35,6 @@ PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 # What reading a file that is not what it should be raises, from pickle, torch and PyG.
 UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
               AttributeError, AssertionError, IndexError)
-
-
-def need_root(data: dict, what: str) -> Path:
-    """``data.root``, which must exist; ``what`` says what it should name."""
-    if data["root"] is None:
-        raise DataError(f"dataset {data['dataset']} needs data.root=<{what}>")
-    return require_path(data["root"], "data.root")
 
 
 def standard_graph(graph: Data) -> Data:
@@ -63,7 +56,7 @@ def zinc_splits(data: dict) -> LoadedGraphs:
     from torch_geometric.datasets import ZINC
 
     check_split_by(data, has_smiles=False)
-    root = need_root(data, "folder for PyG's ZINC (raw/ holds its pickles)")
+    root = data_root(data, "folder for PyG's ZINC (raw/ holds its pickles)")
     present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
     graphs, members = {}, {}
     for split in SPLITS:
@@ -92,7 +85,7 @@ def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
     from torch_geometric.io import read_planetoid_data
 
     check_split_by(data, has_smiles=False)
-    folder = planetoid_folder(need_root(data, f"folder of the ind.{name}.* files"), name)
+    folder = planetoid_folder(data_root(data, f"folder of the ind.{name}.* files"), name)
     try:
         graph = read_planetoid_data(str(folder), name)
     except UNREADABLE as err:
@@ -174,7 +167,7 @@ def label_graphs(graphs: list[Data], node_level: bool) -> list[Data]:
 
 def pyg_splits(data: dict) -> LoadedGraphs:
     check_split_by(data, has_smiles=False)
-    root = need_root(data, "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
+    root = data_root(data, "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
     if root.is_dir():
         return pyg_folder_splits(root, data)
     graphs = read_pyg(root)

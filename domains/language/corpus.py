@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from common.data import SPLITS, DataError, check_fractions, require_path, short_hash
+from common.data import SPLITS, DataError, check_fractions, data_root, require_path, short_hash
 
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 WIKITEXT_FILES = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
@@ -69,7 +69,7 @@ def stdlib(data: dict) -> Corpus:
 
 
 def text(data: dict) -> Corpus:
-    path = require_path(_root(data, "a UTF-8 text file or a folder of text files"), "text data")
+    path = data_root(data, "a UTF-8 text file or a folder of text files")
     if path.is_file():
         return by_position(_non_empty(path), data["split"])
     files = [p for p in path.rglob("*") if p.is_file() and p.stat().st_size > 0
@@ -83,7 +83,7 @@ def standard_split(file_name: str):
     """Loader of enwik8 or text8: the file (``root`` itself, or ``root/<file_name>``), 90/5/5% by position."""
 
     def load(data: dict) -> Corpus:
-        path = require_path(_root(data, f"the {file_name} file or its folder"), f"{file_name} data")
+        path = data_root(data, f"the {file_name} file or its folder")
         path = _non_empty(require_path(path / file_name, f"{file_name} file") if path.is_dir() else path)
         size = path.stat().st_size
         held_out = size // 20
@@ -95,8 +95,7 @@ def standard_split(file_name: str):
 
 
 def wikitext103(data: dict) -> Corpus:
-    root = require_path(_root(data, "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw"),
-                        "WikiText-103 folder")
+    root = data_root(data, "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw", folder=True)
     paths = {s: _non_empty(require_path(root / name, f"WikiText-103 {s} file")) for s, name in WIKITEXT_FILES.items()}
     return Corpus({s: [Document(p, p.name)] for s, p in paths.items()}, "shipped", "WikiText-103: "
                   + ", ".join(WIKITEXT_FILES.values()))
@@ -129,12 +128,6 @@ def by_position(path: Path, fractions) -> Corpus:
 
 def _ranges(path: Path, cuts: tuple[int, ...]) -> Splits:
     return {s: [Document(path, f"{path.name} bytes {a}-{b}", a, b)] for s, a, b in zip(SPLITS, cuts, cuts[1:])}
-
-
-def _root(data: dict, what: str) -> str:
-    if data["root"] is None:
-        raise DataError(f"data.dataset={data['dataset']} needs data.root=<{what}>")
-    return data["root"]
 
 
 def _non_empty(path: Path) -> Path:

@@ -32,6 +32,7 @@ from common.data import (
     carve_validation,
     class_folder_files,
     class_folder_splits,
+    data_root,
     named,
     shipped_split,
     short_hash,
@@ -260,14 +261,7 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
 
 def _root(data: dict) -> Path:
     """The root of a modelnet or folder tree."""
-    root = data["root"]
-    if root is None or not Path(root).expanduser().exists():
-        raise DataError(f"dataset {data['dataset']!r} needs data.root, an existing folder of class folders "
-                        f"(got {root}); ModelNet10/40 unzipped from modelnet.cs.princeton.edu works as is")
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs a folder of class folders")
-    return root
+    return data_root(data, "a folder of class folders (ModelNet10/40 unzipped works as is)", folder=True)
 
 
 def _sampled(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:

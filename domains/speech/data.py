@@ -32,6 +32,7 @@ from common.data import (
     SplitDataModule,
     class_folder_files,
     class_folder_splits,
+    data_root,
     named,
     require_path,
     shipped_split,
@@ -102,16 +103,6 @@ def _words(data: dict, key: str) -> list[str] | None:
     return words
 
 
-def _root(data: dict, what: str) -> Path:
-    """``data.root``, an existing folder (``what`` names it when it does not exist)."""
-    if data["root"] is None:
-        raise DataError(f"data.root is required for dataset {data['dataset']!r}")
-    root = require_path(data["root"], what)
-    if not root.is_dir():
-        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs a folder of class folders")
-    return root
-
-
 def _keep_classes(items: Items, names: list[str], wanted: list[str] | None, key: str,
                   root: Path) -> tuple[Items, list[str]]:
     """Restrict to the class folders ``wanted`` (None: every class folder), relabelled in that order."""
@@ -128,7 +119,7 @@ def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
     """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
     and ``testing_list.txt`` naming the held-out files (its shipped split); everything else trains.
     ``_background_noise_`` is not a word (``class_folder_files`` skips folders starting with an underscore)."""
-    root = _root(data, "Speech Commands root")
+    root = data_root(data, "a folder of word folders with validation_list.txt and testing_list.txt", folder=True)
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
@@ -146,7 +137,7 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
     """Any ``<class>/<file>`` audio tree at ``data.root`` with its classes from its folders (``data.classes``
     keeps some): split folders as shipped (``<root>/{train,val,test}/<class>/``), or one tree split by
     ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
-    root = _root(data, "audio folder")
+    root = data_root(data, "a folder of class folders of audio files", folder=True)
     fractions = (1.0 - data["val_fraction"] - data["test_fraction"], data["val_fraction"], data["test_fraction"])
     seed, pattern, wanted = data["split_seed"], data["group_pattern"], _words(data, "classes")
     if split_folders(root):

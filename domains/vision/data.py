@@ -30,9 +30,9 @@ from common.data import (
     SplitDataModule,
     class_folder_files,
     class_folder_splits,
+    data_root,
     load_mnist,
     named,
-    require_path,
     shipped_split,
     split_folders,
     split_names,
@@ -153,12 +153,7 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
     """Split folders as shipped (``split_folders``: train/ with val/ and/or test/), or one class-per-folder
     tree split by ``data.split`` (random, or grouped by ``data.group_pattern``) from ``data.split_seed``.
     Members are the image paths relative to the root."""
-    if data["root"] is None:
-        raise DataError("data.dataset=imagefolder needs data.root=<folder of class folders, or with train/ and val/>")
-    root = require_path(data["root"])
-    if not root.is_dir():
-        raise DataError(f"data.root {root} is a file; dataset 'imagefolder' needs a folder of class folders, "
-                        "or with train/ and val/")
+    root = data_root(data, "a folder of class folders, or with train/ and val/", folder=True)
     seed, pattern = data["split_seed"], data["group_pattern"]
     if split_folders(root):
         found, classes = class_folder_splits(root, IMAGE_EXTENSIONS)
