@@ -275,17 +275,19 @@ def record_killed(cfg: DictConfig, error: str) -> None:
 
 
 def save_record(build_dir: Path, record: dict) -> None:
-    """Write the record into the build directory and put the run in its directory's place (``publish``);
-    where that fails, say so on stderr rather than lose the outcome, and remove the build directory (its
-    checkpoints may be what filled the disk), so the earlier result, if any, stays."""
+    """Write the record into the build directory and put the run in its directory's place (``publish``).
+    Where that fails the outcome is lost, so the run has failed: ``record`` says so and why, stderr too
+    (where a person or scheduler looks), and the build directory is removed (its checkpoints may be what
+    filled the disk), so the earlier result, if any, stays."""
     run_dir = final_directory(build_dir)
     try:
         write_record(build_dir, record)
         publish(build_dir, run_dir)
-    except OSError as err:  # even the record cannot be written: say so where a person or scheduler looks
+    except OSError as err:
         _remove(build_dir)
-        print(f"quest: {record['status']}: {record['error'] or ''} (record not written to {run_dir}: "
-              f"{err.strerror or err})", file=sys.stderr)
+        lost = f"record not written to {run_dir}: {err.strerror or err}"
+        record.update(status="failed", error=f"{record['error']}; {lost}" if record["error"] else lost)
+        print(f"quest: {record['error']}", file=sys.stderr)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -85,7 +85,7 @@ def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain,
     assert cli(["train", "domain=toy", *run_args]) == 1
     run_dir = run_directory(compose(["domain=toy", *run_args]))
     record = read_record(run_dir)
-    assert record["status"] == "failed" and record["error"].startswith("no space left on ")
+    assert record["status"] == "failed" and record["error"].startswith(f"no space left on {run_dir}/checkpoints/")
     assert not (run_dir / "checkpoints").exists() and (run_dir / "error.log").exists()
 
     def no_record(*args):
@@ -93,7 +93,8 @@ def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain,
 
     monkeypatch.setattr(train_module, "write_record", no_record)
     assert cli(["train", "domain=toy", "seed=3", *run_args]) == 1
-    assert "quest: failed: no space left on" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("quest: no space left on ") and "; record not written to " in err, err
 
 
 def test_a_crashing_rank_keeps_its_own_error_log(toy_domain, run_args, monkeypatch):
@@ -159,3 +160,16 @@ def test_types_come_from_the_schema_not_the_preset_and_a_path_is_a_string():
     assert cfg.trainer.limit_train_batches == 0.5
     assert cfg.output_dir == "/tmp/runs/hash #1" and cfg.cache_dir == "2024"  # YAML would cut at ' #', make 2024 an int
     assert list(cfg.data.split) == [0.8, 0.1, 0.1] and cfg.optim.name == "sgd"
+
+
+def test_a_record_that_cannot_be_written_leaves_no_temp_file_and_names_the_run(toy_domain, run_args, monkeypatch,
+                                                                               capsys):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("common.records.json.dump", full_disk)
+    assert cli(["train", "domain=toy", *run_args]) == 1  # the training was fine, but its outcome is lost
+    run_dir = run_directory(compose(["domain=toy", *run_args]))
+    err = capsys.readouterr().err
+    assert err == f"quest: record not written to {run_dir}: No space left on device\n", err
+    assert [p.name for p in run_dir.parent.iterdir()] == [f".{run_dir.name}.lock"]  # no temp record, no half run

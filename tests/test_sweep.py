@@ -1,4 +1,5 @@
 """`quest sweep`: exit status, reruns, run locks under contention, and the sweep's one progress line."""
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -81,7 +82,8 @@ def recorded(tmp_path) -> dict[int, str]:
 def fake_run(monkeypatch, tmp_path):
     """The runner replaced by one that logs "<seed> <pid>" per run, takes `delay` seconds and ends as
     `statuses[seed]` says: ok (the default), diverged or failed with a record; "invalid" raises DataError and
-    "crash" a RuntimeError, with no record, as the runner does for bad input and for a bug outside its record."""
+    "crash" a RuntimeError, with no record, as the runner does for bad input and for a bug outside its record;
+    "segfault" kills its process with SIGSEGV."""
     log = tmp_path / "executions"
     fake = SimpleNamespace(statuses={}, delay=0.0)
 
@@ -89,6 +91,9 @@ def fake_run(monkeypatch, tmp_path):
         with open(log, "a") as f:
             f.write(f"{cfg.seed} {os.getpid()}\n")
         status = fake.statuses.get(cfg.seed, "ok")
+        if status == "segfault":  # as a native library's crash kills the process
+            faulthandler.disable()  # pytest's would print the stack first
+            os.kill(os.getpid(), signal.SIGSEGV)
         if status in ("invalid", "crash"):  # at once, as bad input is found before training
             raise DataError("data file broken") if status == "invalid" else RuntimeError("bug\nmore lines")
         time.sleep(fake.delay)
@@ -364,3 +369,28 @@ def test_a_sweep_needs_at_least_one_worker(capsys):
     with pytest.raises(SystemExit) as stop:
         sweep.main(["demo", "--workers", "0"])
     assert stop.value.code == 2 and "--workers: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp_path, fake_run, capsys):
+    from runners.aggregate import read_launches
+
+    fake_run.statuses[1] = "segfault"
+    spec = write_spec(tmp_path, seeds=[0, 1, 2])
+    assert sweep.main([spec]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "sweep: finished, 3/3 done: 2 ok · 0 diverged · 1 failed · 0 invalid"
+    assert "failed toy/quest seed 1: killed by signal 11 (SIGSEGV)" in err
+    assert recorded(tmp_path) == {0: "ok", 1: "failed", 2: "ok"}  # a new worker took the dead one's place
+    (killed,) = [r for r in map(read_record, tmp_path.rglob("record.json")) if r["seed"] == 1]
+    assert killed["error"] == "killed by signal 11 (SIGSEGV)"
+    assert read_launches(tmp_path / "runs")[0]["finished"]
+    assert sweep.main([spec]) == 1 and sorted(fake_run.executions()) == [0, 1, 1, 2]  # retried, as failed runs are
+
+
+def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run):
+    spec = write_spec(tmp_path, seeds=[0, 1])
+    assert sweep.main([spec]) == 0
+    (broken,) = [p for p in tmp_path.rglob("record.json") if read_record(p)["seed"] == 1]
+    broken.write_text("{half a record")
+    assert sweep.main([spec]) == 0
+    assert recorded(tmp_path) == {0: "ok", 1: "ok"} and sorted(fake_run.executions()) == [0, 1, 1]

@@ -429,3 +429,16 @@ def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
     task.train()
     inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
     assert torch.isfinite(task.loss(task(inputs), target, "train"))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_unreadable_image_is_one_line_with_or_without_loader_workers(tmp_path, capsys, workers):
+    write_tree(tmp_path / "tree")
+    broken = tmp_path / "tree" / "cat" / "0.jpg"
+    broken.write_bytes(broken.read_bytes()[:200])  # truncated: only a worker, reading it lazily, finds out
+    assert cli(["train", "domain=vision", "preset=smoke", "data.dataset=imagefolder", f"data.root={tmp_path / 'tree'}",
+                "data.image_size=16", "model.patch_size=4", "data.batch_size=4", *RGB, f"data.num_workers={workers}",
+                "trainer.limit_train_batches=1.0", f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache",
+                "trainer.enable_progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"quest: error: {broken}: unreadable image") and err.count("\n") == 1, err
