@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +90,13 @@ def read_checkpoint(path: Path, *, key: str) -> dict:
     would have run as code) is a ``ConfigError`` naming it."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # weights_only met an object it will not build
-        raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers; refused, "
-                          "since loading them would run code") from None
-    except Exception as err:  # truncated, empty, not a torch file
+    except pickle.UnpicklingError as err:
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))  # an object weights_only will not build
+        if unsafe:
+            raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers ({unsafe[1]}); "
+                              "refused, since loading them would run code") from None
+        raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint (not a torch file)") from None
+    except Exception as err:  # truncated, empty
         raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint ({_first_line(err)})") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
         raise ConfigError(f"{key}: {path} is not a Lightning checkpoint (no state_dict)")

@@ -1,7 +1,8 @@
 """`quest` command: train | sweep | ensemble | aggregate | stability | bench | feed | generate | list | robustness
 | imagenet.
 
-Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths).
+Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths),
+128 + N stopped by signal N (130: SIGINT, Ctrl-C; 143: SIGTERM, a scheduler's preemption).
 Heavy packages (torch, Lightning, the domains) load only once the config's keys are known to be good, so a
 mistyped key is answered in about a second.
 """

@@ -36,6 +36,11 @@ def build_path(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.partial"
 
 
+def final_path(build_dir: Path) -> Path:
+    """The run directory that ``build_dir`` (a ``build_path``) becomes."""
+    return build_dir.parent / build_dir.name.removeprefix(".").removesuffix(".partial")
+
+
 @contextmanager
 def claimed(run_dir: Path, wait: bool = False) -> Iterator[bool]:
     """Whether this process holds the run's lock for the ``with`` block: False when another one holds it,

@@ -9,10 +9,11 @@ Reruns. Running the sweep again skips the runs whose record says ok or diverged 
 stopped and unreadable ones; ``--redo diverged`` reruns the diverged ones too, ``--redo all`` every run.
 The launching process decides this once, before any run starts, and notes each run to redo in its lock
 file ("redo"), under the lock; the record stays until the rerun replaces it (``runners.rundir``), so a
-stopped or killed rerun loses nothing. A worker runs a run only when it has no record or is noted for a
-redo, and clears the note when it has run it, so a run one worker has just redone is not redone again by
-the next; an outcome that leaves no record (invalid, or an error that escaped the runner) is noted in the
-lock file instead for the rest of the sweep, and the next launch, which resets the notes, tries it again.
+stopped or killed rerun loses nothing. A worker runs a run only when it has no record, a stopped one, or
+is noted for a redo, and clears the note when it has run it, so a run one worker has just redone is not
+redone again by the next; an outcome that leaves no record (invalid, or an error that escaped the runner)
+is noted in the lock file instead for the rest of the sweep, and the next launch, which resets the notes,
+tries it again.
 
 Workers and progress. The runs are made in worker processes (``quest sweep`` again, ``--workers N`` of
 them, each with its share of CPU threads) that share the grid through the run locks, so that a run that
@@ -256,12 +257,15 @@ def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dic
 
 def settled(run_dir: Path) -> tuple[str, str | None] | None:
     """How the run was settled before, None if it is to be made: noted for a redo by this launch (see
-    ``keep_or_drop``), else its record's status, else the note in its lock file of an outcome that leaves no
-    record (invalid, or failed outside the runner), written by a worker of this launch."""
+    ``keep_or_drop``), else its record's status (a stopped run is made again: a SLURM task requeued after
+    preemption finds its run so), else the note in its lock file of an outcome that leaves no record
+    (invalid, or failed outside the runner), written by a worker of this launch."""
     note = lock_path(run_dir).read_text()
     if note == REDO:
         return None
     status = recorded_status(run_dir)
+    if status == "stopped":
+        return None
     if status is not None:
         return status, None
     return tuple(json.loads(note)) if note.startswith("[") else None  # else empty, or an old "host pid" lock

@@ -45,7 +45,7 @@ from common.registry import get_domain
 from common.task import OPTIMIZERS, SCHEDULES
 from runners import console
 from runners.config import build_config, compose, run_directory
-from runners.rundir import build_path, claimed, lock_path, publish
+from runners.rundir import build_path, claimed, final_path, lock_path, publish
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
@@ -121,7 +121,7 @@ def stop_signals():
 def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
     """A stopped run's record takes the run directory when it holds no earlier result; else the earlier
     result stays and the stopped attempt is removed. Returns what happened, for the one line printed."""
-    run_dir = final_directory(build_dir)
+    run_dir = final_path(build_dir)
     if rank_zero_only.rank != 0:
         return record["error"]
     if (run_dir / RECORD_NAME).exists():
@@ -201,26 +201,21 @@ def fresh_run_directory(cfg: DictConfig) -> Path:
     return build_dir
 
 
-def final_directory(build_dir: Path) -> Path:
-    """The run directory a build directory (``fresh_run_directory``) becomes."""
-    return build_dir.parent / build_dir.name.removeprefix(".").removesuffix(".partial")
-
-
-def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict) -> bool:
+def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
     trainer = None
     try:
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{record['primary_metric']}"
-        checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=monitor,
+        checkpoint = ModelCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor,
                                      mode=record["mode"], save_last=True, enable_version_counter=False)
         probes = ProbeCallback(**cfg.probes)
-        loggers = [CSVLogger(run_dir, name="", version="")]
+        loggers = [CSVLogger(build_dir, name="", version="")]
         if cfg.logging.tensorboard:
-            loggers.append(TensorBoardLogger(run_dir, name="", version="tensorboard"))
+            loggers.append(TensorBoardLogger(build_dir, name="", version="tensorboard"))
         watch = DivergenceCallback(**cfg.divergence)
-        trainer = pl.Trainer(**cfg.trainer, default_root_dir=run_dir, logger=loggers, enable_model_summary=False,
+        trainer = pl.Trainer(**cfg.trainer, default_root_dir=build_dir, logger=loggers, enable_model_summary=False,
                              callbacks=[checkpoint, probes, watch])
         trainer.fit(task, datamodule=datamodule)
         record["hardware"]["world_size"] = trainer.world_size
@@ -229,8 +224,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
-            record["best_val"] = best_validation(run_dir / "metrics.csv", monitor, record["mode"])
-            record["losses"] = {**watch.losses, **_validation_losses(run_dir / "metrics.csv")}
+            record["best_val"] = best_validation(build_dir / "metrics.csv", monitor, record["mode"])
+            record["losses"] = {**watch.losses, **_validation_losses(build_dir / "metrics.csv")}
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)
         else:
@@ -247,17 +242,17 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, datamodule, task, record: dict
     except Exception as err:  # a failed run is a record too, so a sweep carries on
         record.update(status="failed", error=f"{type(err).__name__}: {_first_line(err)}")
         if _no_space(err):
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
-            record["error"] = f"no space left on {_users_path(getattr(err, 'filename', None), run_dir)}"
+            shutil.rmtree(build_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
+            record["error"] = f"no space left on {_users_path(getattr(err, 'filename', None), build_dir)}"
         rank = rank_zero_only.rank
-        write_text(run_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
+        write_text(build_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
     return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0
 
 
 def _users_path(filename: str | None, build_dir: Path) -> Path:
     """Where a write failed, as the user knows it: a file of the build directory under the run directory's
     name, and any other file (a library's temporary one, elsewhere) as the run directory."""
-    run_dir = final_directory(build_dir)
+    run_dir = final_path(build_dir)
     if filename and Path(filename).is_relative_to(build_dir):
         return run_dir / Path(filename).relative_to(build_dir)
     return run_dir
@@ -279,7 +274,7 @@ def save_record(build_dir: Path, record: dict) -> None:
     Where that fails the outcome is lost, so the run has failed: ``record`` says so and why, stderr too
     (where a person or scheduler looks), and the build directory is removed (its checkpoints may be what
     filled the disk), so the earlier result, if any, stays."""
-    run_dir = final_directory(build_dir)
+    run_dir = final_path(build_dir)
     try:
         write_record(build_dir, record)
         publish(build_dir, run_dir)

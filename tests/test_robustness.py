@@ -122,7 +122,7 @@ def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
     record = train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}",
                     f"cache_dir={tmp_path}/cache", "threads=1"])
     assert record["status"] == "ok"
-    run_dir = next(tmp_path.glob("vision/standard/*"))
+    run_dir = next(tmp_path.glob("vision/standard/seed*"))
     threads, attack = [], runners.robustness.evaluate_robustness
     monkeypatch.setattr(runners.robustness, "evaluate_robustness",
                         lambda *args: threads.append(torch.get_num_threads()) or attack(*args))
@@ -144,7 +144,7 @@ def test_a_run_from_an_older_version_is_a_clear_error(tmp_path, capsys):
     from runners.train import train
 
     train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
-    run_dir = next(tmp_path.glob("vision/standard/*"))
+    run_dir = next(tmp_path.glob("vision/standard/seed*"))
     saved = OmegaConf.load(run_dir / "config.yaml")
     del saved.model["norm_eps"]  # as a run from before the key existed
     OmegaConf.save(saved, run_dir / "config.yaml")

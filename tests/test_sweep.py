@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -43,15 +44,36 @@ class Forked:
 
 
 def forked_worker(cmd, env, report_fd):
-    """The worker's own code (``sweep.main`` with --report-fd), forked."""
+    """The worker's own code (``quest sweep`` with --report-fd), forked."""
     argv = cmd[cmd.index("sweep") + 1:]
     return Forked(lambda: sys.exit(cli(["sweep", *argv])))
 
 
+class Threaded:
+    """A worker (``quest sweep`` with --report-fd) in a thread of the test process, for the sweeps that train
+    for real: a forked child of a process whose torch has run its thread pools can hang in them. A thread
+    cannot be signalled: it finishes its runs."""
+
+    def __init__(self, cmd, env, report_fd):
+        argv = cmd[cmd.index("sweep") + 1:cmd.index("--report-fd")]
+        report = os.dup(report_fd)  # the launcher closes its copy of the pipe's write end at once
+        self.codes = []
+        self.thread = threading.Thread(target=lambda: self.codes.append(cli(["sweep", *argv, "--report-fd", str(report)])))
+        self.thread.start()
+
+    def wait(self):
+        self.thread.join()
+        return self.codes[0]
+
+    def send_signal(self, signum):
+        pass
+
+
 @pytest.fixture(autouse=True)
-def forked_workers(monkeypatch):
-    """Sweeps make their runs in workers: forked here, so that they run the test's toy domain and fakes."""
-    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+def threaded_workers(monkeypatch):
+    """Sweeps make their runs in workers: threads here, so that they run the test's toy domain and fakes
+    (the tests about worker processes fork them instead)."""
+    monkeypatch.setattr(sweep, "_spawn", Threaded)
 
 
 def write_spec(tmp_path, **spec) -> str:
@@ -285,7 +307,8 @@ def test_progress_line_changes_only_with_the_counts(capsys):
     assert progress.code() == 1
 
 
-def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, capfd):
+def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, monkeypatch, capfd):
+    monkeypatch.setattr(sweep, "_spawn", forked_worker)
     fake_run.statuses.update({1: "failed", 2: "invalid"})
     fake_run.delay = 0.2
     assert sweep.main([write_spec(tmp_path, seeds=[0, 1, 2, 3, 4]), "--workers", "2"]) == 2
@@ -327,10 +350,11 @@ def test_all_variants_leave_ablations_out_unless_asked():
     assert {run[1] for run in with_ablation} == {f"attention={v}" for v in [*VARIANTS, "uniform"]}
 
 
-def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fake_run):
-    """A launch run in the background ignores SIGINT; SIGTERM to its process group stops it, logged."""
+def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fake_run, monkeypatch):
+    """A launch run in the background ignores SIGINT; SIGTERM stops it and its workers, logged."""
     from runners.aggregate import read_launches
 
+    monkeypatch.setattr(sweep, "_spawn", forked_worker)
     fake_run.delay = 30.0
     spec = write_spec(tmp_path, seeds=[0])
     launcher = FORK.Process(target=lambda: sys.exit(cli(["sweep", spec])))
@@ -371,9 +395,10 @@ def test_a_sweep_needs_at_least_one_worker(capsys):
     assert stop.value.code == 2 and "--workers: must be a whole number >= 1, got '0'" in capsys.readouterr().err
 
 
-def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp_path, fake_run, capsys):
+def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
     from runners.aggregate import read_launches
 
+    monkeypatch.setattr(sweep, "_spawn", forked_worker)
     fake_run.statuses[1] = "segfault"
     spec = write_spec(tmp_path, seeds=[0, 1, 2])
     assert sweep.main([spec]) == 1
@@ -394,3 +419,11 @@ def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run):
     broken.write_text("{half a record")
     assert sweep.main([spec]) == 0
     assert recorded(tmp_path) == {0: "ok", 1: "ok"} and sorted(fake_run.executions()) == [0, 1, 1]
+
+
+def test_a_requeued_slurm_task_makes_its_stopped_run_again(toy_domain, tmp_path, fake_run):
+    args = one_run(tmp_path)
+    cfg = compose(args)
+    write_record(run_directory(cfg), {**fake_record(cfg, "ok"), "status": "stopped", "error": "stopped by SIGTERM"})
+    assert sweep.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
+    assert recorded(tmp_path) == {0: "ok"} and fake_run.executions() == [0]
