@@ -230,7 +230,12 @@ def run_all(runs: list[list[str]], robustness: bool = False,
     counts = dict.fromkeys(("ok", "diverged", "failed", "invalid", "skipped", "busy"), 0)
     report = report or (lambda outcome: None)
     for index, args in enumerate(runs):
-        outcome = _settle(index, args, robustness, report)
+        try:
+            outcome = _settle(index, args, robustness, report)
+        except Stopped as stop:
+            if hasattr(stop, "outcome"):  # stopped while making a run (see _run)
+                report(stop.outcome)
+            raise
         recorded_before = outcome["wall_s"] is None and outcome["status"] not in ("invalid", "busy")
         counts["skipped" if recorded_before else outcome["status"]] += 1
         report(outcome)
@@ -287,6 +292,9 @@ def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
     start = time.monotonic()
     try:
         record = run(cfg, lock=False)  # this process holds the lock
+    except Stopped as stop:  # what became of the run, for the report on the way out
+        stop.outcome = run_outcome(index, "stopped", stop.detail or str(stop), run_dir, time.monotonic() - start)
+        raise
     except (ConfigError, DataError) as err:  # the user's input is wrong; no record to keep
         return run_outcome(index, "invalid", error_line(err), run_dir)
     except Exception as err:  # escaped the runner's record: still one failed run, not the end of the sweep
@@ -303,12 +311,15 @@ class Progress:
     def __init__(self, runs: list[list[str]], workers: int = 1):
         self.runs, self.workers = runs, workers
         self.outcomes: dict[int, dict] = {}
+        self.stopped: set[int] = set()  # runs stopped by a signal: not done, made again by the next launch
         self.shown: int | None = None
 
     def add(self, outcome: dict) -> None:
         """Note a run's outcome; the first word on a run stands (workers that find it held by another process
         or already recorded add nothing, nor does a run's start). A failed or invalid run is reported at once."""
-        if outcome["status"] in ("busy", "running") or outcome["index"] in self.outcomes:
+        if outcome["status"] == "stopped":
+            self.stopped.add(outcome["index"])
+        if outcome["status"] in ("busy", "running", "stopped") or outcome["index"] in self.outcomes:
             return
         self.outcomes[outcome["index"]] = outcome
         if outcome["status"] in PROBLEMS:
@@ -397,7 +408,8 @@ def run_workers(args: argparse.Namespace, count: int, progress: Progress) -> int
     """Run the sweep in ``count`` worker processes, feeding ``progress`` with what they report until all
     have exited; returns the worst exit status among them. A worker killed by a signal while making a run
     fails that run (``_killed``) and is replaced; one killed between runs is not, and counts as status 1.
-    Stopped here (SIGINT, SIGTERM), it passes SIGTERM on to the workers and waits for them."""
+    Stopped here (SIGINT, SIGTERM), it passes SIGTERM on to the workers and follows them to their end, so
+    that what they report of their stopped runs is heard."""
     threads = max(1, (os.cpu_count() or 1) // count)
     cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, "--set", f"threads={threads}"]
     cmd += (["--output-dir", args.output_dir] if args.output_dir else []) + [f"--set={s}" for s in args.set]
@@ -411,34 +423,41 @@ def run_workers(args: argparse.Namespace, count: int, progress: Progress) -> int
 
     for _ in range(count):
         start()
-    code, partial, running = 0, {}, {}  # each pipe's incomplete last line, and the run its worker is making
+    partial, running = {}, {}  # each pipe's incomplete last line, and the run its worker is making
     try:
-        while workers:
-            for fd in select.select(list(workers), [], [])[0]:
-                chunk = os.read(fd, 1 << 16)
-                if chunk:
-                    *lines, partial[fd] = (partial.get(fd, b"") + chunk).split(b"\n")
-                    for outcome in map(json.loads, lines):
-                        if outcome["status"] == "running":
-                            running[fd] = outcome
-                        else:
-                            running.pop(fd, None)
-                            progress.update(outcome)
-                    continue
-                os.close(fd)
-                status, started = workers.pop(fd).wait(), running.pop(fd, None)
-                if status < 0 and started is not None:
-                    progress.update(_killed(started, -status, progress.runs[started["index"]]))
-                    start()
-                else:
-                    code = max(code, 1 if status < 0 else status)
-    except BaseException:  # stopped: the workers record their runs as stopped before they exit
+        return _follow(workers, partial, running, progress, start)
+    except (Stopped, KeyboardInterrupt):
         for worker in workers.values():
             with suppress(ProcessLookupError):
                 worker.send_signal(signal.SIGTERM)
-        for worker in workers.values():
-            worker.wait()
+        _follow(workers, partial, running, progress, start=None)
         raise
+
+
+def _follow(workers: dict[int, subprocess.Popen], partial: dict[int, bytes], running: dict[int, dict],
+            progress: Progress, start: Callable[[], None] | None) -> int:
+    """Feed ``progress`` the JSON lines coming down the workers' pipes until every worker has exited, and
+    return the worst exit status; ``start`` replaces a worker that a signal killed while making a run."""
+    code = 0
+    while workers:
+        for fd in select.select(list(workers), [], [])[0]:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                *lines, partial[fd] = (partial.get(fd, b"") + chunk).split(b"\n")
+                for outcome in map(json.loads, lines):
+                    if outcome["status"] == "running":
+                        running[fd] = outcome
+                    else:
+                        running.pop(fd, None)
+                        progress.update(outcome)
+                continue
+            os.close(fd)
+            status, started = workers.pop(fd).wait(), running.pop(fd, None)
+            if status < 0 and started is not None and start is not None:
+                progress.update(_killed(started, -status, progress.runs[started["index"]]))
+                start()
+            else:
+                code = max(code, 1 if status < 0 else status)
     return code
 
 
@@ -513,7 +532,8 @@ def log_launch(folder: Path, argv: list[str], started: float, progress: Progress
     entry = {"command": shlex.join(["quest", "sweep", *argv]),
              "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
              "wall_s": round(time.time() - started, 1), "finished": finished, "workers": progress.workers,
-             "ran": {status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
+             "ran": {**{status: sum(o["status"] == status for o in ran) for status in ("ok", "diverged", *PROBLEMS)},
+                     "stopped": len(progress.stopped)},
              "hardware": hardware(), "git_commit": git_commit()}
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LAUNCH_LOG, "a") as log_file:
@@ -527,7 +547,10 @@ def main(argv: list[str]) -> int:
     robustness = bool(spec.get("robustness"))
     if args.report_fd is not None:  # a worker: run, and leave every word to the launching process
         with open(args.report_fd, "w", buffering=1) as pipe:
-            run_all(runs, robustness, report=lambda outcome: print(json.dumps(outcome), file=pipe))
+            try:
+                run_all(runs, robustness, report=lambda outcome: print(json.dumps(outcome), file=pipe))
+            except Stopped as stop:  # reported down the pipe: the launcher says it once for all
+                return stop.exit_code
         return 0
     if args.dry_run:
         print("\n".join(" ".join(r) for r in runs))
@@ -542,6 +565,10 @@ def main(argv: list[str]) -> int:
     default = signal.signal(signal.SIGTERM, Stopped.handler)  # `kill` stops a background launch as Ctrl-C does, logged
     try:
         code = run_local(args, len(pending), progress)
+    except (Stopped, KeyboardInterrupt) as stop:
+        stopped = Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as "
+                          "stopped, the finished ones kept; launch the sweep again to finish it")
+        raise stopped from None
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
         signal.signal(signal.SIGTERM, default)
         log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress,

@@ -100,3 +100,25 @@ def test_a_finished_rerun_replaces_the_earlier_result(toy_domain, run_args):
     assert (run_dir / "checkpoints" / "best.ckpt").read_bytes() != b"the earlier weights"
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["best.ckpt", "last.ckpt"]
     assert [p.name for p in run_dir.parent.iterdir() if not p.name.endswith(".lock")] == [run_dir.name]
+
+
+def test_sigterm_to_a_sweeps_process_group_records_its_runs_as_stopped(tmp_path):
+    spec = tmp_path / "long.yaml"
+    spec.write_text(json.dumps({"domains": ["retrieval"], "variants": ["quest", "standard"], "seeds": [0],
+                                "preset": "smoke", "output_dir": str(tmp_path / "runs"),
+                                "overrides": [f"cache_dir={tmp_path / 'cache'}", *LONG[2:]]}))
+    sweep = subprocess.Popen([sys.executable, "-m", "runners.cli", "sweep", str(spec), "--workers", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("runs/retrieval/*/.*.partial/checkpoints/last.ckpt"))) < 2:
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.1)
+    os.killpg(sweep.pid, signal.SIGTERM)  # as a scheduler stops a job: every process of the group
+    out, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 143, err
+    assert err == ("quest: stopped by SIGTERM: 2 run(s) recorded as stopped, the finished ones kept; launch the "
+                   "sweep again to finish it\n")  # one line, from the launcher alone
+    records = [read_record(path) for path in tmp_path.glob("runs/retrieval/*/seed0-*/record.json")]
+    assert [r["status"] for r in records] == ["stopped", "stopped"]
+    launch = json.loads((tmp_path / "runs" / "launches.jsonl").read_text())
+    assert not launch["finished"] and launch["ran"]["stopped"] == 2

@@ -16,7 +16,7 @@ import pytest
 
 import runners.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
 from common.attention import VARIANTS
-from common.errors import DataError
+from common.errors import DataError, Stopped
 from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
 from runners import sweep
 from runners.cli import main as cli
@@ -200,8 +200,8 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
     assert sweep.main([spec]) == 0  # the second launch finds everything recorded
     first, second = read_launches(tmp_path / "runs")
     assert first["command"] == f"quest sweep {spec}" and first["workers"] == 1
-    assert first["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0}
-    assert second["ran"] == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0}
+    assert first["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
+    assert second["ran"] == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0, "stopped": 0}
     assert first["hardware"]["cpus"] == os.cpu_count() and first["wall_s"] >= 0
     assert first["finished"] and second["finished"]
     header = "\n".join(describe_launches([first, second]))
@@ -213,10 +213,11 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sweep.Progress, "update", stop_after_the_first_run)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Stopped) as stop:
         sweep.main([spec, "--redo", "all"])
-    stopped = read_launches(tmp_path / "runs")[-1]
-    assert not stopped["finished"] and stopped["ran"] == {"ok": 1, "diverged": 0, "failed": 0, "invalid": 0}
+    assert stop.value.exit_code == 130
+    stopped = read_launches(tmp_path / "runs")[-1]  # the worker (a thread: it cannot be stopped) finished both
+    assert not stopped["finished"] and stopped["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
     assert "(stopped before the end)" in "\n".join(describe_launches([stopped]))
 
 
