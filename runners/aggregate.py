@@ -209,6 +209,9 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
     table["diverged"] = [int(((runs["variant"] == v) & (runs["status"] == "diverged")).sum()) for v in variants]
     table["failed"] = [int(((runs["variant"] == v) & (runs["status"] == "failed")).sum()) for v in variants]
+    stopped = [int(((runs["variant"] == v) & (runs["status"] == "stopped")).sum()) for v in variants]
+    if any(stopped):  # stopped by a signal, not a result: shown so that a missing run is not missed
+        table["stopped"] = stopped
     same = equivalents(ok)
     # Holm's family is the variants; an ablation's difference is tested on its own
     families = [[v for v in variants if v != "standard" and v not in same and v not in ABLATIONS],

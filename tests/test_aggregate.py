@@ -162,6 +162,10 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
     assert table.loc["quest", "mse ↓"] == f"**1.167 ± {t * np.std(values['quest'], ddof=1) / 3 ** 0.5:.2g}**"
     assert table.loc["standard", "mse ↓"] == f"2 ± {t / 3 ** 0.5:.2g}"
     assert table.loc["quest", "diverged"] == 1 and table.loc["quest", "runs"] == 3
+    assert "stopped" not in table  # shown only where a run was stopped
+    write_runs(tmp_path, [("standard", 4, {}, {"status": "stopped", "stopped": {"signal": "SIGTERM", "step": 3}})])
+    again = aggregate.domain_table(aggregate.load_runs(tmp_path).query("domain == 'a'"))
+    assert again.loc["standard", "stopped"] == 1 and again.loc["standard", "runs"] == 3
     p = ttest_rel(values["quest"], values["standard"]).pvalue
     half = t * np.std([-0.5, -1.0, -1.0], ddof=1) / 3 ** 0.5
     assert table.loc["quest", "Δmse vs standard ± 95% (p, Holm)"] == f"{-0.8333:+.3g} ± {half:.2g} (p={p:.2g}, Holm {p:.2g}, n=3)"
