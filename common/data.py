@@ -224,6 +224,9 @@ def class_folder_splits(root: Path, extensions: Iterable[str]) -> tuple[dict[str
     return splits, classes
 
 
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)  # a folder the user gave
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save(obj, path)`` through a temporary file beside it, so a reader never sees half a file; a
     folder that cannot be written is the user's to fix (``cache_dir``), named in one line."""
@@ -243,9 +246,6 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)  # a folder the user gave
 
 
 def cached(path: str | Path, build: Callable[[], Any]) -> Any:

@@ -14,6 +14,7 @@ environment into the config and the run's record.
 from __future__ import annotations
 
 import hashlib
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +131,17 @@ def _apply(cfg: DictConfig, update: dict, source: str, schema: DictConfig) -> No
         apply_override(cfg, str(key), value, source, schema)
 
 
+BOUNDS = {"min": (">=", operator.ge), "max": ("<=", operator.le), "above": (">", operator.gt)}  # of ranges.yaml
+
+
 def check_ranges(cfg: DictConfig) -> None:
     """Each key of ``configs/ranges.yaml`` that ``cfg`` has, set to a number, within its range."""
     for key, bounds in OmegaConf.to_container(_load(CONFIG_DIR / "ranges.yaml", "ranges")).items():
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        low, high, above = bounds.get("min"), bounds.get("max"), bounds.get("above")
-        if (low is not None and value < low) or (high is not None and value > high) or (above is not None and value <= above):
-            allowed = " and ".join(part for part in (f">= {low}" if low is not None else "", f"> {above}" if above is not None
-                                                     else "", f"<= {high}" if high is not None else "") if part)
+        if not all(BOUNDS[kind][1](value, bound) for kind, bound in bounds.items()):
+            allowed = " and ".join(f"{BOUNDS[kind][0]} {bound}" for kind, bound in bounds.items())
             raise ConfigError(f"config key {key!r} must be {allowed}, got {value!r}")
 
 
