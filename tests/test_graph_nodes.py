@@ -92,8 +92,8 @@ def test_planetoid_errors_are_one_line(tmp_path):
     (tmp_path / "ind.pubmed.graph").write_bytes(b"not a pickle")
     with pytest.raises(DataError, match=r"ind\.pubmed\.\* files are missing or unreadable"):
         GraphDataModule(data_cfg(dataset="pubmed", root=str(tmp_path)), tmp_path / "cache").setup()
-    with pytest.raises(DataError, match="needs data.root"):
-        GraphDataModule(data_cfg(dataset="cora"), tmp_path / "cache").setup()
+    with pytest.raises(DataError, match="needs data.root"):  # cora alone is shipped with the domain
+        GraphDataModule(data_cfg(dataset="citeseer"), tmp_path / "cache").setup()
 
 
 def citation_graph(masks: bool) -> Data:
@@ -251,3 +251,40 @@ def test_node_classification_through_quest_train(config, planetoid_root, tmp_pat
 def test_node_regression_keeps_the_domain_contract(tmp_path):
     """Per-atom Gasteiger charges of the embedded molecules: node regression on the standardised scale."""
     check_contract("graph", "quest", tmp_path, "preset=node_smoke", "data.targets=[charge]")
+
+
+def test_cora_ships_with_the_domain_in_its_public_split(tmp_path):
+    dm = GraphDataModule(data_cfg(dataset="cora", normalize_features=True), tmp_path / "cache")
+    dm.setup()
+    graph = dm.datasets["train"].stacked
+    assert (graph.num_nodes, graph.x.shape[1], dm.num_classes) == (2708, 1433, 7)
+    assert [int(dm.datasets[s].stacked.target_mask.sum()) for s in ("train", "val", "test")] == [140, 500, 1000]
+    sums = graph.x.sum(-1)  # bag-of-words rows scaled to sum to 1, as GCN's preprocessing does
+    assert torch.allclose(sums[sums > 0], torch.ones(int((sums > 0).sum())))
+
+
+@pytest.mark.parametrize("local", ["gine", "gcn", "gat"])
+def test_citation_graph_settings_build_and_train(local, tmp_path):
+    from domains.graph.model import GPSNet
+
+    net = GPSNet(12, [1], 3, dim=16, depth=2, heads=2, rwse_steps=4, pe_dim=0, attention={"variant": "quest"},
+                 level="node", local=local, norm="none", input_dropout=0.5, decay="input")
+    graph = citation_graph(masks=True)
+    graph.x, graph.edge_attr, graph.pe = torch.rand(graph.num_nodes, 12), torch.zeros(graph.num_edges, 1).long(), None
+    graph.batch = torch.zeros(graph.num_nodes, dtype=torch.long)
+    net(graph).sum().backward()
+    assert net.pe is None and all(p.grad is not None for p in net.parameters())
+    assert net.no_weight_decay() == {name for name, _ in net.named_parameters() if not name.startswith("nodes.")}
+
+
+def test_a_short_run_on_cora_beats_a_bag_of_words_mlp(tmp_path):
+    """A regression guard on the real graph: a 2-layer GPS net with GCN message passing, no RWSE and GCN's
+    regularisation reaches 78-79% test accuracy at 200 epochs (GCN: 81.5%, an MLP on the words: about 57%)."""
+    args = ["domain=graph", "preset=node_study", "data.dataset=cora", "data.normalize_features=true",
+            "model.local=gcn", "model.pe_dim=0", "model.norm=none", "model.input_dropout=0.8", "model.dropout=0.5",
+            "model.dim=64", "model.depth=2", "model.attention_mode=sparse", "optim.name=adam", "optim.lr=0.01",
+            "optim.weight_decay=5e-4", "trainer.max_epochs=60", "attention=standard", f"output_dir={tmp_path}/runs",
+            f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]
+    assert cli(["train", *args]) == 0
+    (record,) = [read_record(path) for path in find_records(tmp_path / "runs")]
+    assert record["metrics"]["test/acc"] >= 0.70, record["metrics"]

@@ -19,7 +19,7 @@ from torch_geometric.nn import GPSConv, global_add_pool
 
 from common.attention import AttentionState
 
-from .model import GPSLayer, gine
+from .model import GPSLayer, local_mpnn
 
 
 class OursStack(nn.Module):
@@ -37,7 +37,7 @@ class OursStack(nn.Module):
 class PygStack(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int):
         super().__init__()
-        self.layers = nn.ModuleList(GPSConv(dim, gine(dim), heads=heads) for _ in range(depth))
+        self.layers = nn.ModuleList(GPSConv(dim, local_mpnn("gine", dim, heads), heads=heads) for _ in range(depth))
 
     def forward(self, g: Batch) -> torch.Tensor:
         x = g.x

@@ -80,6 +80,12 @@ def random_walk_pe(graph: Data, steps: int, block: int = 2048) -> Tensor:
     return pe
 
 
+def normalized_rows(x: Tensor) -> Tensor:
+    """Float features scaled to sum to 1 per node (GCN's preprocessing of bag-of-words rows); an all-zero
+    row stays zero, and categorical (integer) features are left as they are."""
+    return x / x.sum(-1, keepdim=True).clamp(min=1e-12) if x.is_floating_point() else x
+
+
 class GraphDataModule(SplitDataModule):
     """Train/val/test graphs; after ``setup()`` also the split description, the class names (classes), what
     the node and edge encoders need, the train targets' mean/std, and how many keys each query attends over."""
@@ -94,7 +100,7 @@ class GraphDataModule(SplitDataModule):
     def cache_path(self) -> Path:
         cfg = self.cfg
         keys = ("dataset", "root", "targets", "smiles_column", "subset", "split", "split_by", "split_column",
-                "split_seed", "rwse_steps")
+                "split_seed", "rwse_steps", "normalize_features")
         content = {"format": CACHE_FORMAT, **{k: cfg[k] for k in keys}}
         if cfg["root"] is not None:
             content["root"] = str(Path(cfg["root"]).expanduser().resolve())
@@ -122,6 +128,9 @@ class GraphDataModule(SplitDataModule):
         """The graphs of each split with their encodings; a transductive graph is encoded once and shared
         (tensors and all) by its splits, each with its own ``target_mask``."""
         steps = self.cfg["rwse_steps"]
+        if self.cfg["normalize_features"]:
+            for graph in (g for split in SPLITS for g in loaded.graphs[split]):
+                graph.x = normalized_rows(graph.x)
         if loaded.masks is None:
             for graph in (g for split in SPLITS for g in loaded.graphs[split]):
                 graph.pe = random_walk_pe(graph, steps)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GINEConv, global_add_pool, global_mean_pool
+from torch_geometric.nn import GATConv, GCNConv, GINEConv, global_add_pool, global_mean_pool
 from torch_geometric.utils import add_self_loops, to_dense_batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
@@ -26,14 +26,19 @@ from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAt
 from common.metrics import MeanPredictorError
 from common.task import Task, classification_metrics
 
-NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm}
+NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm, "none": lambda dim: nn.Identity()}
 POOLS = {"add": global_add_pool, "mean": global_mean_pool}
 LOSSES = {"l1": F.l1_loss, "mse": F.mse_loss}
 
 
-def gine(dim: int) -> GINEConv:
-    """The local MPNN of a GPS layer (GPS's GINE: a two-layer MLP on the aggregated messages)."""
-    return GINEConv(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim)))
+def local_mpnn(kind: str, dim: int, heads: int) -> nn.Module:
+    """The local message passing of a GPS layer. ``gine``, GPS's choice for molecules: a two-layer MLP on
+    messages that carry bond features. ``gcn`` and ``gat``, the citation-graph layers (Kipf and Welling 2017,
+    Veličković et al. 2018): one linear map of the neighbours and the node itself, degree-normalised or
+    attention-weighted, without edge features."""
+    layers = {"gine": lambda: GINEConv(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))),
+              "gcn": lambda: GCNConv(dim, dim), "gat": lambda: GATConv(dim, dim // heads, heads=heads)}
+    return _choice(layers, kind, "local")()
 
 
 def _choice(table: dict, name: str, what: str):
@@ -62,11 +67,11 @@ class GlobalAttention(nn.Module):
 class GPSLayer(nn.Module):
     """Post-norm GPS layer, shaped like PyG's ``GPSConv`` (MLP width 2·dim, ReLU)."""
 
-    def __init__(self, dim: int, heads: int, mode: str = "dense", *, dropout: float = 0.0,
+    def __init__(self, dim: int, heads: int, mode: str = "dense", *, local: str = "gine", dropout: float = 0.0,
                  attn_dropout: float = 0.0, norm: str = "batch_norm", **attention):
         super().__init__()
         norm_cls = _choice(NORMS, norm, "norm")
-        self.local = gine(dim)
+        self.local = local_mpnn(local, dim, heads)
         self.attn = GlobalAttention(dim, heads, mode, dropout=attn_dropout, **attention)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Dropout(dropout),
                                  nn.Linear(2 * dim, dim), nn.Dropout(dropout))
@@ -75,7 +80,8 @@ class GPSLayer(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, *,
                 attn_edge_index: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
-        local = self.norm_local(x + self.drop(self.local(x, edge_index, edge_attr)))
+        messages = self.local(x, edge_index, edge_attr) if isinstance(self.local, GINEConv) else self.local(x, edge_index)
+        local = self.norm_local(x + self.drop(messages))
         h = self.attn(x, batch, attn_edge_index, state)
         out = local + self.norm_attn(x + self.drop(h))
         return self.norm_out(out + self.mlp(out))
@@ -102,30 +108,48 @@ class GPSNet(nn.Module):
     per graph or per node (``level``: graph | node). ``node_features`` / ``edge_features`` say what the
     encoders take (see ``feature_encoder``). ``attention`` holds the keyword arguments of the attention
     modules (variant, qk_gain_init); ``seq_len`` is the typical number of keys per query, from which
-    qknorm's gain starts."""
+    qknorm's gain starts. ``input_dropout`` drops node features before they are encoded (GCN drops its
+    bag-of-words inputs at 0.5). Weight decay applies to every weight matrix (``decay: all``) or, as in GCN,
+    to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out."""
 
     def __init__(self, node_features: list[int] | int, edge_features: list[int] | int, num_outputs: int, *,
                  dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: dict,
                  level: str = "graph", seq_len: int | None = None, attention_mode: str = "dense",
-                 dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "batch_norm", pool: str = "add"):
+                 local: str = "gine", dropout: float = 0.0, attn_dropout: float = 0.0, input_dropout: float = 0.0,
+                 decay: str = "all", norm: str = "batch_norm", pool: str = "add"):
         super().__init__()
-        if not 0 < pe_dim < dim:
-            raise ValueError(f"pe_dim ({pe_dim}) must lie between 0 and dim ({dim})")
+        if not 0 <= pe_dim < dim:
+            raise ValueError(f"pe_dim ({pe_dim}) must lie in [0, dim ({dim})); 0 leaves the RWSE out")
+        if decay not in ("all", "input"):
+            raise ValueError(f"unknown decay {decay!r}; choose from all, input")
+        self.decay_input_only = decay == "input"
         self.sparse = attention_mode == "sparse"
+        self.input_drop = nn.Dropout(input_dropout)
         self.nodes = feature_encoder(node_features, dim - pe_dim)
-        self.pe_norm = nn.BatchNorm1d(rwse_steps)  # return probabilities differ in scale per step
-        self.pe = nn.Linear(rwse_steps, pe_dim)
-        self.edges = feature_encoder(edge_features, dim)
+        # return probabilities differ in scale per step; on a citation graph of few labels they let a net
+        # tell the labelled nodes apart by their place in the graph, and it memorises them (pe_dim: 0)
+        self.pe_norm = nn.BatchNorm1d(rwse_steps) if pe_dim else None
+        self.pe = nn.Linear(rwse_steps, pe_dim) if pe_dim else None
+        self.edges = feature_encoder(edge_features, dim) if local == "gine" else None  # GCN and GAT take none
         self.layers = nn.ModuleList(
-            GPSLayer(dim, heads, attention_mode, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
+            GPSLayer(dim, heads, attention_mode, local=local, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
                      seq_len=seq_len, **attention)
             for _ in range(depth))
         self.pool = _choice(POOLS, pool, "pool") if level == "graph" else None
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs))
 
+    def no_weight_decay(self) -> set[str]:
+        """With ``decay: input``, every parameter but the node encoder's (``common.task.Task.decayed``)."""
+        if not self.decay_input_only:
+            return set()
+        return {name for name, _ in self.named_parameters() if not name.startswith("nodes.")}
+
     def forward(self, graph) -> Tensor:
-        x = torch.cat([self.nodes(graph.x), self.pe(self.pe_norm(graph.pe))], dim=-1)
-        edge_attr = self.edges(graph.edge_attr)
+        features = self.input_drop(graph.x) if graph.x.is_floating_point() else graph.x  # not categories
+        x = self.nodes(features)
+        if self.pe is not None:
+            x = torch.cat([x, self.pe(self.pe_norm(graph.pe))], dim=-1)
+        edge_attr = self.edges(graph.edge_attr) if self.edges is not None else None
         # Sparse attention: neighbours plus the node itself, so an isolated atom still attends somewhere.
         attn_edges = add_self_loops(graph.edge_index, num_nodes=x.shape[0])[0] if self.sparse else None
         state = AttentionState()

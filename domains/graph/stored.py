@@ -31,6 +31,7 @@ from .splits import LoadedGraphs, by_members, check_split_by, random_split
 
 ZINC_RAW_FILES = [f"{split}.{ext}" for ext in ("pickle", "index") for split in SPLITS]
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}  # dataset name -> PyG's folder name
+SHIPPED_CORA = Path(__file__).parent / "planetoid"  # Cora's ind.cora.* files, with the release's LICENSE
 PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 # What reading a file that is not what it should be raises, from pickle, torch and PyG.
 UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
@@ -85,6 +86,8 @@ def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
     from torch_geometric.io import read_planetoid_data
 
     check_split_by(data, has_smiles=False)
+    if name == "cora" and data["root"] is None:  # shipped with the domain: the node-level default
+        data = {**data, "root": SHIPPED_CORA}
     folder = planetoid_folder(data_root(data, f"folder of the ind.{name}.* files"), name)
     try:
         graph = read_planetoid_data(str(folder), name)
