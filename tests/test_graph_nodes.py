@@ -96,6 +96,17 @@ def test_planetoid_errors_are_one_line(tmp_path):
         GraphDataModule(data_cfg(dataset="citeseer"), tmp_path / "cache").setup()
 
 
+def test_a_planetoid_file_that_would_run_code_is_refused(tmp_path):
+    from conftest import CreatesAFile
+
+    write_planetoid(tmp_path)
+    marker = tmp_path / "ran-code"
+    (tmp_path / "ind.cora.graph").write_bytes(pickle.dumps({0: [1], 1: [0], "x": CreatesAFile(marker)}))
+    with pytest.raises(DataError, match=r"ind\.cora\.graph: it names io\.open, which a Planetoid file does not hold"):
+        GraphDataModule(data_cfg(dataset="cora", root=str(tmp_path)), tmp_path / "cache").setup()
+    assert not marker.exists()
+
+
 def citation_graph(masks: bool) -> Data:
     truth = planetoid_truth()
     rows = [(a, b) for a, bs in truth["neighbours"].items() for b in bs]

@@ -3,7 +3,10 @@
 - ``zinc``: ZINC-12k from PyG's raw pickles (``raw/{train,val,test}.{pickle,index}``), its own split.
 - ``cora``, ``citeseer``, ``pubmed``: a Planetoid citation graph from its raw files
   ``ind.<name>.{x,tx,allx,y,ty,ally,graph,test.index}``, read by PyG with the standard public split
-  (the labelled training nodes, the next 500 for validation, the 1,000 of ``test.index``).
+  (the labelled training nodes, the next 500 for validation, the 1,000 of ``test.index``). The files are
+  Python pickles, and unpickling runs what a file names: each is first read by ``PlanetoidUnpickler``,
+  which builds only what a Planetoid file holds (numpy arrays, a scipy CSR matrix, the adjacency lists),
+  and a file that names anything else is refused before PyG reads it.
 - ``pyg``: any dataset PyG saved (``InMemoryDataset.save``, e.g. a ``processed/data.pt``): one file, or
   a folder of ``train.pt`` with ``val.pt`` and/or ``test.pt`` (its split). Targets ``y`` with a row per
   node make a node task, one row per graph a graph task; integer targets are classes, floats are
@@ -17,10 +20,13 @@ with ``target_mask`` or, transductive, the split's node ``masks``.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import pickle
 from pathlib import Path
 
+import numpy as np
+import scipy.sparse
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
@@ -33,6 +39,14 @@ ZINC_RAW_FILES = [f"{split}.{ext}" for ext in ("pickle", "index") for split in S
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}  # dataset name -> PyG's folder name
 SHIPPED_CORA = Path(__file__).parent / "planetoid"  # Cora's ind.cora.* files, with the release's LICENSE
 PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+# The classes and functions a Planetoid pickle names (Python 2's pickles, with the module paths of their
+# day), and what each is today; ndarray's own reduction gives numpy's array-rebuilding function.
+PLANETOID_GLOBALS = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                     ("numpy.core.multiarray", "_reconstruct"): np.ndarray((0,)).__reduce__()[0],
+                     ("scipy.sparse.csr", "csr_matrix"): scipy.sparse.csr_matrix,
+                     ("collections", "defaultdict"): collections.defaultdict, ("__builtin__", "list"): list}
+PLANETOID_GLOBALS |= {("numpy._core.multiarray", "_reconstruct"): PLANETOID_GLOBALS["numpy.core.multiarray", "_reconstruct"],
+                      ("scipy.sparse._csr", "csr_matrix"): scipy.sparse.csr_matrix, ("builtins", "list"): list}  # Python 3's
 # What reading a file that is not what it should be raises, from pickle, torch and PyG.
 UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
               AttributeError, AssertionError, IndexError)
@@ -81,6 +95,30 @@ def planetoid_folder(root: Path, name: str) -> Path:
                     f"are ind.{name}.{{{','.join(PLANETOID_FILES)}}}")
 
 
+class PlanetoidUnpickler(pickle.Unpickler):
+    """An unpickler that builds the objects of a Planetoid file and refuses any other global."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in PLANETOID_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a Planetoid file does not hold")
+        return PLANETOID_GLOBALS[module, name]
+
+
+def check_planetoid_files(folder: Path, name: str) -> None:
+    """Read each pickled ``ind.<name>.*`` file with ``PlanetoidUnpickler``; one that names anything else
+    (which unpickling would call) is a ``DataError`` naming it, so PyG never unpickles it."""
+    for part in PLANETOID_FILES[:-1]:  # test.index is text
+        path = folder / f"ind.{name}.{part}"
+        try:
+            with open(path, "rb") as file:
+                PlanetoidUnpickler(file, encoding="latin1").load()
+        except pickle.UnpicklingError as err:
+            if "which a Planetoid file does not hold" in str(err):
+                raise DataError(f"{path}: {err}; refused, since unpickling it would run code") from None
+        except (OSError, EOFError):
+            pass  # missing or truncated: PyG's reading names it below
+
+
 def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
     """A Planetoid citation graph in its public split: node classification over bag-of-words features."""
     from torch_geometric.io import read_planetoid_data
@@ -89,6 +127,7 @@ def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
     if name == "cora" and data["root"] is None:  # shipped with the domain: the node-level default
         data = {**data, "root": SHIPPED_CORA}
     folder = planetoid_folder(data_root(data, f"folder of the ind.{name}.* files"), name)
+    check_planetoid_files(folder, name)
     try:
         graph = read_planetoid_data(str(folder), name)
     except UNREADABLE as err:
