@@ -107,6 +107,16 @@ def test_a_planetoid_file_that_would_run_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
+def test_a_pyg_file_that_would_run_code_is_refused(tmp_path):
+    from conftest import CreatesAFile
+
+    marker = tmp_path / "ran-code"
+    torch.save(({"x": torch.ones(2, 1), "payload": CreatesAFile(marker)}, None, Data), tmp_path / "data.pt")
+    with pytest.raises(DataError, match=r"data\.pt: holds objects other than tensors and PyG's data classes"):
+        GraphDataModule(data_cfg(dataset="pyg", root=str(tmp_path / "data.pt")), tmp_path / "cache").setup()
+    assert not marker.exists()
+
+
 def citation_graph(masks: bool) -> Data:
     truth = planetoid_truth()
     rows = [(a, b) for a, bs in truth["neighbours"].items() for b in bs]

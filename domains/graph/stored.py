@@ -182,9 +182,16 @@ def read_pyg(path: Path) -> list[Data]:
     """The graphs of a file written by ``InMemoryDataset.save`` (what PyG's datasets keep as processed/)."""
     require_path(path, "PyG dataset file")
     store = InMemoryDataset()
-    try:
-        store.load(str(path))
+    try:  # InMemoryDataset.load itself retries a file that weights_only refuses by unpickling it whole
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        data, store.slices, data_cls = saved if len(saved) == 3 else (*saved, Data)
+        store.data = data_cls.from_dict(data) if isinstance(data, dict) else data
         graphs = [store[i] for i in range(len(store))]
+    except pickle.UnpicklingError as err:
+        unsafe = "Unsupported global" in str(err)
+        raise DataError(f"{path}: " + ("holds objects other than tensors and PyG's data classes; refused, since "
+                                       "loading them would run code" if unsafe else
+                                       "not a dataset saved by PyG's InMemoryDataset.save (not a torch file)")) from None
     except UNREADABLE as err:
         raise DataError(f"{path}: not a dataset saved by PyG's InMemoryDataset.save ({type(err).__name__})") from None
     if not graphs or not all(isinstance(g, Data) and g.y is not None for g in graphs):
