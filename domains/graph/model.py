@@ -67,11 +67,12 @@ class GlobalAttention(nn.Module):
 class GPSLayer(nn.Module):
     """Post-norm GPS layer, shaped like PyG's ``GPSConv`` (MLP width 2·dim, ReLU)."""
 
-    def __init__(self, dim: int, heads: int, mode: str = "dense", *, local: str = "gine", dropout: float = 0.0,
-                 attn_dropout: float = 0.0, norm: str = "batch_norm", **attention):
+    def __init__(self, dim: int, heads: int, mode: str = "dense", *, local: str = "gine", local_residual: bool = True,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "batch_norm", **attention):
         super().__init__()
         norm_cls = _choice(NORMS, norm, "norm")
         self.local = local_mpnn(local, dim, heads)
+        self.local_residual = local_residual  # off: the local branch passes on its messages alone, as GCN's layers do
         self.attn = GlobalAttention(dim, heads, mode, dropout=attn_dropout, **attention)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Dropout(dropout),
                                  nn.Linear(2 * dim, dim), nn.Dropout(dropout))
@@ -81,7 +82,7 @@ class GPSLayer(nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, *,
                 attn_edge_index: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
         messages = self.local(x, edge_index, edge_attr) if isinstance(self.local, GINEConv) else self.local(x, edge_index)
-        local = self.norm_local(x + self.drop(messages))
+        local = self.norm_local((x if self.local_residual else 0) + self.drop(messages))
         h = self.attn(x, batch, attn_edge_index, state)
         out = local + self.norm_attn(x + self.drop(h))
         return self.norm_out(out + self.mlp(out))
@@ -110,16 +111,20 @@ class GPSNet(nn.Module):
     modules (variant, qk_gain_init); ``seq_len`` is the typical number of keys per query, from which
     qknorm's gain starts. ``input_dropout`` drops node features before they are encoded (GCN drops its
     bag-of-words inputs at 0.5). Weight decay applies to every weight matrix (``decay: all``) or, as in GCN,
-    to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out."""
+    to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out; ``local_residual: false``
+    drops the local branch's skip connection, and ``head: linear`` the head's hidden layer."""
 
     def __init__(self, node_features: list[int] | int, edge_features: list[int] | int, num_outputs: int, *,
                  dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: dict,
                  level: str = "graph", seq_len: int | None = None, attention_mode: str = "dense",
-                 local: str = "gine", dropout: float = 0.0, attn_dropout: float = 0.0, input_dropout: float = 0.0,
-                 decay: str = "all", norm: str = "batch_norm", pool: str = "add"):
+                 local: str = "gine", local_residual: bool = True, dropout: float = 0.0, attn_dropout: float = 0.0,
+                 input_dropout: float = 0.0, decay: str = "all", norm: str = "batch_norm", pool: str = "add",
+                 head: str = "mlp"):
         super().__init__()
         if not 0 <= pe_dim < dim:
             raise ValueError(f"pe_dim ({pe_dim}) must lie in [0, dim ({dim})); 0 leaves the RWSE out")
+        if head not in ("mlp", "linear"):
+            raise ValueError(f"unknown head {head!r}; choose from mlp, linear")
         if decay not in ("all", "input"):
             raise ValueError(f"unknown decay {decay!r}; choose from all, input")
         self.decay_input_only = decay == "input"
@@ -132,11 +137,12 @@ class GPSNet(nn.Module):
         self.pe = nn.Linear(rwse_steps, pe_dim) if pe_dim else None
         self.edges = feature_encoder(edge_features, dim) if local == "gine" else None  # GCN and GAT take none
         self.layers = nn.ModuleList(
-            GPSLayer(dim, heads, attention_mode, local=local, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
-                     seq_len=seq_len, **attention)
+            GPSLayer(dim, heads, attention_mode, local=local, local_residual=local_residual, dropout=dropout,
+                     attn_dropout=attn_dropout, norm=norm, seq_len=seq_len, **attention)
             for _ in range(depth))
         self.pool = _choice(POOLS, pool, "pool") if level == "graph" else None
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs))
+        self.head = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs)) if head == "mlp"
+                     else nn.Linear(dim, num_outputs))
 
     def no_weight_decay(self) -> set[str]:
         """With ``decay: input``, every parameter but the node encoder's (``common.task.Task.decayed``)."""
