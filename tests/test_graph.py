@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CreatesAFile
 from torch_geometric.data import Batch
 from torch_geometric.transforms import AddRandomWalkPE
 from torch_geometric.utils.smiles import e_map, x_map
@@ -181,6 +182,14 @@ def test_zinc_fixture_in_pyg_format_loads(tmp_path):
     assert dm.split_info["source"] == "shipped"
     with pytest.raises(DataError, match="needs data.root"):
         GraphDataModule(data_cfg(dataset="zinc"), tmp_path / "cache").setup()
+    marker = tmp_path / "ran-code"  # a raw pickle crafted to run code is refused, not run
+    (tmp_path / "ZINC" / "raw" / "val.pickle").write_bytes(pickle.dumps([CreatesAFile(marker)]))
+    with pytest.raises(DataError, match=r"val\.pickle: it names io\.open, which this dataset's files do not hold"):
+        GraphDataModule(data_cfg(dataset="zinc", root=str(tmp_path / "ZINC")), tmp_path / "c3").setup()
+    assert not marker.exists()
+    (tmp_path / "ZINC" / "raw" / "val.index").unlink()
+    with pytest.raises(DataError, match=r"ZINC files missing under .*raw: val\.index"):
+        GraphDataModule(data_cfg(dataset="zinc", root=str(tmp_path / "ZINC")), tmp_path / "c4").setup()
     with pytest.raises(ConfigError, match="scaffold needs molecules read from SMILES"):
         GraphDataModule(data_cfg(dataset="zinc", root=str(tmp_path / "ZINC"), split_by="scaffold"),
                         tmp_path / "c2").setup()

@@ -1,10 +1,11 @@
 """Graphs stored in PyG's formats under a local path, each used in the split it ships where it has one:
 
-- ``zinc``: ZINC-12k from PyG's raw pickles (``raw/{train,val,test}.{pickle,index}``), its own split.
+- ``zinc``: ZINC-12k from PyG's raw pickles (``raw/{train,val,test}.{pickle,index}``), its own split, read
+  through ``RestrictedUnpickler`` (tensors only).
 - ``cora``, ``citeseer``, ``pubmed``: a Planetoid citation graph from its raw files
   ``ind.<name>.{x,tx,allx,y,ty,ally,graph,test.index}``, read by PyG with the standard public split
   (the labelled training nodes, the next 500 for validation, the 1,000 of ``test.index``). The files are
-  Python pickles, and unpickling runs what a file names: each is first read by ``PlanetoidUnpickler``,
+  Python pickles, and unpickling runs what a file names: each is first read by ``RestrictedUnpickler``,
   which builds only what a Planetoid file holds (numpy arrays, a scipy CSR matrix, the adjacency lists),
   and a file that names anything else is refused before PyG reads it.
 - ``pyg``: any dataset PyG saved (``InMemoryDataset.save``, e.g. a ``processed/data.pt``): one file, or
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import io
 import pickle
 from pathlib import Path
 
@@ -47,6 +49,12 @@ PLANETOID_GLOBALS = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dt
                      ("collections", "defaultdict"): collections.defaultdict, ("__builtin__", "list"): list}
 PLANETOID_GLOBALS |= {("numpy._core.multiarray", "_reconstruct"): PLANETOID_GLOBALS["numpy.core.multiarray", "_reconstruct"],
                       ("scipy.sparse._csr", "csr_matrix"): scipy.sparse.csr_matrix, ("builtins", "list"): list}  # Python 3's
+# What ZINC's raw pickles name: lists of dicts of tensors, whose storages were written by torch.save and
+# are read back with weights_only (``torch.storage._load_from_bytes`` would unpickle anything).
+ZINC_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+                ("torch._utils", "_rebuild_tensor"): torch._utils._rebuild_tensor,
+                ("torch.storage", "_load_from_bytes"): lambda b: torch.load(io.BytesIO(b), weights_only=True),
+                ("collections", "OrderedDict"): collections.OrderedDict}
 # What reading a file that is not what it should be raises, from pickle, torch and PyG.
 UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
               AttributeError, AssertionError, IndexError)
@@ -66,24 +74,34 @@ def standard_graph(graph: Data) -> Data:
 
 
 def zinc_splits(data: dict) -> LoadedGraphs:
-    """ZINC-12k through PyG (its own processed cache lives under root) in its own split; graphs get 2-D
-    edge features and [1, 1] targets like the molecules. Without files PyG tries to download them."""
-    from torch_geometric.datasets import ZINC
-
+    """ZINC-12k from PyG's raw files in its own split, read as PyG's ``ZINC`` dataset reads them (atom types,
+    the bond-type adjacency, penalised logP), but each pickle through ``RestrictedUnpickler`` and without a
+    processed cache under root, which PyG would load by unpickling whatever it holds. Graphs get 2-D edge
+    features and [1, 1] targets like the molecules."""
     check_split_by(data, has_smiles=False)
-    root = data_root(data, "folder for PyG's ZINC (raw/ holds its pickles)")
-    present = all((root / "raw" / name).exists() for name in ZINC_RAW_FILES)
+    raw = data_root(data, "folder for PyG's ZINC (raw/ holds its pickles)", folder=True) / "raw"
+    missing = [name for name in ZINC_RAW_FILES if not (raw / name).is_file()]
+    if missing:
+        raise DataError(f"ZINC files missing under {raw}: {', '.join(missing)}")
     graphs, members = {}, {}
     for split in SPLITS:
+        molecules = unpickle(raw / f"{split}.pickle", ZINC_GLOBALS)
         try:
-            dataset = ZINC(str(root), subset=True, split=split)
+            indices = [int(i) for i in (raw / f"{split}.index").read_text().strip().split(",")]
+            graphs[split] = [zinc_graph(molecules[i]) for i in indices]
         except UNREADABLE as err:
-            what = "unreadable" if present else f"missing ({', '.join(ZINC_RAW_FILES)}) and could not be downloaded"
-            raise DataError(f"ZINC files under {root / 'raw'} are {what}: {type(err).__name__}") from None
-        graphs[split] = [Data(x=g.x, edge_index=g.edge_index, edge_attr=g.edge_attr.view(-1, 1), y=g.y.view(1, 1))
-                         for g in dataset]
-        members[split] = [f"{split}/{i}" for i in range(len(dataset))]
+            raise DataError(f"ZINC files under {raw} are unreadable ({split}: {type(err).__name__})") from None
+        members[split] = [f"{split}/{i}" for i in range(len(indices))]
     return LoadedGraphs(graphs, Split("shipped", "ZINC-12k's split (raw/<split>.index)", members))
+
+
+def zinc_graph(molecule: dict) -> Data:
+    """One molecule of ZINC's raw pickles as PyG's ``ZINC.process`` builds it."""
+    adjacency = molecule["bond_type"]
+    edge_index = adjacency.nonzero().t().contiguous()
+    return Data(x=molecule["atom_type"].long().view(-1, 1), edge_index=edge_index,
+                edge_attr=adjacency[edge_index[0], edge_index[1]].long().view(-1, 1),
+                y=molecule["logP_SA_cycle_normalized"].float().view(1, 1))
 
 
 def planetoid_folder(root: Path, name: str) -> Path:
@@ -95,28 +113,39 @@ def planetoid_folder(root: Path, name: str) -> Path:
                     f"are ind.{name}.{{{','.join(PLANETOID_FILES)}}}")
 
 
-class PlanetoidUnpickler(pickle.Unpickler):
-    """An unpickler that builds the objects of a Planetoid file and refuses any other global."""
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that builds only the globals ``allowed`` maps to what it builds them with, and refuses
+    any other: unpickling calls what a file names, so a dataset's pickles are read by what its format holds."""
+
+    def __init__(self, file, allowed: dict[tuple[str, str], object]):
+        super().__init__(file, encoding="latin1")  # Python 2's pickles hold str as bytes
+        self.allowed = allowed
 
     def find_class(self, module: str, name: str):
-        if (module, name) not in PLANETOID_GLOBALS:
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which a Planetoid file does not hold")
-        return PLANETOID_GLOBALS[module, name]
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which this dataset's files do not hold")
+        return self.allowed[module, name]
+
+
+def unpickle(path: Path, allowed: dict[tuple[str, str], object]):
+    """``path`` read by ``RestrictedUnpickler``; a file naming anything else is a one-line ``DataError``."""
+    try:
+        with open(path, "rb") as file:
+            return RestrictedUnpickler(file, allowed).load()
+    except pickle.UnpicklingError as err:
+        if "which this dataset's files do not hold" in str(err):
+            raise DataError(f"{path}: {err}; refused, since unpickling it would run code") from None
+        raise DataError(f"{path}: unreadable ({err})") from None
+    except (OSError, EOFError) as err:
+        raise DataError(f"{path}: unreadable ({type(err).__name__})") from None
 
 
 def check_planetoid_files(folder: Path, name: str) -> None:
-    """Read each pickled ``ind.<name>.*`` file with ``PlanetoidUnpickler``; one that names anything else
-    (which unpickling would call) is a ``DataError`` naming it, so PyG never unpickles it."""
+    """Read each pickled ``ind.<name>.*`` file with ``RestrictedUnpickler`` before PyG unpickles it; a missing
+    one is left for PyG's reading to name."""
     for part in PLANETOID_FILES[:-1]:  # test.index is text
-        path = folder / f"ind.{name}.{part}"
-        try:
-            with open(path, "rb") as file:
-                PlanetoidUnpickler(file, encoding="latin1").load()
-        except pickle.UnpicklingError as err:
-            if "which a Planetoid file does not hold" in str(err):
-                raise DataError(f"{path}: {err}; refused, since unpickling it would run code") from None
-        except (OSError, EOFError):
-            pass  # missing or truncated: PyG's reading names it below
+        if (folder / f"ind.{name}.{part}").exists():
+            unpickle(folder / f"ind.{name}.{part}", PLANETOID_GLOBALS)
 
 
 def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
