@@ -4,6 +4,8 @@ Failure policy (README, "When things go wrong"): a ``ConfigError`` or ``DataErro
 it is found before a run directory is created, printed as one line, and exits with status 2. ``Stopped``
 is a process told to stop (SIGINT, SIGTERM): not a failure of the run, exit status 128 + the signal."""
 import signal
+import threading
+from contextlib import contextmanager
 
 
 class OneLine:
@@ -46,9 +48,24 @@ class Stopped(BaseException):
         return f"stopped by {self.name}" + (f": {self.detail}" if self.detail else "")
 
     @classmethod
+    @contextmanager
+    def on_signals(cls):
+        """SIGINT and SIGTERM raise ``Stopped`` inside the block (Lightning calls the SIGTERM handler it finds
+        after its own), and the handlers before it come back after. Signals reach only the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = {signum: signal.signal(signum, cls.handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+    @classmethod
     def handler(cls, signum: int, frame) -> None:
-        """A signal handler. Further SIGINTs and SIGTERMs are ignored from here on (whoever installed this
-        handler puts the earlier ones back), so a second signal cannot cut short the recording of the first."""
+        """The signal handler. Further SIGINTs and SIGTERMs are ignored from here on (``on_signals`` puts the
+        earlier handlers back), so a second signal cannot cut short the recording of the first."""
         for other in (signal.SIGINT, signal.SIGTERM):
             signal.signal(other, signal.SIG_IGN)
         raise cls(signum)

@@ -562,15 +562,14 @@ def main(argv: list[str]) -> int:
         progress.problems()
         return progress.code()
     started, code = time.time(), None
-    default = signal.signal(signal.SIGTERM, Stopped.handler)  # `kill` stops a background launch as Ctrl-C does, logged
     try:
-        code = run_local(args, len(pending), progress)
+        with Stopped.on_signals():  # `kill` stops a background launch as Ctrl-C does, logged
+            code = run_local(args, len(pending), progress)
     except (Stopped, KeyboardInterrupt) as stop:
         stopped = Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as "
                           "stopped, the finished ones kept; launch the sweep again to finish it")
         raise stopped from None
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
-        signal.signal(signal.SIGTERM, default)
         log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), argv, started, progress,
                    finished=code is not None)
     if args.aggregate:

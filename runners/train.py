@@ -19,10 +19,8 @@ import errno
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -61,7 +59,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
     ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.rundir``;
     with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it."""
     console.quiet()
-    with torch_threads(cfg.threads), normalization(cfg), stop_signals():
+    with torch_threads(cfg.threads), normalization(cfg), Stopped.on_signals():
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         batch = check_settings(cfg)
@@ -101,21 +99,6 @@ def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> Non
     record["wall_time_s"] = round(time.perf_counter() - start, 3)
     if writes:
         save_record(build_dir, record)
-
-
-@contextmanager
-def stop_signals():
-    """SIGINT and SIGTERM raise ``Stopped`` inside the block (Lightning calls the SIGTERM handler it finds
-    after its own), and the handlers before it come back after. Signals reach only the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {signum: signal.signal(signum, Stopped.handler) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
