@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from common.errors import ConfigError
+from common.data import refused_global
+from common.errors import ConfigError, error_line
 
 log = logging.getLogger(__name__)  # its info line (which weights a run starts from) is shown by runners.console
 
@@ -63,7 +63,7 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
     try:
         config = OmegaConf.load(config_path)
     except Exception as err:  # truncated, not YAML, or not a mapping
-        raise ConfigError(f"{key}: {config_path} is not a readable run config ({_first_line(err)})") from None
+        raise ConfigError(f"{key}: {config_path} is not a readable run config ({error_line(err)})") from None
     if not isinstance(config, DictConfig) or not isinstance(config.get("domain"), str):
         raise ConfigError(f"{key}: {config_path} is not a run config (no domain: key)")
     if domain is not None and config.get("domain") != domain:
@@ -91,21 +91,16 @@ def read_checkpoint(path: Path, *, key: str) -> dict:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))  # an object weights_only will not build
+        unsafe = refused_global(err)
         if unsafe:
-            raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers ({unsafe[1]}); "
+            raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers ({unsafe}); "
                               "refused, since loading them would run code") from None
         raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint (not a torch file)") from None
     except Exception as err:  # truncated, empty
-        raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint ({_first_line(err)})") from None
+        raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint ({error_line(err)})") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
         raise ConfigError(f"{key}: {path} is not a Lightning checkpoint (no state_dict)")
     return saved
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def under(names, parts: tuple[str, ...]) -> list[str]:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Callable, Iterable
@@ -246,6 +247,13 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def refused_global(err: pickle.UnpicklingError) -> str | None:
+    """The global that ``torch.load(weights_only=True)`` refused to build (a file that would have run code),
+    or None where the file is simply not one torch wrote."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    return found[1] if found else None
 
 
 def cached(path: str | Path, build: Callable[[], Any]) -> Any:

@@ -8,6 +8,12 @@ import threading
 from contextlib import contextmanager
 
 
+def error_line(err: BaseException) -> str:
+    """``<Type>: <first line of the message>``, as a record's ``error`` and the one-line messages give it."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 class OneLine:
     """An error whose message is one line. A DataLoader worker sends its error back to the main process as
     text and PyTorch rebuilds it from "Caught DataError in DataLoader worker process N. Original Traceback

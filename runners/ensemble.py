@@ -57,7 +57,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from common.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError, error_line
 from runners import sweep
 from runners.config import compose, config_hash, run_directory
 from runners.rundir import claimed
@@ -480,7 +480,7 @@ def _write_failed(member: Member, template: dict, err: Exception) -> dict:
     run_dir = fresh_run_directory(member.cfg)
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
-                  status="failed", error=sweep.error_line(err))
+                  status="failed", error=error_line(err))
     write_text(run_dir / "error.log", traceback.format_exc())
     save_record(run_dir, record)
     return record
@@ -497,7 +497,7 @@ def train_chunk(members: list[Member]) -> list[dict]:
     try:
         chunk, template = _prepare(members)
     except (ConfigError, DataError) as err:
-        return [sweep.run_outcome(m.index, "invalid", sweep.error_line(err), m.run_dir) for m in members]
+        return [sweep.run_outcome(m.index, "invalid", error_line(err), m.run_dir) for m in members]
     else:
         return _train(chunk, template)
     finally:
@@ -557,7 +557,7 @@ def plan(runs: list[list[str]], redo: str | None, progress: Progress, dry_run: b
         try:
             cfg = compose(args)
         except ConfigError as err:
-            progress.add(sweep.run_outcome(index, "invalid", sweep.error_line(err)))
+            progress.add(sweep.run_outcome(index, "invalid", error_line(err)))
             continue
         run_dir = run_directory(cfg)
         status = sweep.recorded_status(run_dir) if dry_run else sweep.keep_or_drop(run_dir, sweep.RERUN[redo])

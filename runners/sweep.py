@@ -56,7 +56,7 @@ from statistics import fmean
 from omegaconf import DictConfig, OmegaConf
 
 from common.attention import VARIANTS
-from common.errors import ConfigError, DataError, Stopped
+from common.errors import ConfigError, DataError, Stopped, error_line
 from common.records import RECORD_NAME, RecordError, read_record
 from common.registry import domain_names
 from runners.config import CONFIG_DIR, compose, refuse_interpolation, run_directory
@@ -182,12 +182,6 @@ def run_outcome(index: int, status: str, error: str | None = None, run_dir: Path
     process ran it. This is the JSON line a worker reports."""
     return {"index": index, "status": status, "error": error, "run_dir": str(run_dir) if run_dir else None,
             "wall_s": wall_s}
-
-
-def error_line(err: Exception) -> str:
-    """``<Type>: <first line of the message>``, as a record's ``error``."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list[list[str]]:

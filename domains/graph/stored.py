@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from common.data import SPLITS, DataError, Split, data_root, require_path, shipped_split
+from common.data import SPLITS, DataError, Split, data_root, refused_global, require_path, shipped_split
 
 from .splits import LoadedGraphs, by_members, check_split_by, random_split
 
@@ -217,9 +217,9 @@ def read_pyg(path: Path) -> list[Data]:
         store.data = data_cls.from_dict(data) if isinstance(data, dict) else data
         graphs = [store[i] for i in range(len(store))]
     except pickle.UnpicklingError as err:
-        unsafe = "Unsupported global" in str(err)
-        raise DataError(f"{path}: " + ("holds objects other than tensors and PyG's data classes; refused, since "
-                                       "loading them would run code" if unsafe else
+        unsafe = refused_global(err)
+        raise DataError(f"{path}: " + (f"holds objects other than tensors and PyG's data classes ({unsafe}); refused, "
+                                       "since loading them would run code" if unsafe else
                                        "not a dataset saved by PyG's InMemoryDataset.save (not a torch file)")) from None
     except UNREADABLE as err:
         raise DataError(f"{path}: not a dataset saved by PyG's InMemoryDataset.save ({type(err).__name__})") from None
