@@ -460,9 +460,8 @@ def _killed(started: dict, signum: int, args: list[str]) -> dict:
     unless an earlier result is there to keep or another worker has taken the run up meanwhile."""
     from runners.train import record_killed  # Lightning is slow to import: only on this rare path
 
-    error = f"killed by signal {signum} ({signal.Signals(signum).name})"
-    outcome = run_outcome(started["index"], "failed", error, Path(started["run_dir"]), 0.0)
-    run_dir = Path(started["run_dir"])
+    error, run_dir = f"killed by signal {signum} ({signal.Signals(signum).name})", Path(started["run_dir"])
+    outcome = run_outcome(started["index"], "failed", error, run_dir, 0.0)
     with claimed(run_dir) as mine:
         if mine:
             if not (run_dir / RECORD_NAME).exists():
