@@ -1,12 +1,13 @@
-"""Lightning callbacks of the training layer: ``ProbeCallback`` reads the attention probes of
-``common.probes`` while a model trains."""
+"""Lightning callbacks of the training layer, each applying a rule of ``common.rules``: ``ProbeCallback``
+reads the attention probes of ``common.probes`` while a model trains (and watches the logit bound),
+``DivergenceCallback`` watches the training loss, ``BestCheckpoint`` keeps the best validation epoch."""
 from __future__ import annotations
 
-import math
-
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from common.probes import Probe, attention_probes, summarize
+from common.rules import LossWatch, improves, logit_breach
 
 
 class ProbeCallback(pl.Callback):
@@ -54,46 +55,39 @@ class ProbeCallback(pl.Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
-        max_logit = self.latest["max_logit"]
-        if not math.isfinite(max_logit) or (self.max_logit_bound is not None and max_logit > self.max_logit_bound):
-            mark = getattr(pl_module, "mark_diverged", None)
-            if mark is not None:
-                mark(f"max attention logit {max_logit:.3g} past bound {self.max_logit_bound}")
+        reason = logit_breach(self.latest["max_logit"], self.max_logit_bound)
+        if reason is not None and hasattr(pl_module, "mark_diverged"):
+            pl_module.mark_diverged(reason)
 
 
 class DivergenceCallback(pl.Callback):
-    """Ends a run as diverged when its training loss blows up while staying finite (non-finite losses are
-    caught by the task itself): above ``loss_ratio`` × max(first training loss, 1), or above ``max_loss``.
-    The floor of 1 keeps a near-zero first loss (a regression that starts well) from making the ratio
-    bound trip on ordinary noise. Either bound may be None. All ranks agree before stopping. It also
-    remembers the first, last and lowest training loss (``losses``) for the run record."""
+    """Ends a run as diverged when its finite training loss breaks ``common.rules.LossWatch``'s bounds
+    (non-finite losses are caught by the task itself); all ranks agree before stopping. ``losses``: the first,
+    last and lowest training loss, for the run record."""
 
     def __init__(self, loss_ratio: float | None = 1e3, max_loss: float | None = 1e6):
-        self.loss_ratio, self.max_loss = loss_ratio, max_loss
-        self.first_loss: float | None = None
-        self.last_loss: float | None = None
-        self.best_loss = math.inf
+        self.watch = LossWatch(loss_ratio, max_loss)
 
     @property
     def losses(self) -> dict[str, float]:
-        if self.first_loss is None:
-            return {}
-        return {"train_first": self.first_loss, "train_last": self.last_loss, "train_best": self.best_loss}
+        return self.watch.losses
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is None:  # the task skipped a non-finite step and has marked the run already
             return
-        value = float(loss.detach())
-        if self.first_loss is None:
-            self.first_loss = value
-        self.last_loss, self.best_loss = value, min(self.best_loss, value)
-        bounds = []
-        if self.loss_ratio is not None:
-            bounds.append(self.loss_ratio * max(abs(self.first_loss), 1.0))
-        if self.max_loss is not None:
-            bounds.append(self.max_loss)
-        bad = bool(bounds) and value > min(bounds)
-        if trainer.strategy.reduce_boolean_decision(bad, all=False):
-            pl_module.mark_diverged(f"training loss {value:.3g} past bound {min(bounds):.3g}" if bad
-                                    else "training loss past its bound on another rank")
+        reason = self.watch.breach(float(loss.detach()))
+        if trainer.strategy.reduce_boolean_decision(reason is not None, all=False):
+            pl_module.mark_diverged(reason or "training loss past its bound on another rank")
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, keeping the validation epoch that ``common.rules.improves`` picks (the
+    rule ``quest ensemble`` follows too) as its one best checkpoint."""
+
+    def check_monitor_top_k(self, trainer, current=None) -> bool:
+        if current is None:
+            return False
+        kept = self.best_k_models.get(self.kth_best_model_path)
+        better = improves(float(current), None if kept is None else float(kept), self.mode)
+        return trainer.strategy.reduce_boolean_decision(better)

@@ -1,6 +1,8 @@
 """Scores of trivial predictors, logged beside a model's so that every table can say whether the model
 learned anything (``<metric>_baseline``). Each is a torchmetrics ``Metric``: it sees the targets of every
-batch, ignores the predictions, and its state is summed over DDP ranks like any other metric's."""
+batch, ignores the predictions, and its state is summed over DDP ranks like any other metric's. Each says
+which way is better (``higher_is_better``, as torchmetrics' own do) and what it predicts (``description``,
+which the run record keeps for the results tables)."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +16,8 @@ class MajorityClassAccuracy(Metric):
     class, or of chance)."""
 
     full_state_update = False
+    higher_is_better = True
+    description = "always the most frequent class"
 
     def __init__(self, num_classes: int):
         super().__init__()
@@ -30,6 +34,8 @@ class MeanPredictorError(Metric):
     """Mean absolute error of predicting ``center`` (the training targets' mean) for every target."""
 
     full_state_update = False
+    higher_is_better = False
+    description = "the training targets' mean for every target"
 
     def __init__(self, center: Tensor):
         super().__init__()
@@ -50,6 +56,8 @@ class MajorityClassIoU(MajorityClassAccuracy):
     class's IoU is its share of the labelled pixels, every other class present scores 0, and the mean runs
     over the classes present. Pixels at ``ignore_index`` are left out."""
 
+    description = "every pixel the most frequent class"
+
     def __init__(self, num_classes: int, ignore_index: int | None = None):
         super().__init__(num_classes)
         self.ignore_index = ignore_index
@@ -65,6 +73,9 @@ class MajorityClassIoU(MajorityClassAccuracy):
 class UnigramCrossEntropy(MajorityClassAccuracy):
     """Cross-entropy in nats per token of the best constant predictive distribution, the split's own token
     frequencies: their entropy, -Σ p log p (what a language model scores before it uses any context)."""
+
+    higher_is_better = False
+    description = "the unigram distribution of the split's tokens (their entropy)"
 
     def compute(self) -> Tensor:
         p = self.counts[self.counts > 0].double() / self.counts.sum()

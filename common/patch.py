@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from common import probes
-from common.attention import EdgeMultiheadAttention, MultiheadAttention, attend_folded, get_variant
+from common.attention import EdgeMultiheadAttention, MultiheadAttention, attend_folded, get_variant, make_fold
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> PatchedMultiheadAttention:
-        module.qk = get_variant(variant).make_fold(module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
+        module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
         module.probe = probes.Probe()
         # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
         module._qkv_same_embed_dim = False
@@ -86,7 +86,7 @@ class PatchedTimmAttention(nn.Module):
 
     @classmethod
     def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> PatchedTimmAttention:
-        module.qk = get_variant(variant).make_fold(module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
+        module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
         module.probe = probes.Probe()
         module.__class__ = cls
         return module

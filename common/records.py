@@ -49,6 +49,8 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "batch": (dict,),             # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
     "trajectory": (dict,),        # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
     "stopped": (dict,),           # a run stopped by a signal: {"signal": "SIGTERM", "step": 40}
+    "directions": (dict,),        # which way each test metric is better: {"acc": "max", "loss": "min", ...}
+    "baselines": (dict,),         # what each trivial baseline predicts: {"acc_baseline": "always the most ..."}
 }
 # Fields mapping names to numbers, which aggregation averages.
 NUMERIC_MAPS = ("metrics", "probes", "robustness", "imagenet", "losses")

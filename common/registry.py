@@ -1,27 +1,37 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
 A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus its primary metric
-(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, and its
-datasets: one mapping from dataset name to loader, which the domain's datamodule reads and the config
-check takes its valid ``data.dataset`` names from. Domains come from a package scanned by ``discover``
-(the project's ``domains/``), from the ``quest.domains`` entry-point group (an entry point names a
-module that registers on import), or from code that calls ``register_domain`` itself.
+(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, its datasets and
+any commands of its own. The datasets are one mapping from dataset name to loader, which the domain's
+datamodule reads and the config check takes its valid ``data.dataset`` names from; a loader may be named
+by its dotted path (``"domains.vision.data:mnist_splits"``, imported on first use by ``load``), so that
+naming the datasets (``quest list``, the config check) loads no data code. A command is ``quest <name>``
+run by the ``main(argv)`` of the module it names (``"domains.language.generate"``). Domains come from a
+package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains`` entry-point group
+(an entry point names a module that registers on import), or from code that calls ``register_domain``.
 
-A domain package is ``__init__.py`` (registers), ``data.py`` (datamodule and ``DATASETS``) and
-``model.py`` (network and task), with its config in ``configs/domain/<name>.yaml`` (or passed as
-``config=``).
+A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
+``data.py`` (datamodule and loaders) and ``model.py`` (network and task), with its config in
+``configs/domain/<name>.yaml`` (or passed as ``config=``).
 """
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from common.task import Optim
 
 ENTRY_POINT_GROUP = "quest.domains"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ class BuildConfig:
     data: dict
     model: dict
     task: dict
-    optim: dict
+    optim: Optim  # read and checked once (common.task.Optim)
     attention: dict  # keyword arguments of common.attention.MultiheadAttention (variant, qk_gain_init)
     seed: int
     cache_dir: Path
@@ -43,17 +53,19 @@ class Domain:
     build: Callable[[BuildConfig], tuple[Any, Any]]
     metric: str
     mode: str  # "min" or "max"
-    datasets: Mapping[str, Callable]  # dataset name -> loader
+    datasets: Mapping[str, Callable | str]  # dataset name -> loader, or its "module:attribute"
     config: dict | Path | None  # default config; None: configs/domain/<name>.yaml
+    commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
 
 _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []
 
 
-def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable],
-                    config: dict | str | Path | None = None):
-    """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader."""
+def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable | str],
+                    config: dict | str | Path | None = None, commands: Mapping[str, str] | None = None):
+    """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader (or the
+    loader's ``"module:attribute"``), ``commands`` each command the domain adds to its module."""
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
     if not isinstance(datasets, Mapping) or not datasets:
@@ -61,7 +73,7 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str,
 
     def decorate(build):
         _DOMAINS[name] = Domain(name, build, metric, mode, dict(datasets),
-                                Path(config) if isinstance(config, str) else config)
+                                Path(config) if isinstance(config, str) else config, dict(commands or {}))
         return build
 
     return decorate
@@ -107,3 +119,32 @@ def get_domain(name: str) -> Domain:
     if name not in _DOMAINS:
         raise KeyError(f"unknown domain {name!r}; choose from {', '.join(domain_names()) or '(none)'}")
     return _DOMAINS[name]
+
+
+def load(target: Callable | str) -> Callable:
+    """A loader given as itself or as ``"module:attribute"`` (imported now)."""
+    if callable(target):
+        return target
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def domain_commands() -> dict[str, str]:
+    """Every command the domains add -> the module that runs it (imports each domain's registration)."""
+    found = {}
+    for name in domain_names():
+        try:
+            found.update(get_domain(name).commands)
+        except Exception as err:  # one broken plugin must not hide the others' commands
+            log.warning("domain %r cannot load (%s: %s); its commands are not available", name, type(err).__name__, err)
+    return found
+
+
+def build_config(cfg: DictConfig) -> BuildConfig:
+    """The plain, resolved sections of a run's config that its domain's build function takes."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    from common.task import Optim  # torch: only once a run is built
+
+    return BuildConfig(data=plain.get("data", {}), model=plain.get("model", {}), task=plain["task"],
+                       optim=Optim(**plain["optim"]), attention=plain["attention"], seed=plain["seed"],
+                       cache_dir=Path(plain["cache_dir"]))

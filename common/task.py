@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass
 
 import pytorch_lightning as pl
 import torch
@@ -25,11 +26,39 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
+from common.errors import ConfigError
 from common.metrics import MajorityClassAccuracy
 from common.optim import Lamb
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": Lamb}
 SCHEDULES = ("cosine", "poly", "constant")
+
+
+@dataclass(frozen=True)
+class Optim:
+    """A run's ``optim`` config section, read once (``common.registry.build_config``) and checked here; each
+    key's one default is in ``configs/base.yaml``. ``name``: a key of ``OPTIMIZERS``; ``schedule``: one of
+    ``SCHEDULES``, after ``warmup_steps`` of linear warm-up, ending at ``min_lr_ratio`` × ``lr`` and held
+    there for ``cooldown_steps``; ``momentum`` and ``nesterov`` for SGD, ``betas`` for the others."""
+
+    name: str
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    momentum: float
+    nesterov: bool
+    schedule: str
+    warmup_steps: int
+    min_lr_ratio: float
+    cooldown_steps: int
+    poly_power: float
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimiser optim.name={self.name!r}; choose from {', '.join(OPTIMIZERS)}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule optim.schedule={self.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        object.__setattr__(self, "betas", tuple(self.betas))  # YAML gives a list
 
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
@@ -42,19 +71,17 @@ class Task(pl.LightningModule):
     """``primary`` (metric, "min" | "max") overrides the domain's registered primary metric, for a domain
     whose tasks differ in kind (graph: regression or classification).
 
-    ``optim`` keys: name (a key of ``OPTIMIZERS``), lr, weight_decay, betas, momentum, nesterov, schedule (one of
-    ``SCHEDULES``), warmup_steps, min_lr_ratio, cooldown_steps, poly_power; the runner checks the names
-    before a run starts. Weight decay applies to the parameters ``decayed()`` names."""
+    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names."""
 
     primary: tuple[str, str] | None = None
 
-    def __init__(self, net: nn.Module, optim: dict, metrics: dict[str, Metric], *,
+    def __init__(self, net: nn.Module, optim: Optim, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
         """``metrics``: name -> torchmetrics metric, the headline first (a dict keeps its order; a
         MetricCollection would sort the names)."""
         super().__init__()
         self.net = net
-        self.optim = dict(optim)
+        self.optim = optim
         self.divergence: dict | None = None
         # No compute groups: metrics that filter their inputs differently may share a state layout, and
         # torchmetrics would then merge them for good after the first batch.
@@ -64,6 +91,7 @@ class Task(pl.LightningModule):
         self.headline = next(iter(metrics))
         self.perturbations = dict(perturbations or {})
         self.perturbed_metrics = nn.ModuleDict({c: metrics[self.headline].clone() for c in self.perturbations})
+        self.perturbed_names: set[str] = set()  # what ``summarize_perturbed`` logged
         self.seed = seed
 
     # --- what a domain's task defines -------------------------------------------------------------
@@ -128,7 +156,9 @@ class Task(pl.LightningModule):
         if not self.perturbations:
             return
         scores = {condition: metric.compute() for condition, metric in self.perturbed_metrics.items()}
-        for name, value in self.summarize_perturbed(scores).items():
+        summary = self.summarize_perturbed(scores)
+        self.perturbed_names = set(summary)
+        for name, value in summary.items():
             self.log(f"test/{name}", value)
         for metric in self.perturbed_metrics.values():
             metric.reset()
@@ -136,6 +166,24 @@ class Task(pl.LightningModule):
     def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
         """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``."""
         return {f"{self.headline}_{condition}": score for condition, score in scores.items()}
+
+    def directions(self) -> dict[str, str]:
+        """Which way each test metric is better, ``"min"`` or ``"max"``, by its logged name less ``test/``: the
+        loss, and what each torchmetrics metric says of itself (``higher_is_better``; a metric that says
+        nothing is left out), a perturbed score going the way of the headline metric. A task that logs
+        other test metrics adds theirs."""
+        found = {"loss": "min"}
+        for name, metric in self.test_metrics.items(keep_base=True):
+            if metric.higher_is_better is not None:
+                found[name] = "max" if metric.higher_is_better else "min"
+        if self.headline in found:
+            found.update(dict.fromkeys(self.perturbed_names, found[self.headline]))
+        return found
+
+    def baselines(self) -> dict[str, str]:
+        """What each trivial baseline among the metrics predicts (its ``description``), by metric name."""
+        return {name: metric.description for name, metric in self.test_metrics.items(keep_base=True)
+                if hasattr(metric, "description")}
 
     def mark_diverged(self, reason: str) -> None:
         """End training now and remember why; the runner records ``status: diverged``."""
@@ -151,28 +199,30 @@ class Task(pl.LightningModule):
         return {name for name, p in self.named_parameters() if p.requires_grad and p.dim() > 1 and name not in exempt}
 
     def configure_optimizers(self):
-        cfg = self.optim
-        decayed, trained = self.decayed(), [(name, p) for name, p in self.named_parameters() if p.requires_grad]
-        decay = [p for name, p in trained if name in decayed]
-        no_decay = [p for name, p in trained if name not in decayed]
-        groups = [{"params": decay, "weight_decay": cfg.get("weight_decay", 0.0)},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        name = cfg.get("name", "adamw")
-        if name == "sgd":
-            settings = {"momentum": cfg.get("momentum", 0.9), "nesterov": cfg.get("nesterov", True)}
-        else:
-            settings = {"betas": tuple(cfg.get("betas", (0.9, 0.999)))}
-        opt = OPTIMIZERS[name](groups, lr=cfg["lr"], **settings)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(cfg, total))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        trained = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        optimizer, schedule = build_optimizer(trained, self.decayed(), self.optim, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def lr_schedule(optim: dict, total: int):
+def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
+    """The optimiser and per-step schedule of a run of ``total`` steps over its ``trained`` (name, parameter)
+    pairs: weight decay on the ``decayed`` names, none on the rest. ``quest ensemble`` builds each of its
+    runs' optimisers here too, over that run's slices of the stacked parameters."""
+    groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
+              {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
+    if optim.name == "sgd":
+        settings = {"momentum": optim.momentum, "nesterov": optim.nesterov}
+    else:
+        settings = {"betas": optim.betas}
+    optimizer = OPTIMIZERS[optim.name](groups, lr=optim.lr, **settings)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(optim, total))
+
+
+def lr_schedule(optim: Optim, total: int):
     """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` steps."""
-    return lr_factor(total, optim.get("schedule", "cosine"), warmup=optim.get("warmup_steps", 0),
-                     min_ratio=optim.get("min_lr_ratio", 0.0), cooldown=optim.get("cooldown_steps", 0),
-                     power=optim.get("poly_power", 0.9))
+    return lr_factor(total, optim.schedule, warmup=optim.warmup_steps, min_ratio=optim.min_lr_ratio,
+                     cooldown=optim.cooldown_steps, power=optim.poly_power)
 
 
 def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 0.0, cooldown: int = 0,
@@ -209,7 +259,7 @@ class ClassificationTask(Task):
     """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc`` and
     ``macc``. Label smoothing applies to training only."""
 
-    def __init__(self, net: nn.Module, num_classes: int, optim: dict, *, label_smoothing: float = 0.0,
+    def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, label_smoothing: float = 0.0,
                  perturbations: dict | None = None, seed: int = 0):
         super().__init__(net, optim, classification_metrics(num_classes), perturbations=perturbations, seed=seed)
         self.num_classes = num_classes

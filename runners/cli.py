@@ -1,5 +1,5 @@
-"""`quest` command: train | sweep | ensemble | aggregate | stability | bench | feed | generate | list | robustness
-| imagenet.
+"""`quest <command>`: the project's commands (``runners.commands``) and those the domains add (``quest
+generate`` for language runs, ``quest imagenet`` for vision runs), each with ``--help``.
 
 Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths),
 128 + N stopped by signal N (130: SIGINT, Ctrl-C; 143: SIGTERM, a scheduler's preemption).
@@ -8,69 +8,23 @@ mistyped key is answered in about a second.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import traceback
 
-from omegaconf import OmegaConf
-
 from common.errors import ConfigError, DataError, Stopped
-
-SUBCOMMANDS = {"train": "runners.cli", "list": "runners.cli", "sweep": "runners.sweep",
-               "aggregate": "runners.aggregate", "bench": "runners.bench", "robustness": "runners.robustness",
-               "stability": "runners.stability", "feed": "runners.feed", "generate": "runners.generate",
-               "ensemble": "runners.ensemble", "imagenet": "runners.imagenet"}
+from runners.commands import COMMANDS
 
 
-def train_main(argv: list[str]) -> int:
-    from runners.config import compose
-
-    parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
-                                     "write the record.")
-    parser.add_argument("overrides", nargs="*", help="domain=<name> preset=<p> attention=<variant> seed=<n> key.sub=value ...")
-    parser.add_argument("--print-config", action="store_true", help="show the composed config and exit")
-    parser.add_argument("--wait", action="store_true", help="if another process is running this run, wait for it "
-                        "to end and then run it (default: say so and exit 2)")
-    args = parser.parse_intermixed_args(argv)
-    cfg = compose(args.overrides)
-    if args.print_config:
-        print(OmegaConf.to_yaml(cfg), end="")
-        return 0
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
-    from runners.train import run
-
-    record = run(cfg, wait=args.wait)
-    failed = int(record["status"] == "failed")
-    if rank_zero_only.rank != 0:
-        return failed
-    primary = f"test/{record['primary_metric']}"
-    shown = sorted(record["metrics"], key=lambda k: (k != primary, k))[:8]  # per-class metrics can run to hundreds
-    print(f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']} "
-          + " ".join(f"{k}={record['metrics'][k]:.4g}" for k in shown)
-          + (f" ({record['error']})" if record["error"] else "")
-          + (f" diverged at step {record['divergence']['step']}" if record["divergence"] else ""))
-    return failed
-
-
-def list_main(argv: list[str]) -> int:
+def find_command(name: str):
+    """The ``main`` of a project command, or of a command a domain plugin registers; None if there is none."""
+    if name in COMMANDS:
+        return importlib.import_module(f"runners.commands.{COMMANDS[name]}").main
     import runners.config  # noqa: F401  (makes the project's domains package known)
-    from common.attention import ABLATIONS, VARIANTS
-    from common.registry import domain_names, get_domain
+    from common.registry import domain_commands
 
-    argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
-    print("domains:")
-    for name in domain_names():
-        try:
-            d = get_domain(name)
-        except Exception as err:  # one broken plugin must not hide the others
-            print(f"  {name:14s} (cannot load: {type(err).__name__}: {err})")
-            continue
-        print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}")
-    print("variants:", ", ".join(VARIANTS))
-    print("ablations:", ", ".join(ABLATIONS))
-    return 0
+    target = domain_commands().get(name)
+    return None if target is None else importlib.import_module(target).main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,13 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     console.show_project_warnings()
     console.quiet()
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(__doc__.strip() + "\nusage: quest {" + ",".join(SUBCOMMANDS) + "} ... (each takes --help)", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    command = argv[0]
     try:
-        module = importlib.import_module(SUBCOMMANDS[command])
-        entry = getattr(module, f"{command}_main", None) or module.main
+        entry = find_command(argv[0]) if argv else None
+        if entry is None:
+            print(__doc__.strip() + f"\nusage: quest {{{','.join(COMMANDS)},...}} ... (each takes --help)", file=sys.stderr)
+            return 0 if argv and argv[0] in ("-h", "--help") else 2
         return entry(argv[1:])
     except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
         print(f"quest: error: {err}", file=sys.stderr)

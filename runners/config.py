@@ -21,15 +21,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from common.registry import BuildConfig, discover, get_domain, package_domains
+from common.registry import discover, get_domain, package_domains
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
-# Keys that change where or how loudly a run goes, not what it computes (``normalization``: the same map, another
-# kernel, equal to float rounding): left out of the run's hash.
-UNHASHED = ("output_dir", "cache_dir", "threads", "normalization", "trainer.enable_progress_bar", "logging")
+# Keys that change where or how loudly a run goes, not what it computes (``attention.l2norm_kernel``: the same map,
+# another kernel, equal to float rounding): left out of the run's hash.
+UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "trainer.enable_progress_bar", "logging")
 
 
 def _load(path: Path, what: str) -> DictConfig:
@@ -223,11 +223,3 @@ def config_hash(cfg: DictConfig) -> str:
 
 def run_directory(cfg: DictConfig) -> Path:
     return Path(cfg.output_dir) / cfg.domain / cfg.attention.variant / f"seed{cfg.seed}-{config_hash(cfg)}"
-
-
-def build_config(cfg: DictConfig) -> BuildConfig:
-    """The plain, resolved sections a domain's build function takes."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    return BuildConfig(data=plain.get("data", {}), model=plain.get("model", {}), task=plain["task"],
-                       optim=plain["optim"], attention=plain["attention"], seed=plain["seed"],
-                       cache_dir=Path(plain["cache_dir"]))

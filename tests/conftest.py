@@ -1,3 +1,8 @@
+import multiprocessing
+import os
+import sys
+import threading
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -10,6 +15,8 @@ from common.attention import MultiheadAttention
 from common.records import SCHEMA_VERSION
 from common.registry import register_domain, unregister_domain
 from common.task import Task
+from runners.cli import main as cli
+from runners.sweeps import workers
 
 # The tests use tiny tensors, for which one thread beats the overhead of several.
 torch.set_num_threads(1)
@@ -86,8 +93,13 @@ class CreatesAFile:
         return open, (self.path, "w")
 
 
+# which way the metrics of the test records are better, as a task's ``directions()`` would say
+DIRECTIONS = {"mse": "min", "mae": "min", "loss": "min", "acc": "max", "macc": "max", "success": "max", "miou": "max"}
+
+
 def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
     """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
+    fields.setdefault("directions", {k: DIRECTIONS[k] for k in metrics if k in DIRECTIONS})
     return {
         "schema": SCHEMA_VERSION, "domain": domain, "dataset": dataset, "variant": variant, "seed": seed,
         "preset": "study", "status": status, "config": {}, "metrics": {f"test/{k}": v for k, v in metrics.items()},
@@ -96,3 +108,57 @@ def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **
         "probes": {"max_logit": 1.0}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {},
         "git_commit": None, **fields,
     }
+
+
+FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner
+
+
+class Forked:
+    """A process forked from the test process, with the toy domain and the fake runner, that the sweep
+    waits for as for a worker started with `python -m runners.cli`."""
+
+    def __init__(self, target):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.process = FORK.Process(target=target)
+        self.process.start()
+
+    def wait(self):
+        self.process.join()
+        return self.process.exitcode
+
+    def send_signal(self, signum):
+        os.kill(self.process.pid, signum)
+
+
+def forked_worker(cmd, env, report_fd):
+    """The worker's own code (``quest sweep`` or ``quest ensemble`` with --report-fd), forked."""
+    argv = cmd[cmd.index("runners.cli") + 1:]
+    return Forked(lambda: sys.exit(cli(argv)))
+
+
+class Threaded:
+    """A worker (``quest sweep`` or ``quest ensemble`` with --report-fd) in a thread of the test process, for the sweeps that train
+    for real: a forked child of a process whose torch has run its thread pools can hang in them. A thread
+    cannot be signalled: it finishes its runs."""
+
+    def __init__(self, cmd, env, report_fd):
+        argv = cmd[cmd.index("runners.cli") + 1:cmd.index("--report-fd")]
+        report = os.dup(report_fd)  # the launcher closes its copy of the pipe's write end at once
+        self.codes = []
+        self.thread = threading.Thread(target=lambda: self.codes.append(cli([*argv, "--report-fd", str(report)])))
+        self.thread.start()
+
+    def wait(self):
+        self.thread.join()
+        return self.codes[0]
+
+    def send_signal(self, signum):
+        pass
+
+
+@pytest.fixture
+def threaded_workers(monkeypatch):
+    """Sweeps make their runs in workers: threads here, so that they run the test's toy domain and fakes
+    (the tests about worker processes fork them instead)."""
+    monkeypatch.setattr(workers, "_spawn", Threaded)

@@ -14,8 +14,10 @@ from scipy.stats import t as t_dist
 from scipy.stats import ttest_rel
 
 from common.records import RecordError, read_record, write_record
-from runners import aggregate
 from runners.cli import main as cli
+from runners.commands import aggregate
+from runners.results import runs as results_runs
+from runners.results import stats, tables
 
 
 def write_runs(root, runs):
@@ -59,7 +61,7 @@ def test_a_non_numeric_metric_is_skipped_listed_and_the_rest_aggregated(tmp_path
     bad.write_text(bad.read_text().replace('"test/mse": 3.0', '"test/mse": "0.5"'))
     (runs / "empty").mkdir()
     (runs / "empty" / "record.json").write_text("[]")
-    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+    with caplog.at_level(logging.WARNING, logger="runners.results.runs"):
         assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
     reason = "field 'metrics' key 'test/mse' is '0.5' (str), not a number"
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2 and reason in caplog.text
@@ -80,7 +82,7 @@ def test_a_record_that_is_not_utf8_is_skipped_and_listed(tmp_path, caplog):
     reason = "not UTF-8 text (byte 0xff at offset 0)"
     with pytest.raises(RecordError, match=re.escape(f"{bad}: {reason}")):
         read_record(bad)
-    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+    with caplog.at_level(logging.WARNING, logger="runners.results.runs"):
         assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
     assert f"skipping {bad}: {reason}" in caplog.text
     text = out.read_text()
@@ -92,7 +94,7 @@ def test_a_record_under_two_of_the_roots_is_read_and_warned_about_once(tmp_path,
     write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
     (runs / "bad").mkdir()
     (runs / "bad" / "record.json").write_text("{")
-    with caplog.at_level(logging.WARNING, logger="runners.aggregate"):
+    with caplog.at_level(logging.WARNING, logger="runners.results.runs"):
         assert aggregate.main([str(runs), str(runs / "bad"), str(runs / "a-d-quest-0"), "-o", str(out), "--no-plots"]) == 0
     assert caplog.text.count("skipping") == 1
     assert "2 run records aggregated, 1 skipped" in out.read_text()
@@ -133,7 +135,7 @@ def test_two_datasets_of_a_domain_get_their_own_table_and_plots(tmp_path):
         assert not any(image in body for image in images[other])
     pngs = [(tmp_path / image).read_bytes() for d in values for image in images[d]]
     assert len(set(pngs)) == 4  # distinct figures, not one drawn from both datasets' runs
-    summary = aggregate.summary_table(aggregate.load_runs(runs))
+    summary = tables.summary_table(results_runs.load_runs(runs))
     assert summary.loc["quest", "rank a/d1 (study)"] == "2" and summary.loc["quest", "rank a/d2 (study)"] == "1"
     assert summary.loc["quest", "mean rank"] == "1.50"
 
@@ -145,10 +147,19 @@ def test_bold_marks_the_best_unless_every_variant_ties(tmp_path):
                    "qknorm": [(0, 0.5, 2.0, 5.0), (0, 0.5, 2.0, 6.0)]}
     write_runs(tmp_path, [(v, seed, dict(zip(("success", "acc", "mae", "mse"), vals)), {})
                           for v, rows in per_variant.items() for seed, vals in enumerate(rows)])
-    table = aggregate.domain_table(aggregate.load_runs(tmp_path))
+    table = tables.domain_table(results_runs.load_runs(tmp_path))
     assert not table["success ↑"].str.contains(r"\*\*").any() and not table["acc ↑"].str.contains(r"\*\*").any()
     assert table["mae ↓"].tolist() == ["**1 ± 0**", "**1 ± 0**", "2 ± 0"]
     assert table["mse ↓"].tolist() == ["3 ± 0", "**1.5 ± 6.4**", "5.5 ± 6.4"]  # n = 2: t = 12.7
+
+
+def test_a_metric_no_record_gives_a_direction_for_gets_no_arrow_and_no_best(tmp_path):
+    """Which way is better comes from the records (the task's metrics say), never from the metric's name: a
+    record written before records said so leaves its secondary metrics unranked."""
+    write_runs(tmp_path, [(v, 0, {"mse": x, "wer": x}, {"directions": {}}) for v, x in (("standard", 1.0), ("quest", 2.0))])
+    table = tables.domain_table(results_runs.load_runs(tmp_path))
+    assert "wer" in table and not table["wer"].str.contains(r"\*\*").any()
+    assert table["mse ↓"].tolist() == ["**1**", "2"]  # the primary metric's direction is the record's mode
 
 
 def test_tables_counts_paired_test_and_ranks(tmp_path):
@@ -156,20 +167,20 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
     write_runs(tmp_path, [(v, seed, {"mse": x}, {}) for v, xs in values.items() for seed, x in enumerate(xs)])
     write_runs(tmp_path, [("quest", 3, {}, {"status": "diverged"}),
                           ("standard", 0, {"mse": 1.0}, {"domain": "b"}), ("quest", 0, {"mse": 2.0}, {"domain": "b"})])
-    runs = aggregate.load_runs(tmp_path)
-    table = aggregate.domain_table(runs[runs["domain"] == "a"])
+    runs = results_runs.load_runs(tmp_path)
+    table = tables.domain_table(runs[runs["domain"] == "a"])
     t = t_dist.ppf(0.975, 2)  # means carry the half-width of their 95% t-interval
     assert table.loc["quest", "mse ↓"] == f"**1.167 ± {t * np.std(values['quest'], ddof=1) / 3 ** 0.5:.2g}**"
     assert table.loc["standard", "mse ↓"] == f"2 ± {t / 3 ** 0.5:.2g}"
     assert table.loc["quest", "diverged"] == 1 and table.loc["quest", "runs"] == 3
     assert "stopped" not in table  # shown only where a run was stopped
     write_runs(tmp_path, [("standard", 4, {}, {"status": "stopped", "stopped": {"signal": "SIGTERM", "step": 3}})])
-    again = aggregate.domain_table(aggregate.load_runs(tmp_path).query("domain == 'a'"))
+    again = tables.domain_table(results_runs.load_runs(tmp_path).query("domain == 'a'"))
     assert again.loc["standard", "stopped"] == 1 and again.loc["standard", "runs"] == 3
     p = ttest_rel(values["quest"], values["standard"]).pvalue
     half = t * np.std([-0.5, -1.0, -1.0], ddof=1) / 3 ** 0.5
     assert table.loc["quest", "Δmse vs standard ± 95% (p, Holm)"] == f"{-0.8333:+.3g} ± {half:.2g} (p={p:.2g}, Holm {p:.2g}, n=3)"
-    summary = aggregate.summary_table(runs)
+    summary = tables.summary_table(runs)
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["quest", "rank b/d (study)"] == "2"
     assert summary.loc["quest", "mean rank"] == "1.50"
 
@@ -177,7 +188,7 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
 def test_holm_adjusts_step_down_and_keeps_the_order():
     p = pd.Series({"a": 0.01, "b": 0.04, "c": 0.03})
     # sorted 0.01, 0.03, 0.04 times 3, 2, 1 -> 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06
-    assert aggregate.holm(p).to_dict() == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert stats.holm(p).to_dict() == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
 
 
 def test_equivalent_variants_are_marked_not_ranked_and_verdicts_counted(tmp_path):
@@ -188,16 +199,16 @@ def test_equivalent_variants_are_marked_not_ranked_and_verdicts_counted(tmp_path
     runs = {"standard": base, "elliptical": base, "quest": base - 0.5 + rng.normal(0, 0.01, 6),
             "qnorm": base + np.array([0.1, -0.1, 0.05, -0.05, 0.02, -0.03])}
     write_runs(tmp_path, [(v, seed, {"mse": float(x)}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
-    loaded = aggregate.load_runs(tmp_path)
-    table = aggregate.domain_table(loaded)
+    loaded = results_runs.load_runs(tmp_path)
+    table = tables.domain_table(loaded)
     assert table.loc["elliptical", "Δmse vs standard ± 95% (p, Holm)"] == "≡ standard"
-    summary = aggregate.summary_table(loaded)
+    summary = tables.summary_table(loaded)
     assert summary.loc["elliptical", "rank a/d (study)"] == "≡ standard"
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["standard", "rank a/d (study)"] != "≡ standard"
-    assert aggregate.verdicts(loaded) == {"elliptical": "≡ standard", "quest": "better", "qnorm": "not different"}
-    assert aggregate.significance_line(loaded) == ("Significant after Holm's correction (α = 0.05) on mse: "
+    assert stats.verdicts(loaded) == {"elliptical": "≡ standard", "quest": "better", "qnorm": "not different"}
+    assert tables.significance_line(loaded) == ("Significant after Holm's correction (α = 0.05) on mse: "
                                                    "quest better.")
-    counts = aggregate.verdict_table(loaded)
+    counts = tables.verdict_table(loaded)
     assert counts.loc["quest", "better"] == 1 and counts.loc["qnorm", "not different"] == 1
     assert counts.loc["elliptical", "≡ another variant"] == 1
 
@@ -238,34 +249,34 @@ def test_a_table_that_does_not_beat_its_trivial_baseline_is_not_ranked(tmp_path)
         write_runs(tmp_path, [(v, seed, {"acc": acc + 0.001 * seed, "acc_baseline": 0.5},
                                {"domain": domain, "primary_metric": "acc", "mode": "max"})
                               for v, acc in zip(("standard", "quest"), accs) for seed in range(3)])
-    runs = aggregate.load_runs(tmp_path)
-    learned_a, sentence_a = aggregate.learns(runs[runs["domain"] == "a"])
-    learned_b, sentence_b = aggregate.learns(runs[runs["domain"] == "b"])
+    runs = results_runs.load_runs(tmp_path)
+    learned_a, sentence_a = stats.learns(runs[runs["domain"] == "a"])
+    learned_b, sentence_b = stats.learns(runs[runs["domain"] == "b"])
     assert learned_a and "standard closes 80% of the gap" in sentence_a and "learns at this size" in sentence_a
     assert not learned_b and "does not learn at this size" in sentence_b
-    summary = aggregate.summary_table(runs)
+    summary = tables.summary_table(runs)
     assert "rank a/d (study)" in summary and not any("b/d" in column for column in summary.columns)
-    assert aggregate.verdict_table(runs).loc["quest"].sum() == 1  # domain a only
+    assert tables.verdict_table(runs).loc["quest"].sum() == 1  # domain a only
 
 
 def test_an_ablation_is_reported_beside_standard_but_never_ranked_or_bolded(tmp_path):
     runs = {"standard": [0.9, 0.92, 0.91], "quest": [0.91, 0.93, 0.92], "uniform": [0.99, 0.98, 0.99]}
     write_runs(tmp_path, [(v, seed, {"acc": x}, {"primary_metric": "acc", "mode": "max"})
                           for v, xs in runs.items() for seed, x in enumerate(xs)])
-    loaded = aggregate.load_runs(tmp_path)
-    table = aggregate.domain_table(loaded)
+    loaded = results_runs.load_runs(tmp_path)
+    table = tables.domain_table(loaded)
     assert not table.loc["uniform", "acc ↑"].startswith("**") and table.loc["quest", "acc ↑"].startswith("**")
     assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm)"].startswith("+0.0767")
-    assert "uniform" not in aggregate.summary_table(loaded).index
-    assert "uniform" not in aggregate.verdicts(loaded) and "uniform" not in aggregate.verdict_table(loaded).index
-    (line,) = aggregate.ablation_lines(loaded)
+    assert "uniform" not in tables.summary_table(loaded).index
+    assert "uniform" not in stats.verdicts(loaded) and "uniform" not in tables.verdict_table(loaded).index
+    (line,) = tables.ablation_lines(loaded)
     assert line.startswith("Attention ablation `uniform`") and "Δacc +0.0767" in line and "better than standard" in line
 
 
 def test_an_ablation_that_changes_nothing_is_said_to(tmp_path):
     runs = {"standard": [0.9, 0.92, 0.91], "uniform": [0.91, 0.90, 0.915]}
     write_runs(tmp_path, [(v, seed, {"mse": x}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
-    (line,) = aggregate.ablation_lines(aggregate.load_runs(tmp_path))
+    (line,) = tables.ablation_lines(results_runs.load_runs(tmp_path))
     assert "not different from standard: removing attention changes nothing measurable at this size" in line
 
 
@@ -292,6 +303,16 @@ def test_paper_anchors_put_measured_cells_beside_the_papers_numbers(tmp_path, ca
     assert "table 'a/d/study' has no metric acc" in capsys.readouterr().err and not out.exists()
 
 
-def test_language_secondary_metrics_count_lower_as_better():
-    assert all(aggregate.lower_is_better(m, "loss", "min") for m in ("bpb", "bpc", "ppl", "val_loss", "rmse"))
-    assert not any(aggregate.lower_is_better(m, "loss", "min") for m in ("acc", "miou", "acc_pgd_eps0.02"))
+@pytest.mark.parametrize("domain", ["language", "timeseries", "vision"])
+def test_each_task_says_which_way_its_test_metrics_go(domain):
+    """The directions a record carries come from the task's torchmetrics metrics: the language model's bits
+    and perplexity go down, accuracies up, each trivial baseline with the metric it stands for."""
+    from common.registry import build_config, get_domain
+    from runners.config import compose
+
+    _, task = get_domain(domain).build(build_config(compose([f"domain={domain}", "preset=smoke"])))
+    expected = {"language": {"loss": "min", "bpb": "min", "ppl": "min", "loss_baseline": "min"},
+                "timeseries": {"mse": "min", "mae": "min", "mse_baseline": "min", "mae_baseline": "min"},
+                "vision": {"acc": "max", "macc": "max", "acc_baseline": "max"}}[domain]
+    assert expected.items() <= task.directions().items()
+    assert all(name in task.directions() and said for name, said in task.baselines().items())

@@ -11,13 +11,13 @@ from common.attention import (
     VARIANTS,
     AttentionState,
     EdgeMultiheadAttention,
-    HeadGain,
     MultiheadAttention,
     Variant,
     attend,
     elliptical_metric,
     get_variant,
     l2_normalize,
+    make_fold,
 )
 from common.blocks import Encoder
 from common.probes import attention_probes
@@ -27,7 +27,7 @@ B, H, N, D = 2, 3, 7, 8
 
 
 def reference_logits(q, k, variant, fold=None, metric=None):
-    """The variant table of common/attention.py written out literally."""
+    """The variant table of common/attention/__init__.py written out literally."""
     unit = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # noqa: E731
     if variant in ("elliptical", "elliptical_quest") and metric is not None:
         q = q * metric
@@ -56,7 +56,7 @@ def reference_attend(q, k, v, variant, key_padding_mask=None, attn_bias=None, **
 def variant_params(variant, dtype):
     """The variant's fold, its learnable scales moved off their initial values, and an elliptical metric."""
     spec = get_variant(variant)
-    params = {"fold": spec.make_fold(H, D).to(dtype)}
+    params = {"fold": make_fold(spec, H, D).to(dtype)}
     with torch.no_grad():
         for p in params["fold"].parameters():
             p.copy_(torch.linspace(0.5, 3.0, p.numel(), dtype=dtype).view_as(p).flip(0) * (1 + torch.rand_like(p)))
@@ -294,7 +294,7 @@ def test_torch_compile_matches_eager():
 
 def test_a_variant_is_one_entry(monkeypatch):
     """A new variant from existing ingredients: QUEST's free query with a learnable per-head gain."""
-    monkeypatch.setitem(VARIANTS, "quest_hs", Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold=HeadGain))
+    monkeypatch.setitem(VARIANTS, "quest_hs", Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold="HeadGain"))
     mha = MultiheadAttention(16, 2, "quest_hs", qk_gain_init=2.0)
     assert mha.variant.learnable and mha.qk.gain.shape == (2,)
     q, k, v = (torch.randn(B, 2, N, 8) for _ in range(3))
@@ -310,6 +310,22 @@ def test_core_needs_torch_only():
             "print([m for m in ('pytorch_lightning', 'lightning', 'torchmetrics') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_variants_are_listed_without_torch():
+    """Listing and checking variant names imports common.attention, whose names load lazily: not torch."""
+    code = ("import sys; from common.attention import VARIANTS, ABLATIONS, get_variant; get_variant('quest'); "
+            "assert 'torch' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_name_resolves_in_its_file():
+    import common.attention as attention
+
+    for name, module in attention._SUBMODULE.items():
+        assert getattr(attention, name) is getattr(getattr(attention, module), name)
+    assert set(attention.__all__) <= set(dir(attention))
 
 
 def test_causal_stack_takes_the_fast_path_and_ignores_the_future(monkeypatch):
@@ -372,7 +388,7 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
     """`quest bench` on small shapes: a ratio to plain SDPA for every variant at every shape, and memory
     measured above what the process held before the call (at 2,048 tokens the explicit softmax's 2 x 2,048²
     float32 logits, 32 MB, dwarf the fused kernel's few MB; whole-process peaks would hide it)."""
-    from runners.bench import main as bench
+    from runners.commands.bench import main as bench
 
     out = tmp_path / "bench.json"
     assert bench(["--shapes", "2,2,16,8;1,2,32,8", "--long", "1,2,2048,16", "--repeats", "1", "--json", str(out)]) == 0
@@ -396,7 +412,7 @@ def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_p
 
 
 def test_bench_inputs_are_laid_out_as_the_attention_module_gives_them():
-    from runners.bench import make_inputs
+    from common.benchmark import make_inputs
 
     mha = MultiheadAttention(H * D, H)
     x = torch.randn(B, N, H * D)
@@ -412,7 +428,7 @@ def test_uniform_ablation_averages_the_visible_values():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
-    fold = get_variant("uniform").make_fold(2, 4)
+    fold = make_fold("uniform", 2, 4)
     out = attend(q, k, v, "uniform", fold=fold, key_padding_mask=pad)
     torch.testing.assert_close(out[0], v[0].mean(-2, keepdim=True).expand(2, 5, 4))
     torch.testing.assert_close(out[1], v[1, :, :3].mean(-2, keepdim=True).expand(2, 5, 4))

@@ -2,8 +2,11 @@
 is tested the day it is registered: its smoke preset builds, every attention module runs the variant
 asked for, a training batch gives a finite loss, and the backward pass reaches the attention with
 finite gradients. Then one `quest train` smoke run per domain, and a throw-away domain written into a
-temporary folder goes through both, with no file of the project touched."""
+temporary folder goes through both, with no file of the project touched. Naming the domains' datasets
+loads none of their data or model code."""
 import math
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -12,10 +15,10 @@ import torch
 from common import registry
 from common.attention import VARIANTS, EdgeMultiheadAttention, MultiheadAttention
 from common.records import find_records, read_record
-from common.registry import domain_names, get_domain
+from common.registry import build_config, domain_names, get_domain
 from common.task import Task
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import compose
 
 DOMAINS = domain_names()
 
@@ -89,13 +92,24 @@ def test_smoke_run_through_quest_train(domain, tmp_path, cache_dir):
     check_smoke_run(domain, tmp_path, cache_dir)
 
 
+def test_naming_the_datasets_imports_no_torch():
+    """`quest list` and the config check name every domain's datasets: a fresh interpreter doing so must not
+    pay for torch (seconds); on failure, the project's modules it imported show which one pulled it in."""
+    code = ("import sys, runners.config; from common.registry import domain_names, get_domain; "
+            "[get_domain(n).datasets for n in domain_names()]; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('common', 'domains', 'runners'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 PLUGIN = {
     "__init__.py": '''
         from pathlib import Path
 
         from common.registry import register_domain
 
-        from .data import DATASETS
+        DATASETS = {"random": "plugins.majority.data:random_tokens"}
 
 
         @register_domain("majority", metric="acc", mode="max", datasets=DATASETS,
@@ -114,6 +128,9 @@ PLUGIN = {
         from torch.utils.data import TensorDataset
 
         from common.data import SPLITS, SplitDataModule
+        from common.registry import load
+
+        from . import DATASETS
 
 
         def random_tokens(data, seed):
@@ -124,13 +141,10 @@ PLUGIN = {
             return {s: TensorDataset(tokens[i::3], labels[i::3]) for i, s in enumerate(SPLITS)}
 
 
-        DATASETS = {"random": random_tokens}
-
-
         class MajorityData(SplitDataModule):
             def __init__(self, data, seed):
                 super().__init__(data["batch_size"])
-                self.datasets = DATASETS[data["dataset"]](data, seed)
+                self.datasets = load(DATASETS[data["dataset"]])(data, seed)
     ''',
     "model.py": '''
         from torch import nn

@@ -12,9 +12,10 @@ from conftest import ToyTask
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from common.records import read_record
-from runners import train as train_module
 from runners.cli import main as cli
 from runners.config import compose, run_directory
+from runners.runs import record as record_module
+from runners.runs import training as train_module
 
 
 def test_ok_and_diverged_exit_0_and_a_run_time_failure_exits_1(toy_domain, run_args, monkeypatch, capsys):
@@ -91,7 +92,7 @@ def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain,
     def no_record(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(train_module, "write_record", no_record)
+    monkeypatch.setattr(record_module, "write_record", no_record)
     assert cli(["train", "domain=toy", "seed=3", *run_args]) == 1
     err = capsys.readouterr().err
     assert err.startswith("quest: no space left on ") and "; record not written to " in err, err
@@ -99,7 +100,7 @@ def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain,
 
 def test_a_crashing_rank_keeps_its_own_error_log(toy_domain, run_args, monkeypatch):
     monkeypatch.setattr(ToyTask, "loss", lambda self, *args: 1 / 0)
-    monkeypatch.setattr(train_module.rank_zero_only, "rank", 1)
+    monkeypatch.setattr(record_module.rank_zero_only, "rank", 1)
     record = train_module.run(compose(["domain=toy", *run_args]))
     run_dir = run_directory(compose(["domain=toy", *run_args]))
     assert record["status"] == "failed" and (run_dir / "error.rank1.log").exists()

@@ -1,8 +1,8 @@
 """`quest feed`: data-pipeline and training-step throughput side by side, with their ratio."""
 import re
 
-from runners import feed
 from runners.cli import main as cli
+from runners.commands import feed
 
 
 def test_feed_prints_both_rates_and_their_ratio(toy_domain, run_args, capsys):
@@ -14,8 +14,8 @@ def test_feed_prints_both_rates_and_their_ratio(toy_domain, run_args, capsys):
 
 
 def test_the_step_trains_the_model(toy_domain, run_args):
-    from common.registry import get_domain
-    from runners.config import build_config, compose
+    from common.registry import build_config, get_domain
+    from runners.config import compose
 
     datamodule, task = get_domain("toy").build(build_config(compose(["domain=toy", *run_args])))
     before = [p.detach().clone() for p in task.parameters()]

@@ -20,13 +20,13 @@ from torch_geometric.utils.smiles import e_map, x_map
 from common.attention import LayerGain
 from common.data import DataError
 from common.errors import ConfigError
-from common.registry import BuildConfig, get_domain
+from common.registry import BuildConfig, build_config, get_domain
 from domains.graph import molecules
 from domains.graph.data import GraphDataModule, random_walk_pe
 from domains.graph.model import GPSNet, GraphRegression
 from domains.graph.molecules import QM9_FILES, featurise, smiles_to_graph, table_labeller
 from domains.graph.splits import scaffold, scaffold_parts
-from runners.config import build_config, compose
+from runners.config import compose
 
 MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C", "N#CC#N", "OCC(O)CO", "CCN(CC)CC", "O=C=O"] * 3
 # The vocabularies of PyG's atom and bond featuriser, which every molecule of these tests comes from.
@@ -304,7 +304,8 @@ def test_task_trains_on_standardised_targets_and_reports_original_units(loss):
     batch = tiny_batch()
     batch.y = torch.tensor([[9.0], [11.0], [12.0], [7.0]])
     mean, std = torch.tensor([10.0]), torch.tensor([2.0])
-    task = GraphRegression(tiny_net("dense", "quest"), {"lr": 1e-3}, mean, std, loss=loss)
+    optim = build_config(compose(["domain=graph"])).optim
+    task = GraphRegression(tiny_net("dense", "quest"), optim, mean, std, loss=loss)
     graph, target = task.unpack(batch)
     out = task(graph)
     expected = {"l1": F.l1_loss, "mse": F.mse_loss}[loss](out, (target - mean) / std)

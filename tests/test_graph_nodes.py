@@ -20,11 +20,11 @@ from common.attention import VARIANTS
 from common.data import DataError
 from common.errors import ConfigError
 from common.records import find_records, read_record
-from common.registry import get_domain
+from common.registry import build_config, get_domain
 from domains.graph.data import GraphDataModule
 from domains.graph.molecules import atom_labeller, gasteiger_charge, read_molecule, ring_size_class
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import compose
 
 # The fixture's sizes: PyG takes the 500 nodes after the labelled training nodes for validation.
 N_LABELLED, N_ALL, N_TEST, N_FEATURES, N_CLASSES = 21, 540, 60, 10, 3

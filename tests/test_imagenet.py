@@ -163,7 +163,7 @@ def test_imagenet_a_restricts_the_argmax_to_its_classes(tmp_path):
 
 def test_quest_imagenet_adds_the_suites_to_the_record(tmp_path, capsys):
     from runners.cli import main
-    from runners.train import train
+    from runners.runs.training import train
 
     write_folders(tmp_path / "imagenet" / "train", {wnid: [RED, GREEN, BLUE, RED] for wnid in WNIDS})
     write_val(tmp_path / "imagenet" / "val")

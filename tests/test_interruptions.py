@@ -15,7 +15,7 @@ from conftest import make_record
 from common.records import read_record
 from runners.cli import main as cli
 from runners.config import compose, run_directory
-from runners.rundir import build_path, claimed
+from runners.runs.rundir import build_path, claimed
 
 LONG = ["domain=retrieval", "preset=smoke", "trainer.max_epochs=100000", "trainer.enable_progress_bar=false",
         "threads=1"]

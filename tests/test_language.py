@@ -11,9 +11,9 @@ from common.data import DataError
 from common.records import find_records, read_record
 from domains.language.corpus import Document, stdlib
 from domains.language.data import LanguageDataModule, read_capped
+from domains.language.generate import main as generate_cli
 from domains.language.model import GPT, generate
 from runners.cli import main as cli
-from runners.generate import main as generate_cli
 
 DATA = {"dataset": "text", "root": None, "tokens": "byte", "split": [0.9, 0.05, 0.05], "max_train_bytes": None,
         "max_eval_bytes": None, "context": 8, "batch_size": 4, "eval_batch_size": 4, "num_workers": 0}

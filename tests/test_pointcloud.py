@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from common.data import SPLITS, DataError
+from common.registry import build_config
 from common.task import perturbation_generator
 from domains.pointcloud import build
 from domains.pointcloud.data import MalformedMesh, PointCloudDataModule, drop_points, folder_splits, off_lines
 from domains.pointcloud.model import PointCloudTask, farthest_point_sample, gather_points, knn
 from domains.pointcloud.shapes import SHAPES, generate_shapes
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import compose
 
 
 def config(*overrides):

@@ -8,12 +8,12 @@ import pytorch_lightning as pl
 import torch
 
 from common.records import write_record
-from common.registry import get_domain
+from common.registry import build_config, get_domain
 from domains.retrieval import report
 from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval
 from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
-from runners.config import build_config, compose, run_directory
-from runners.train import new_record
+from runners.config import compose, run_directory
+from runners.runs.record import new_record
 
 SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5, bias_std=0.316)
 

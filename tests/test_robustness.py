@@ -115,16 +115,16 @@ def test_autoattack_respects_eps(tiny):
 
 
 def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
-    import runners.robustness
+    import runners.runs.robustness
     from runners.cli import main
-    from runners.train import train
+    from runners.runs.training import train
 
     record = train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}",
                     f"cache_dir={tmp_path}/cache", "threads=1"])
     assert record["status"] == "ok"
     run_dir = next(tmp_path.glob("vision/standard/seed*"))
-    threads, attack = [], runners.robustness.evaluate_robustness
-    monkeypatch.setattr(runners.robustness, "evaluate_robustness",
+    threads, attack = [], runners.runs.robustness.evaluate_robustness
+    monkeypatch.setattr(runners.runs.robustness, "evaluate_robustness",
                         lambda *args: threads.append(torch.get_num_threads()) or attack(*args))
     torch.set_num_threads(2)
     assert main(["robustness", str(run_dir), "robustness.eps=[0.05]", "robustness.max_samples=16"]) == 0
@@ -141,7 +141,7 @@ def test_a_run_from_an_older_version_is_a_clear_error(tmp_path, capsys):
     from omegaconf import OmegaConf
 
     from runners.cli import main
-    from runners.train import train
+    from runners.runs.training import train
 
     train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}", f"cache_dir={tmp_path}/cache"])
     run_dir = next(tmp_path.glob("vision/standard/seed*"))

@@ -5,10 +5,11 @@ import pytest
 
 from common.records import RecordError, read_record, write_record
 from common.task import lr_factor
-from runners import sweep
 from runners.cli import main as cli
 from runners.config import ConfigError, compose, run_directory
-from runners.train import check_settings, device_batch, train
+from runners.runs.training import check_settings, device_batch, train
+from runners.sweeps import slurm
+from runners.sweeps.spec import expand
 
 
 def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
@@ -31,7 +32,7 @@ def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
         "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",
         "trainer=3": "config key 'trainer' (command line) is a section",
         "novalue": "override 'novalue' is not of the form key=value",
-        "normalization=fast": "normalization must be fused or formula, not 'fast'",
+        "attention.l2norm_kernel=fast": "attention.l2norm_kernel must be one of fused, formula, not 'fast'",
     }
     for arg, message in cases.items():
         assert cli(["train", "domain=toy", arg, *run_args]) == 2
@@ -58,20 +59,20 @@ def test_run_directory_depends_on_config_not_clock_or_output_flags(toy_domain, t
     assert run_directory(a).parent.name == "quest" and run_directory(a).name.startswith("seed1-")
 
 
-def test_normalization_setting_picks_the_kernel_not_the_run(toy_domain, tmp_path, monkeypatch):
-    """normalization=formula runs the written-out formula (as runs recorded before the fused CPU kernels did),
-    the default the fused kernels; both are the same run, so one directory."""
+def test_l2norm_kernel_setting_picks_the_kernel_not_the_run(toy_domain, tmp_path, monkeypatch):
+    """attention.l2norm_kernel=formula runs the written-out formula (as runs recorded before the fused CPU
+    kernels did), the default the fused kernels; both are the same run, so one directory."""
     from common import attention
 
     fused_calls = []
     apply = attention._FusedRowNormalize.apply
     monkeypatch.setattr(attention._FusedRowNormalize, "apply", lambda *args: fused_calls.append(1) or apply(*args))
     args = ["domain=toy", "attention=quest", "trainer.enable_progress_bar=false"]
-    train([*args, "normalization=formula", f"output_dir={tmp_path}/a"])
+    train([*args, "attention.l2norm_kernel=formula", f"output_dir={tmp_path}/a"])
     assert not fused_calls
     train([*args, f"output_dir={tmp_path}/b"])
     assert fused_calls
-    assert run_directory(compose([*args, "normalization=formula"])) == run_directory(compose(args))
+    assert run_directory(compose([*args, "attention.l2norm_kernel=formula"])) == run_directory(compose(args))
 
 
 def test_same_seed_same_metrics(toy_domain, tmp_path):
@@ -119,11 +120,11 @@ def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
     spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo",
             "output_dir": str(tmp_path), "overrides": ["trainer.enable_progress_bar=false"],
             "slurm": {"partition": "gpu", "time_min": 30, "gpus_per_task": 1, "array_parallelism": 4}}
-    jobs = sweep.launch_slurm(sweep.expand(spec), spec, tmp_path / "slurm", cluster="debug")
+    jobs = slurm.launch_slurm(expand(spec), spec, tmp_path / "slurm", cluster="debug")
     assert [job.result()["ok"] for job in jobs] == [1, 1]
     assert len(list(tmp_path.rglob("record.json"))) == 2
     with pytest.raises(ConfigError, match="unknown slurm key"):
-        sweep.launch_slurm([], {"slurm": {"queue": "x"}}, tmp_path / "slurm", cluster="debug")
+        slurm.launch_slurm([], {"slurm": {"queue": "x"}}, tmp_path / "slurm", cluster="debug")
 
 
 def test_ddp_on_cpu_with_two_processes(tmp_path):

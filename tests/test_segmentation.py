@@ -16,13 +16,13 @@ from PIL import Image
 
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
-from common.registry import get_domain
+from common.registry import build_config, get_domain
 from common.robustness import CORRUPTIONS, corrupt
 from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
 from runners.cli import main as cli
-from runners.config import build_config, compose, run_directory
-from runners.train import train
+from runners.config import compose, run_directory
+from runners.runs.training import train
 
 
 def config(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/nonexistent"):

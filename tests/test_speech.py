@@ -13,12 +13,13 @@ from torch import nn
 
 from common.attention import VARIANTS
 from common.data import SPLITS, DataError
+from common.registry import build_config
 from common.task import perturbation_generator
 from domains.speech import build, network
 from domains.speech.data import SpeechDataModule, espeak_dataset, speech_commands_splits
 from domains.speech.model import ConformerEncoder, KeywordTask, add_noise
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import compose
 
 
 def config(*overrides):

@@ -6,8 +6,8 @@ import pytest
 from conftest import make_record
 
 from common.records import write_record
-from runners import stability
 from runners.cli import main as cli
+from runners.results import stability
 
 LRS = (1e-3, 1e-2, 1e-1)
 

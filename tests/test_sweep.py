@@ -1,79 +1,30 @@
 """`quest sweep`: exit status, reruns, run locks under contention, and the sweep's one progress line."""
 import faulthandler
 import json
-import multiprocessing
 import os
 import re
 import signal
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import conftest
 import pytest
+from conftest import FORK, Forked, forked_worker
 
-import runners.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
+import runners.runs.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
 from common.attention import VARIANTS
 from common.errors import DataError, Stopped
 from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
-from runners import sweep
 from runners.cli import main as cli
+from runners.commands import sweep
 from runners.config import compose, run_directory
+from runners.sweeps import slurm, workers
+from runners.sweeps import spec as sweep_spec
+from runners.sweeps.progress import Progress
 
-FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner
-
-
-class Forked:
-    """A process forked from the test process, with the toy domain and the fake runner, that the sweep
-    waits for as for a worker started with `python -m runners.cli`."""
-
-    def __init__(self, target):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.process = FORK.Process(target=target)
-        self.process.start()
-
-    def wait(self):
-        self.process.join()
-        return self.process.exitcode
-
-    def send_signal(self, signum):
-        os.kill(self.process.pid, signum)
-
-
-def forked_worker(cmd, env, report_fd):
-    """The worker's own code (``quest sweep`` with --report-fd), forked."""
-    argv = cmd[cmd.index("sweep") + 1:]
-    return Forked(lambda: sys.exit(cli(["sweep", *argv])))
-
-
-class Threaded:
-    """A worker (``quest sweep`` with --report-fd) in a thread of the test process, for the sweeps that train
-    for real: a forked child of a process whose torch has run its thread pools can hang in them. A thread
-    cannot be signalled: it finishes its runs."""
-
-    def __init__(self, cmd, env, report_fd):
-        argv = cmd[cmd.index("sweep") + 1:cmd.index("--report-fd")]
-        report = os.dup(report_fd)  # the launcher closes its copy of the pipe's write end at once
-        self.codes = []
-        self.thread = threading.Thread(target=lambda: self.codes.append(cli(["sweep", *argv, "--report-fd", str(report)])))
-        self.thread.start()
-
-    def wait(self):
-        self.thread.join()
-        return self.codes[0]
-
-    def send_signal(self, signum):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def threaded_workers(monkeypatch):
-    """Sweeps make their runs in workers: threads here, so that they run the test's toy domain and fakes
-    (the tests about worker processes fork them instead)."""
-    monkeypatch.setattr(sweep, "_spawn", Threaded)
+pytestmark = pytest.mark.usefixtures("threaded_workers")
 
 
 def write_spec(tmp_path, **spec) -> str:
@@ -127,7 +78,7 @@ def fake_run(monkeypatch, tmp_path):
         return [int(line.split()[column]) for line in log.read_text().splitlines()] if log.exists() else []
 
     fake.executions = executions
-    monkeypatch.setattr("runners.train.run", run)
+    monkeypatch.setattr("runners.runs.training.run", run)
     return fake
 
 
@@ -192,7 +143,7 @@ def test_rerun_retries_failed_runs_keeps_the_others_and_redo_forces_them(toy_dom
 
 def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_domain, tmp_path, fake_run,
                                                                            monkeypatch):
-    from runners.aggregate import describe_launches, read_launches
+    from runners.runs.launches import describe_launches, read_launches
 
     spec = write_spec(tmp_path, seeds=[0, 1])
     fake_run.statuses[1] = "diverged"
@@ -212,7 +163,7 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
         progress.add(outcome)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep.Progress, "update", stop_after_the_first_run)
+    monkeypatch.setattr(Progress, "update", stop_after_the_first_run)
     with pytest.raises(Stopped) as stop:
         sweep.main([spec, "--redo", "all"])
     assert stop.value.exit_code == 130
@@ -237,7 +188,7 @@ def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake
             start.wait()
             deadline = time.monotonic() + 10
             while not (run_dir / "record.json").exists() and time.monotonic() < deadline:
-                sweep.run_all([args])
+                workers.run_all([args])
                 time.sleep(0.01)
 
     processes = [FORK.Process(target=worker) for _ in range(8)]
@@ -252,7 +203,7 @@ def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake
 def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_run, monkeypatch):
     """Another process finishes the run and lets it go just before this one takes its lock: not run again."""
     args = one_run(tmp_path)
-    claimed = sweep.claimed
+    claimed = workers.claimed
 
     @contextmanager
     def finished_meanwhile(run_dir):
@@ -260,8 +211,8 @@ def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_r
         with claimed(run_dir) as mine:
             yield mine
 
-    monkeypatch.setattr(sweep, "claimed", finished_meanwhile)
-    assert sweep.run_all([args])["skipped"] == 1
+    monkeypatch.setattr(workers, "claimed", finished_meanwhile)
+    assert workers.run_all([args])["skipped"] == 1
     assert fake_run.executions() == []
 
 
@@ -271,7 +222,7 @@ def test_a_lock_dies_with_its_holder(toy_domain, tmp_path, fake_run):
     held = FORK.Event()
 
     def hold():
-        with sweep.claimed(run_dir) as mine:
+        with workers.claimed(run_dir) as mine:
             if mine:
                 held.set()
                 time.sleep(60)
@@ -279,10 +230,10 @@ def test_a_lock_dies_with_its_holder(toy_domain, tmp_path, fake_run):
     holder = FORK.Process(target=hold)
     holder.start()
     assert held.wait(10)
-    assert sweep.run_all([args])["busy"] == 1  # a live holder keeps it
+    assert workers.run_all([args])["busy"] == 1  # a live holder keeps it
     os.kill(holder.pid, signal.SIGKILL)  # as a sweep killed with SIGKILL: no clean-up
     holder.join()
-    assert sweep.run_all([args])["ok"] == 1
+    assert workers.run_all([args])["ok"] == 1
     assert fake_run.executions() == [0]
 
 
@@ -291,7 +242,7 @@ def outcome(index, status, wall_s=None, **rest):
 
 
 def test_progress_line_changes_only_with_the_counts(capsys):
-    progress = sweep.Progress([["domain=toy", "attention=quest", f"seed={s}"] for s in range(4)], workers=2)
+    progress = Progress([["domain=toy", "attention=quest", f"seed={s}"] for s in range(4)], workers=2)
     progress.show()
     progress.update(outcome(0, "ok", 120.0))
     progress.update(outcome(0, "ok"))  # the same run found recorded by another worker
@@ -309,7 +260,7 @@ def test_progress_line_changes_only_with_the_counts(capsys):
 
 
 def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, monkeypatch, capfd):
-    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+    monkeypatch.setattr(workers, "_spawn", forked_worker)
     fake_run.statuses.update({1: "failed", 2: "invalid"})
     fake_run.delay = 0.2
     assert sweep.main([write_spec(tmp_path, seeds=[0, 1, 2, 3, 4]), "--workers", "2"]) == 2
@@ -330,7 +281,7 @@ def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, 
 def test_slurm_launch_submits_only_the_runs_left(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
     assert sweep.main([write_spec(tmp_path, seeds=[0])]) == 0
     submitted = []
-    monkeypatch.setattr(sweep, "launch_slurm",
+    monkeypatch.setattr(slurm, "launch_slurm",
                         lambda runs, *_: submitted.extend(runs) or [SimpleNamespace(job_id="42_0")])
     spec = write_spec(tmp_path, seeds=[0, 1], grid={"data.n": [64, "many"]})
     assert sweep.main([spec, "--launcher", "slurm"]) == 2  # seed 0 is recorded; the "many" runs are invalid
@@ -339,23 +290,23 @@ def test_slurm_launch_submits_only_the_runs_left(toy_domain, tmp_path, fake_run,
 
 
 def test_a_worker_that_dies_fails_the_sweep(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
-    monkeypatch.setattr(sweep, "_spawn", lambda *_: Forked(lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    monkeypatch.setattr(workers, "_spawn", lambda *_: Forked(lambda: os.kill(os.getpid(), signal.SIGKILL)))
     assert sweep.main([write_spec(tmp_path, seeds=[0, 1]), "--workers", "2"]) == 1
     assert capsys.readouterr().out.splitlines()[-1].startswith("sweep: finished, 0/2 done: ")
 
 
 def test_all_variants_leave_ablations_out_unless_asked():
     spec = {"domains": ["toy"], "variants": "all", "seeds": [0]}
-    assert {run[1] for run in sweep.expand(spec)} == {f"attention={v}" for v in VARIANTS}
-    with_ablation = sweep.expand({**spec, "ablations": ["uniform"]})
+    assert {run[1] for run in sweep_spec.expand(spec)} == {f"attention={v}" for v in VARIANTS}
+    with_ablation = sweep_spec.expand({**spec, "ablations": ["uniform"]})
     assert {run[1] for run in with_ablation} == {f"attention={v}" for v in [*VARIANTS, "uniform"]}
 
 
 def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fake_run, monkeypatch):
     """A launch run in the background ignores SIGINT; SIGTERM stops it and its workers, logged."""
-    from runners.aggregate import read_launches
+    from runners.runs.launches import read_launches
 
-    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+    monkeypatch.setattr(workers, "_spawn", forked_worker)
     fake_run.delay = 30.0
     spec = write_spec(tmp_path, seeds=[0])
     launcher = FORK.Process(target=lambda: sys.exit(cli(["sweep", spec])))
@@ -397,9 +348,9 @@ def test_a_sweep_needs_at_least_one_worker(capsys):
 
 
 def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
-    from runners.aggregate import read_launches
+    from runners.runs.launches import read_launches
 
-    monkeypatch.setattr(sweep, "_spawn", forked_worker)
+    monkeypatch.setattr(workers, "_spawn", forked_worker)
     fake_run.statuses[1] = "segfault"
     spec = write_spec(tmp_path, seeds=[0, 1, 2])
     assert sweep.main([spec]) == 1
@@ -426,5 +377,5 @@ def test_a_requeued_slurm_task_makes_its_stopped_run_again(toy_domain, tmp_path,
     args = one_run(tmp_path)
     cfg = compose(args)
     write_record(run_directory(cfg), {**fake_record(cfg, "ok"), "status": "stopped", "error": "stopped by SIGTERM"})
-    assert sweep.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
+    assert slurm.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
     assert recorded(tmp_path) == {0: "ok"} and fake_run.executions() == [0]

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from common.data import DataError
-from common.registry import BuildConfig
+from common.registry import BuildConfig, build_config
 from domains.timeseries import build
 from domains.timeseries.data import ForecastDataModule, split_borders
 from domains.timeseries.model import RevIN
-from runners.config import build_config, compose
+from runners.config import compose
 
 ETT_COLUMNS = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 OT = ETT_COLUMNS.index("OT")  # variables keep the file's column order, date removed

@@ -26,6 +26,7 @@ from common.blocks import Encoder
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
 from common.optim import Lamb
+from common.registry import build_config
 from domains.vision import build
 from domains.vision.data import (
     ImageFiles,
@@ -37,7 +38,7 @@ from domains.vision.data import (
 )
 from domains.vision.model import binary_targets, mix_batch
 from runners.cli import main as cli
-from runners.config import build_config, compose
+from runners.config import compose
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +304,8 @@ DDP_SCRIPT = """
 import json, sys
 import pytorch_lightning as pl
 from domains.vision import build
-from runners.config import build_config, compose
+from common.registry import build_config
+from runners.config import compose
 
 class Dump(pl.Callback):
     def on_train_epoch_end(self, trainer, module):

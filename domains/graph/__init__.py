@@ -3,17 +3,21 @@ regression or classification of whole graphs (molecular properties) or of their 
 per-atom targets). The data decides which: see ``data.py``."""
 import logging
 
-from common.errors import ConfigError
 from common.registry import BuildConfig, register_domain
-
-from .data import DATASETS
 
 log = logging.getLogger(__name__)
 DENSE_NODES = 10_000  # beyond this many nodes in a graph, dense attention's N² logits per head hurt
+# dataset name -> loader: the molecules of molecules.py, the PyG-format data of stored.py
+DATASETS = {"qm9": "domains.graph.molecules:qm9_splits", "qm9_atoms": "domains.graph.molecules:qm9_atom_splits",
+            "csv": "domains.graph.molecules:csv_splits", "zinc": "domains.graph.stored:zinc_splits",
+            "pyg": "domains.graph.stored:pyg_splits",
+            **dict.fromkeys(("cora", "citeseer", "pubmed"), "domains.graph.stored:planetoid_splits")}
 
 
 @register_domain("graph", metric="mae", mode="min", datasets=DATASETS)
 def build(cfg: BuildConfig):
+    from common.errors import ConfigError
+
     from .data import GraphDataModule, nearest_rank
     from .model import GPSNet, GraphClassification, GraphRegression
 

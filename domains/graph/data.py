@@ -1,11 +1,11 @@
 """The graph domain's datasets and datamodule.
 
-``DATASETS`` maps each dataset name to its loader: the molecules of ``molecules.py`` (qm9, the embedded
-default; qm9_atoms, the embedded node-level default; csv) and the PyG-format data of ``stored.py`` (zinc;
-the Planetoid graphs cora, citeseer, pubmed; pyg). ``GraphDataModule`` adds random-walk structural
-encodings ``pe`` [N, rwse_steps] to every graph, caches the result under ``cache_dir`` (one file per data
-config, so only the first run pays for RDKit and the encodings), and describes the split for the run
-record. Its task follows from the data: a node task when the graphs carry ``target_mask`` (the nodes a
+The package's ``DATASETS`` maps each dataset name to its loader: the molecules of ``molecules.py`` (qm9,
+the embedded default; qm9_atoms, the embedded node-level default; csv) and the PyG-format data of
+``stored.py`` (zinc; the Planetoid graphs cora, citeseer, pubmed; pyg). ``GraphDataModule`` adds
+random-walk structural encodings ``pe`` [N, rwse_steps] to every graph, caches the result under
+``cache_dir`` (one file per data config, so only the first run pays for RDKit and the encodings), and
+describes the split for the run record. Its task follows from the data: a node task when the graphs carry ``target_mask`` (the nodes a
 split labels), else a graph task; classes for integer targets, regression for float ones.
 """
 from __future__ import annotations
@@ -20,12 +20,11 @@ from torch_geometric.loader import DataLoader
 from torch_geometric.utils import degree
 
 from common.data import SPLITS, DataError, SplitDataModule, cached, short_hash
+from common.registry import load
 
-from .molecules import csv_splits, qm9_atom_splits, qm9_splits
+from . import DATASETS
 from .splits import LoadedGraphs
-from .stored import DATASETS as STORED
 
-DATASETS = {"qm9": qm9_splits, "qm9_atoms": qm9_atom_splits, "csv": csv_splits, **STORED}
 CACHE_FORMAT = 3  # bump when what the cache holds changes, so old files are not read as new ones
 
 
@@ -115,7 +114,7 @@ class GraphDataModule(SplitDataModule):
         self.describe_split(*stored["split"])
 
     def _build(self) -> dict:
-        loaded = DATASETS[self.cfg["dataset"]](self.cfg)
+        loaded = load(DATASETS[self.cfg["dataset"]])(self.cfg)
         for split in SPLITS:
             if not (loaded.masks[split].any() if loaded.masks else loaded.graphs[split]):
                 raise DataError(f"{self.cfg['dataset']}: the {split} split is empty "

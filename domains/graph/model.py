@@ -24,7 +24,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
 from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention
 from common.metrics import MeanPredictorError
-from common.task import Task, classification_metrics
+from common.task import Optim, Task, classification_metrics
 
 NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm, "none": lambda dim: nn.Identity()}
 POOLS = {"add": global_add_pool, "mean": global_mean_pool}
@@ -167,7 +167,7 @@ class GPSNet(nn.Module):
 class GraphTask(Task):
     """What graph and node tasks share: at node level the outputs and targets of the labelled nodes."""
 
-    def __init__(self, net: nn.Module, optim: dict, metrics: dict, *, level: str):
+    def __init__(self, net: nn.Module, optim: Optim, metrics: dict, *, level: str):
         super().__init__(net, optim, metrics)
         self.node_level = level == "node"
 
@@ -183,7 +183,7 @@ class GraphRegression(GraphTask):
     """Regression of ``y``: the net predicts targets standardised with the train split's mean and std
     (``loss``: l1 | mse on that scale), while ``mae`` and ``rmse`` are reported in the original units."""
 
-    def __init__(self, net: nn.Module, optim: dict, target_mean: Tensor, target_std: Tensor, *, level: str = "graph",
+    def __init__(self, net: nn.Module, optim: Optim, target_mean: Tensor, target_std: Tensor, *, level: str = "graph",
                  loss: str = "l1"):
         super().__init__(net, optim, {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False),
                                       "mae_baseline": MeanPredictorError(target_mean)}, level=level)
@@ -203,7 +203,7 @@ class GraphClassification(GraphTask):
 
     primary = ("acc", "max")  # the runner's metric for this task, in place of the domain's mae
 
-    def __init__(self, net: nn.Module, optim: dict, num_classes: int, *, level: str = "graph"):
+    def __init__(self, net: nn.Module, optim: Optim, num_classes: int, *, level: str = "graph"):
         super().__init__(net, optim, classification_metrics(num_classes), level=level)
 
     def loss(self, output: Tensor, target: Tensor, stage: str) -> Tensor:

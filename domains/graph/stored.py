@@ -22,7 +22,6 @@ with ``target_mask`` or, transductive, the split's node ``masks``.
 from __future__ import annotations
 
 import collections
-import functools
 import io
 import pickle
 from pathlib import Path
@@ -148,10 +147,12 @@ def check_planetoid_files(folder: Path, name: str) -> None:
             unpickle(folder / f"ind.{name}.{part}", PLANETOID_GLOBALS)
 
 
-def planetoid_splits(name: str, data: dict) -> LoadedGraphs:
-    """A Planetoid citation graph in its public split: node classification over bag-of-words features."""
+def planetoid_splits(data: dict) -> LoadedGraphs:
+    """The Planetoid citation graph ``data.dataset`` in its public split: node classification over
+    bag-of-words features."""
     from torch_geometric.io import read_planetoid_data
 
+    name = data["dataset"]
     check_split_by(data, has_smiles=False)
     if name == "cora" and data["root"] is None:  # shipped with the domain: the node-level default
         data = {**data, "root": SHIPPED_CORA}
@@ -270,7 +271,3 @@ def pyg_folder_splits(root: Path, data: dict) -> LoadedGraphs:
     members = {path.stem: [i for i in graphs if i.startswith(f"{path.stem}/")] for path in files}
     split = shipped_split(members, " ".join(path.name for path in files), data["split"], data["split_seed"])
     return by_members(list(graphs.values()), list(graphs), split)
-
-
-DATASETS = {"zinc": zinc_splits, "pyg": pyg_splits,
-            **{name: functools.partial(planetoid_splits, name) for name in PLANETOID}}

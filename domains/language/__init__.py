@@ -1,12 +1,16 @@
 """Causal language modelling: a decoder-only GPT on bytes or characters of Python's standard library
 (embedded), any UTF-8 text, enwik8, text8 or WikiText-103. Primary metric: test loss in nats per token.
-``quest generate <run dir>`` samples from a trained run with the KV cache."""
+``quest generate <run dir>`` (``generate.py``) samples from a trained run with the KV cache."""
 from common.registry import BuildConfig, register_domain
 
-from .data import DATASETS
+# dataset name -> loader of its corpus (corpus.py)
+DATASETS = {"stdlib": "domains.language.corpus:stdlib", "text": "domains.language.corpus:text",
+            "enwik8": "domains.language.corpus:standard_split", "text8": "domains.language.corpus:standard_split",
+            "wikitext103": "domains.language.corpus:wikitext103"}
 
 
-@register_domain("language", metric="loss", mode="min", datasets=DATASETS)
+@register_domain("language", metric="loss", mode="min", datasets=DATASETS,
+                 commands={"generate": "domains.language.generate"})
 def build(cfg: BuildConfig):
     from .data import LanguageDataModule
     from .model import GPT, LanguageTask

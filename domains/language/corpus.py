@@ -79,19 +79,17 @@ def text(data: dict) -> Corpus:
     return by_document(path, files, data["split"])
 
 
-def standard_split(file_name: str):
-    """Loader of enwik8 or text8: the file (``root`` itself, or ``root/<file_name>``), 90/5/5% by position."""
-
-    def load(data: dict) -> Corpus:
-        path = data_root(data, f"the {file_name} file or its folder")
-        path = _non_empty(require_path(path / file_name, f"{file_name} file") if path.is_dir() else path)
-        size = path.stat().st_size
-        held_out = size // 20
-        cuts = (0, size - 2 * held_out, size - held_out, size)
-        return Corpus(_ranges(path, cuts), "shipped", f"{file_name}: the benchmark's first 90% / next 5% / last 5% "
-                      "of the bytes")
-
-    return load
+def standard_split(data: dict) -> Corpus:
+    """enwik8 or text8, as ``data.dataset`` names it: the file of that name (``root`` itself, or in the
+    folder ``root``), 90/5/5% by position."""
+    file_name = data["dataset"]
+    path = data_root(data, f"the {file_name} file or its folder")
+    path = _non_empty(require_path(path / file_name, f"{file_name} file") if path.is_dir() else path)
+    size = path.stat().st_size
+    held_out = size // 20
+    cuts = (0, size - 2 * held_out, size - held_out, size)
+    return Corpus(_ranges(path, cuts), "shipped", f"{file_name}: the benchmark's first 90% / next 5% / last 5% "
+                  "of the bytes")
 
 
 def wikitext103(data: dict) -> Corpus:
@@ -136,7 +134,3 @@ def _non_empty(path: Path) -> Path:
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty")
     return path
-
-
-DATASETS = {"stdlib": stdlib, "text": text, "enwik8": standard_split("enwik8"), "text8": standard_split("text8"),
-            "wikitext103": wikitext103}

@@ -1,5 +1,6 @@
-"""Language-model data: a corpus (``corpus.DATASETS``) cut to its byte caps, tokenised, and served as
-windows of ``context + 1`` tokens (inputs and next-token targets).
+"""Language-model data: a corpus (the loader of ``corpus.py`` that the package's ``DATASETS`` names) cut
+to its byte caps, tokenised, and served as windows of ``context + 1`` tokens (inputs and next-token
+targets).
 
 Tokens are bytes by default (vocabulary 256, nothing to ship or fit). ``data.tokens=char`` takes the
 characters of the train split as the vocabulary (sorted, ids from 1); id 0 is ``<unk>``, which val and
@@ -20,8 +21,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from common.data import SPLITS, DataError, SplitDataModule
+from common.registry import load
 
-from .corpus import DATASETS, Document
+from . import DATASETS
+from .corpus import Document
 
 log = logging.getLogger(__name__)
 TOKENS = ("byte", "char")
@@ -135,7 +138,7 @@ class LanguageDataModule(SplitDataModule):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
         if data["tokens"] not in TOKENS:
             raise ValueError(f"data.tokens must be one of {', '.join(TOKENS)}, not {data['tokens']!r}")
-        corpus = DATASETS[data["dataset"]](data)
+        corpus = load(DATASETS[data["dataset"]])(data)
         documents = corpus.splits
         caps = {"train": data["max_train_bytes"], "val": data["max_eval_bytes"], "test": data["max_eval_bytes"]}
         parts = {s: read_capped(documents[s], caps[s]) for s in SPLITS}

@@ -26,7 +26,7 @@ from torchmetrics import Metric
 from common.attention import KVCache, MultiheadAttention
 from common.blocks import Encoder
 from common.metrics import UnigramCrossEntropy
-from common.task import Task
+from common.task import Optim, Task
 
 INIT_STD = 0.02
 
@@ -138,7 +138,7 @@ class LanguageTask(Task):
     characters), perplexity (``ppl``) and the trivial baseline ``loss_baseline`` (the stage's unigram
     entropy), over every token of the stage. ``tokenizer`` is kept for sampling."""
 
-    def __init__(self, net: GPT, tokenizer, optim: dict, *, seed: int = 0):
+    def __init__(self, net: GPT, tokenizer, optim: Optim, *, seed: int = 0):
         bits = f"bp{tokenizer.unit[0]}"
         super().__init__(net, optim, {bits: BitsPerToken(), "ppl": Perplexity(),
                                       "loss_baseline": UnigramCrossEntropy(tokenizer.vocab_size)}, seed=seed)

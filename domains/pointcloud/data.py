@@ -1,8 +1,9 @@
 """Point-cloud classification data: generated shapes (default), ModelNet10/40 in its original
 ``<class>/{train,test}/*.off`` layout, or any class-per-folder tree of meshes or point files, all read
 and sampled with open3d, normalised to the unit sphere and cached as [M, num_points, 3] tensors.
-``DATASETS`` maps each dataset name to its loader. Training batches are augmented on the device
-(scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time perturbations.
+The package's ``DATASETS`` maps each dataset name to its loader. Training batches are augmented on the
+device (scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time
+perturbations.
 
 Splits never follow the training seed: the shapes are generated per split from ``data.split_seed``,
 ModelNet's train/ and test/ folders are used as shipped (validation carved out of train/), and a folder
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -39,7 +39,9 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.registry import load
 
+from . import DATASETS
 from .shapes import SHAPES, generate_shapes
 
 log = logging.getLogger(__name__)
@@ -284,10 +286,6 @@ def _datasets(clouds: dict, row: dict[str, int], split: Split) -> dict[str, Tens
     return {name: TensorDataset(clouds["points"][idx], clouds["labels"][idx]) for name, idx in rows.items()}
 
 
-DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
-    "shapes": shapes_splits, "modelnet": modelnet_splits, "folder": folder_splits}
-
-
 # --- datamodule ----------------------------------------------------------------------------------
 
 class PointCloudDataModule(SplitDataModule):
@@ -297,7 +295,7 @@ class PointCloudDataModule(SplitDataModule):
     def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"])
         self.augment = data["augment"]
-        self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
+        self.datasets, self.classes, split = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
         self.describe_split(*split)
 
     def augment_batch(self, batch):

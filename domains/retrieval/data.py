@@ -22,6 +22,9 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from common.data import SPLITS, SplitDataModule
+from common.registry import load
+
+from . import DATASETS
 
 
 def bias_vector(key_dim: int, norm: float, seed: int) -> torch.Tensor:
@@ -54,17 +57,14 @@ def generated(data: dict, seed: int) -> dict[str, TensorDataset]:
             for split in SPLITS}
 
 
-DATASETS = {"generated": generated}
-
-
 class RetrievalDataModule(SplitDataModule):
-    """The ``data.dataset`` of ``DATASETS``; every split is biased with probability p_bias, and the
-    task's metrics separate biased from unbiased samples.
+    """The ``data.dataset`` of the package's ``DATASETS``; every split is biased with probability p_bias,
+    and the task's metrics separate biased from unbiased samples.
 
     The training order comes from a generator of the sampler's own, seeded by the run seed, rather than
     from the global generator that model initialisation and Lightning draw from too (or the loader's,
     which its iterator draws a seed from): the order is then a function of the seed alone, and
-    ``runners.ensemble`` replays it exactly."""
+    ``runners.sweeps.stacked`` replays it exactly."""
 
     def __init__(self, data: dict, seed: int):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"])
@@ -73,7 +73,7 @@ class RetrievalDataModule(SplitDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
-            self.datasets = DATASETS[self.data["dataset"]](self.data, self.seed)
+            self.datasets = load(DATASETS[self.data["dataset"]])(self.data, self.seed)
 
     def train_dataloader(self) -> DataLoader:
         self.loader("train")  # the shared checks (an empty split is an error)

@@ -38,8 +38,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchmetrics.classification import MulticlassAccuracy
 
-from common.attention import MultiheadAttention, formula_normalization
-from common.task import Task
+from common.attention import MultiheadAttention
+from common.task import Optim, Task
 
 # variant -> the variant it computes in this one-layer model (the per-head gain only with one head)
 EQUIVALENT = {"elliptical": "standard", "elliptical_quest": "quest", "qknorm_hs": "qknorm"}
@@ -58,7 +58,9 @@ class RetrievalNet(nn.Module):
 
     def __init__(self, input_dim: int, num_classes: int, *, seq_len: int, heads: int, hidden: int, attention):
         super().__init__()
-        self.attn = MultiheadAttention(input_dim, heads, seq_len=seq_len, **attention)
+        # The normalisation formula is the one vmap runs, so that a run trained alone is the run trained among
+        # others (runners.sweeps.stacked), whatever the config asks of the kernel.
+        self.attn = MultiheadAttention(input_dim, heads, seq_len=seq_len, **{**attention, "l2norm_kernel": "formula"})
         if hidden:
             self.readout = nn.Sequential(nn.Linear(input_dim, hidden), nn.GELU(), nn.Linear(hidden, num_classes))
         else:
@@ -72,9 +74,8 @@ class RetrievalNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # SDPA's math kernel: on 8 tokens it costs less than the fused kernels' set-up, and under vmap
-        # (runners.ensemble) it batches over runs, where a fused kernel would be called once per run. The
-        # normalisation formula is the one vmap runs, so that a run trained alone is the run trained there.
-        with sdpa_kernel(SDPBackend.MATH), formula_normalization():
+        # (runners.sweeps.stacked) it batches over runs, where a fused kernel would be called once per run.
+        with sdpa_kernel(SDPBackend.MATH):
             out, _ = self.attn(x)
         return self.readout(out).mean(1)
 
@@ -115,7 +116,7 @@ class RetrievalTask(Task):
     key norm on biased and on unbiased samples (``train_stats``). Targets are rows (label, biased flag), so
     that the metrics can tell the two kinds of sample apart."""
 
-    def __init__(self, net: RetrievalNet, num_classes: int, optim: dict, *, success_threshold: float, seed: int = 0):
+    def __init__(self, net: RetrievalNet, num_classes: int, optim: Optim, *, success_threshold: float, seed: int = 0):
         metrics = {"acc": SubsetAccuracy(num_classes, biased=False),
                    "acc_biased": SubsetAccuracy(num_classes, biased=True),
                    "success": Success(num_classes, success_threshold)}

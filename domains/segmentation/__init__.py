@@ -4,7 +4,9 @@ folder of images and masks, scored by mIoU on clean test images and under the co
 finished vision run of the same attention variant."""
 from common.registry import BuildConfig, register_domain
 
-from .data import DATASETS
+# dataset name -> its source class (data.py)
+DATASETS = {"digits": "domains.segmentation.data:DigitScenes", "ade20k": "domains.segmentation.data:ADE20K",
+            "folder": "domains.segmentation.data:FolderPairs"}
 
 
 @register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS)

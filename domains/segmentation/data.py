@@ -7,8 +7,8 @@ testannot}/``) are used as shipped; a single images + masks folder pair is split
 ``data.split_seed``, at random or grouped by ``data.group_pattern`` (e.g. the video a frame comes from).
 Before training, a sample of each split's masks is checked against ``num_classes`` and the ignore index.
 
-``DATASETS`` maps each ``data.dataset`` name to its source: a class that knows the class names at once
-(the model is built from them) and reads or generates the data only at ``setup``. Stored samples are
+The package's ``DATASETS`` maps each ``data.dataset`` name to its source: a class that knows the class
+names at once (the model is built from them) and reads or generates the data only at ``setup``. Stored samples are
 ``(image uint8 [3, H, W], mask long [H, W])``; labels run over 0..num_classes-1 and ``ignore_index``
 marks pixels that count nowhere (the padding of crops and batches included). Batches are float images
 in [0, 1]: the model normalises, and test-time corruptions act on [0, 1].
@@ -43,7 +43,9 @@ from common.data import (
     split_names,
 )
 from common.errors import ConfigError
+from common.registry import load
 
+from . import DATASETS
 from .augment import DeviceAugment
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
@@ -413,15 +415,14 @@ class ADE20K(FolderPairs):
         return split, {name: pair for pairs in found.values() for name, pair in pairs.items()}
 
 
-DATASETS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}
 AUGMENT_ON = ("cpu", "device")  # data.augment_on: per sample in the loader, or per batch on the training device
 
 
 # ---------------------------------------------------------------- the data module
 
 class SegmentationDataModule(SplitDataModule):
-    """``data["dataset"]`` names one of ``DATASETS``; ``num_classes``, ``ignore_index`` and
-    ``class_names`` are known before ``setup`` so the model can be built first. The data, and so the
+    """``data["dataset"]`` names one of the package's ``DATASETS``; ``num_classes``, ``ignore_index``
+    and ``class_names`` are known before ``setup`` so the model can be built first. The data, and so the
     split, depend on ``data`` alone."""
 
     def __init__(self, data: dict, cache_dir: str | Path):
@@ -431,7 +432,7 @@ class SegmentationDataModule(SplitDataModule):
             raise ConfigError(f"unknown data.augment_on {data['augment_on']!r}; choose from {', '.join(AUGMENT_ON)}")
         self.data, self.ignore_index = data, data["ignore_index"]
         self.device_augment = DeviceAugment(data) if data["augment_on"] == "device" else None
-        self.source = DATASETS[data["dataset"]](data, Path(cache_dir))
+        self.source = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
         self.class_names = self.source.class_names
 
     def train_dataloader(self):

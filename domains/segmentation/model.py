@@ -23,7 +23,7 @@ from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
 from common.metrics import MajorityClassIoU
 from common.robustness import corrupt
-from common.task import Task
+from common.task import Optim, Task
 
 ENCODER = ("patch_embed", "pos_embed", "encoder")  # what a vision run's ViT and the Segmenter share
 SHARED_SHAPE = ("patch_size", "dim", "depth", "heads", "mlp_ratio")  # model keys the two must agree on
@@ -168,7 +168,7 @@ class SegmentationTask(Task):
     corruption condition (``corruption_conditions``), summarised as ``miou_corrupt`` (mean over all
     conditions) and ``miou_<corruption>`` (mean over its severities)."""
 
-    def __init__(self, net: Segmenter, class_names: list[str], ignore_index: int, optim: dict, *,
+    def __init__(self, net: Segmenter, class_names: list[str], ignore_index: int, optim: Optim, *,
                  perturbations: dict[str, dict] | None = None, seed: int = 0):
         num_classes = len(class_names)
 
@@ -209,6 +209,9 @@ class SegmentationTask(Task):
         summary = {f"{self.headline}_corrupt": torch.stack(list(scores.values())).mean()}
         summary.update({f"{self.headline}_{name}": torch.stack(group).mean() for name, group in by_corruption.items()})
         return summary
+
+    def directions(self) -> dict[str, str]:
+        return super().directions() | {f"iou_{name}": "max" for name in self.class_names}
 
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()

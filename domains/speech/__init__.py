@@ -2,12 +2,14 @@
 any class-per-folder audio tree; accuracy clean and under added noise."""
 from common.registry import BuildConfig, register_domain
 
-from .data import DATASETS, SpeechDataModule
-from .model import KeywordSpotter, KeywordTask
+DATASETS = {"espeak": "domains.speech.data:espeak_splits",
+            "speech_commands": "domains.speech.data:speech_commands_splits", "folder": "domains.speech.data:folder_splits"}
 
 
-def network(cfg: BuildConfig, num_classes: int) -> KeywordSpotter:
-    """The keyword spotter of a config; the clip length sets the typical token count."""
+def network(cfg: BuildConfig, num_classes: int):
+    """The ``KeywordSpotter`` of a config; the clip length sets the typical token count."""
+    from .model import KeywordSpotter
+
     rate = cfg.data["sample_rate"]
     return KeywordSpotter(num_classes, sample_rate=rate, clip_samples=int(round(cfg.data["clip_seconds"] * rate)),
                           attention=cfg.attention, **cfg.model)
@@ -15,6 +17,9 @@ def network(cfg: BuildConfig, num_classes: int) -> KeywordSpotter:
 
 @register_domain("speech", metric="acc", mode="max", datasets=DATASETS)
 def build(cfg: BuildConfig):
+    from .data import SpeechDataModule
+    from .model import KeywordTask
+
     datamodule = SpeechDataModule(cfg.data, cache_dir=cfg.cache_dir)
     num_classes = len(datamodule.classes)
     return datamodule, KeywordTask(network(cfg, num_classes), num_classes, cfg.optim, seed=cfg.seed, **cfg.task)

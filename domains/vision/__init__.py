@@ -1,12 +1,13 @@
 """Image classification with a ViT on MNIST digits or an ImageFolder tree (the paper presets: DeiT-Tiny,
 ViT-S, ViT-B and ViT-L with DeiT's recipe on ImageNet, ViT-B with DeiT-III's); adversarial and corruption
-robustness via ``quest robustness`` (``common.robustness``)."""
+robustness via ``quest robustness`` (``common.robustness``); ImageNet-ReaL, -C and -A results of a run via
+``quest imagenet`` (``evaluate.py``)."""
 from common.registry import BuildConfig, register_domain
 
-from .data import DATASETS
+DATASETS = {"mnist": "domains.vision.data:mnist_splits", "imagefolder": "domains.vision.data:imagefolder_splits"}
 
 
-@register_domain("vision", metric="acc", mode="max", datasets=DATASETS)
+@register_domain("vision", metric="acc", mode="max", datasets=DATASETS, commands={"imagenet": "domains.vision.evaluate"})
 def build(cfg: BuildConfig):
     from .data import VisionDataModule
     from .model import VisionTask, ViT

@@ -38,6 +38,9 @@ from common.data import (
     split_names,
 )
 from common.errors import ConfigError
+from common.registry import load
+
+from . import DATASETS
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 Splits = tuple[dict[str, Dataset], list[str], Split]  # datasets per split, class names, how they were split
@@ -170,9 +173,6 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
     return datasets, classes, split
 
 
-DATASETS = {"mnist": mnist_splits, "imagefolder": imagefolder_splits}
-
-
 class RepeatedAugmentationSampler(DistributedSampler):
     """Repeated augmentation (Hoffer et al. 2020; DeiT's RASampler): each epoch shuffles the dataset from
     (seed, epoch), repeats each image ``repeats`` times in a row, and deals the list out to the ranks in
@@ -203,7 +203,7 @@ class VisionDataModule(SplitDataModule):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
         check_augment(data["augment"])
         self.repeats, self.seed = data["augment"]["repeats"], seed
-        self.datasets, self.classes, split = DATASETS[data["dataset"]](data, Path(cache_dir))
+        self.datasets, self.classes, split = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
         self.describe_split(*split)
 
     def train_dataloader(self) -> DataLoader:

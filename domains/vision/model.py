@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.blocks import Encoder, trunc_normal_init
-from common.task import ClassificationTask
+from common.task import ClassificationTask, Optim
 
 INITS = ("trunc_normal", "torch")  # timm/DeiT's ViT initialisation | PyTorch's module defaults
 LOSSES = ("ce", "bce")
@@ -104,7 +104,7 @@ class VisionTask(ClassificationTask):
     ``bce`` (DeiT-III: a sigmoid per class against ``binary_targets``, averaged over images and classes).
     Evaluation losses are cross-entropy either way, as DeiT-III evaluates."""
 
-    def __init__(self, net: nn.Module, num_classes: int, optim: dict, *, loss: str, label_smoothing: float,
+    def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, loss: str, label_smoothing: float,
                  mixup: float, cutmix: float, mix_switch_prob: float, seed: int = 0):
         if loss not in LOSSES:
             raise ValueError(f"unknown task.loss {loss!r}; choose from {', '.join(LOSSES)}")

@@ -1,51 +1,42 @@
-"""`quest ensemble <sweep>`: the runs of a sweep file, trained many at a time.
+"""The ensemble trainer of ``quest ensemble``: the runs of a sweep that share a model, trained together.
 
 A run of a tiny model spends most of its time on process start-up, Lightning and checkpoints, not on its
-arithmetic. Here the runs of a sweep that share a model are trained together: each is built by its domain
-exactly as ``quest train`` builds it (same seeding), their parameters are stacked
-(``torch.func.stack_module_state``), and one step vectorised over them (``torch.func.vmap`` of ``grad``)
-trains all of them, each on its own data in its own order with its own learning rate and weight decay.
-The rest of a Lightning run is replayed per run: gradient-norm clipping, AdamW with the task's decay
-groups and warm-up/cosine schedule (``StackedAdamW``), validation every ``check_val_every_n_epoch``
-epochs and at the step a run diverges (as Lightning does), the attention probes every
-``probes.every_n_steps`` steps, divergence (non-finite loss, the loss bounds, the max attention logit), and
-the test on the parameters of the best validation epoch. Each run gets the ``record.json``,
-``config.yaml`` and ``metrics.csv`` that ``quest train`` writes, in the same run directory (no
-checkpoints), so ``quest aggregate``, ``quest sweep`` and reruns treat both alike.
+arithmetic. Here each run is built by its domain exactly as ``quest train`` builds it (same seeding), the
+runs' parameters are stacked (``torch.func.stack_module_state``), and one step vectorised over them
+(``torch.func.vmap`` of ``grad``) computes every run's gradients, each on its own data in its own order.
+What vmap does not need is not restated: each run's slices of the stacked parameters get the optimiser and
+schedule ``common.task.build_optimizer`` gives its ``quest train`` run, gradient-norm clipping is torch's
+``clip_grad_norm_`` on those slices, divergence and the best checkpoint follow ``common.rules``, and the run
+directory is written by ``runners.runs.record`` with Lightning's ``CSVLogger``. The rest of a Lightning run
+is replayed per run: validation every ``check_val_every_n_epoch`` epochs and at the step a run diverges (as
+Lightning does), the attention probes every ``probes.every_n_steps`` steps, and the test on the parameters of
+the best validation epoch. Each run gets the ``record.json``, ``config.yaml`` and ``metrics.csv`` of
+``quest train``, in the same run directory (no checkpoints), so ``quest aggregate``, ``quest sweep`` and
+reruns treat both alike.
 
 Identity. vmap runs each operation on the stacked runs with the kernel a single run uses (a fused SDPA
 kernel, which has no batching rule, once per run: slow; the retrieval model asks for SDPA's math kernel,
-which batches), and the optimiser, clipping, checkpoint choice and evaluation repeat torch's and
-Lightning's arithmetic, so on CPU a run's record equals that of ``quest train`` with its config and as many
-torch threads; ``tests/test_ensemble.py`` checks this for a few seeds. Only the training loss a run logs
-may differ in the last bit (vmap reduces a batched loss in another order); its gradients do not. What a
-domain needs: in-memory ``TensorDataset`` splits; a train loader whose sampler draws the order from a
-generator of its own (``RandomSampler(dataset, generator=...)``), not from the global one (otherwise each
-run still gets a fresh shuffle, but not the one ``quest train`` draws); a task that runs under ``vmap`` (no
-Python branch on tensor values in ``unpack``, ``forward`` and ``loss``); and, optionally,
-``task.train_stats(batch)``: statistics of each training batch that the task's own ``step`` logs too
-(``domains/retrieval`` logs the answer token's key norms that way).
+which batches), so on CPU a run's record equals that of ``quest train`` with its config and as many torch
+threads; ``tests/test_ensemble.py`` checks this for a few seeds. Only the training loss a run logs may
+differ in the last bit (vmap reduces a batched loss in another order); its gradients do not. What a domain
+needs: in-memory ``TensorDataset`` splits; a train loader whose sampler draws the order from a generator of
+its own (``RandomSampler(dataset, generator=...)``), not from the global one (otherwise each run still gets
+a fresh shuffle, but not the one ``quest train`` draws); a task that runs under ``vmap`` (no Python branch
+on tensor values in ``unpack``, ``forward`` and ``loss``); and, optionally, ``task.train_stats(batch)``:
+statistics of each training batch that the task's own ``step`` logs too (``domains/retrieval`` logs the
+answer token's key norms that way).
 
 Groups and chunks. Runs whose configs differ only in ``PER_MEMBER`` (seed, learning rate, weight decay)
-form a group, trained in chunks of at most ``--members`` runs. Settings the replay does not cover (another
-optimiser, ``max_steps``, fractional ``limit_*_batches``, another precision or device, several devices,
-test-time perturbations) are refused before anything runs (exit 2); ``quest sweep`` runs those.
-
-Reruns, locks and progress are ``quest sweep``'s: ok and diverged records are kept, failed runs are rerun
-(``--redo`` as there), every run of a chunk is held under its lock while the chunk trains, and one progress
-line follows the whole sweep. The record's ``wall_time_s`` is the chunk's wall time shared out over its runs.
+form a group, trained in chunks. Settings the replay does not cover (``max_steps``, fractional
+``limit_*_batches``, another precision or device, several devices, test-time perturbations) are refused
+before anything runs (``check_replayable``: exit 2); ``quest sweep`` runs those.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import csv
 import itertools
 import logging
 import math
-import multiprocessing
-import os
-import queue
 import time
 import traceback
 from collections.abc import Callable
@@ -58,10 +49,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from common.errors import ConfigError, DataError, error_line
-from runners import sweep
+from common.rules import LossWatch, improves, logit_breach
 from runners.config import compose, config_hash, run_directory
-from runners.rundir import claimed
-from runners.sweep import Progress, positive_int
+from runners.runs.rundir import claimed
+from runners.sweeps.bookkeeping import note_outcome, run_outcome, settled
+from runners.sweeps.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +74,8 @@ class Member:
     rows: list[dict] = field(default_factory=list)  # metrics.csv, as Lightning's CSVLogger writes it
     probes: dict[str, float] = field(default_factory=dict)  # the latest probe summary
     divergence: dict | None = None
-    first_loss: float | None = None
-    best: float | None = None  # best validation value so far (the checkpoint Lightning would keep)
+    watch: LossWatch | None = None  # the training loss and its bounds (common.rules)
+    best: float | None = None  # best validation value so far (the checkpoint kept: common.rules.improves)
     metrics: dict[str, float] = field(default_factory=dict)  # test scores at the best checkpoint
 
     def diverge(self, step: int, reason: str) -> None:
@@ -102,8 +94,6 @@ def group_key(cfg: DictConfig) -> str:
 def check_replayable(cfg: DictConfig) -> None:
     """A ``ConfigError`` naming the settings of ``cfg`` that the ensemble trainer does not replay."""
     trainer, problems = cfg.trainer, []
-    if cfg.optim.name != "adamw":
-        problems.append(f"optim.name={cfg.optim.name}")
     if trainer.max_steps not in (-1, None):
         problems.append(f"trainer.max_steps={trainer.max_steps}")
     problems += [f"trainer.{k}={trainer[k]}" for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
@@ -116,56 +106,6 @@ def check_replayable(cfg: DictConfig) -> None:
         problems.append("task.perturbations")
     if problems:
         raise ConfigError(f"the ensemble trainer does not replay {', '.join(problems)}; run it with quest sweep")
-
-
-# --- the stacked optimiser -----------------------------------------------------------------------------
-def _per_member(values: list[float], like: Tensor) -> Tensor:
-    """float32 [E, 1, ...] of per-member Python floats, rounded as torch rounds a Python scalar argument."""
-    return torch.tensor(values, dtype=like.dtype).view(-1, *([1] * (like.dim() - 1)))
-
-
-class StackedAdamW:
-    """``torch.optim.AdamW`` as it runs on CPU (its single-tensor update, amsgrad off), on parameters
-    stacked over members, each with its own base learning rate and weight decay. The operations, their
-    order and their scalars are torch's, so a member's slice gets what its own AdamW would give; ``Task``'s
-    groups are kept (weight decay on the parameters ``decayed`` names, ``Task.decayed``)."""
-
-    def __init__(self, params: dict[str, Tensor], decayed: set[str], lrs: list[float], weight_decays: list[float],
-                 betas: tuple[float, float], eps: float = 1e-8):
-        self.lrs, self.weight_decays = lrs, weight_decays
-        self.beta1, self.beta2 = betas
-        self.eps, self.steps = eps, 0
-        self.decay = decayed
-        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
-        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
-
-    @torch.no_grad()
-    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], factor: float) -> None:
-        """One update with every member's learning rate at ``factor`` × its base (the LambdaLR schedule)."""
-        self.steps += 1
-        lrs = [lr * factor for lr in self.lrs]
-        bias_correction1 = 1 - self.beta1**self.steps
-        bias_correction2_sqrt = (1 - self.beta2**self.steps) ** 0.5
-        for name, param in params.items():
-            grad = grads[name]
-            if name in self.decay:
-                param.mul_(_per_member([1 - lr * wd for lr, wd in zip(lrs, self.weight_decays)], param))
-            self.exp_avg[name].lerp_(grad, 1 - self.beta1)
-            self.exp_avg_sq[name].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-            denom = (self.exp_avg_sq[name].sqrt() / bias_correction2_sqrt).add_(self.eps)
-            # addcdiv_(exp_avg, denom, value=-step_size) computes self + (value * exp_avg) / denom
-            step_size = _per_member([-lr / bias_correction1 for lr in lrs], param)
-            param.add_(step_size * self.exp_avg[name] / denom)
-
-
-@torch.no_grad()
-def clip_grad_norms_(grads: dict[str, Tensor], order: list[str], max_norm: float) -> None:
-    """``torch.nn.utils.clip_grad_norm_`` per member: the norm of each parameter's gradient, their norm in
-    ``order`` (the optimiser's: decayed parameters first), and the same clipping coefficient."""
-    norms = torch.stack([torch.linalg.vector_norm(grads[name].flatten(1), dim=1) for name in order], dim=1)
-    coef = torch.clamp(max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
-    for grad in grads.values():
-        grad.mul_(coef.view(-1, *([1] * (grad.dim() - 1))))
 
 
 # --- calling a task under torch.func --------------------------------------------------------------------
@@ -211,8 +151,11 @@ class Chunk:
         params, buffers = stack_module_state([m.task for m in members])
         self.params = {name: p.detach() for name, p in params.items()}
         self.buffers = buffers
-        self.decayed = self.template.decayed()
-        self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
+        self.trained = [name for name, p in self.template.named_parameters() if p.requires_grad]
+        from common.registry import get_domain
+
+        self.metric, self.mode = self.template.primary or (get_domain(self.cfg.domain).metric,
+                                                           get_domain(self.cfg.domain).mode)
         self._data()
         self._functions()
 
@@ -258,14 +201,10 @@ class Chunk:
 
     # training
     def fit(self) -> None:
-        from common.task import lr_schedule
-
-        cfg, trainer = self.cfg, self.cfg.trainer
+        trainer = self.cfg.trainer
         steps_per_epoch = len(self.train_loaders[0])
         total = max(1, steps_per_epoch * trainer.max_epochs)
-        schedule = lr_schedule(OmegaConf.to_container(cfg.optim, resolve=True), total)
-        self.optimizer = StackedAdamW(self.params, self.decayed, [m.cfg.optim.lr for m in self.members],
-                                      [m.cfg.optim.weight_decay for m in self.members], tuple(cfg.optim.betas))
+        self.optimizers = [self._optimizer(e, total) for e in range(len(self.members))]  # (optimiser, schedule, names)
         self.best_params = {name: p.clone() for name, p in self.params.items()}
         self.active = torch.ones(len(self.members), dtype=torch.bool)
         step = 0
@@ -273,30 +212,47 @@ class Chunk:
             orders = [_epoch_order(loader) for loader in self.train_loaders]
             for batch_idx in range(steps_per_epoch):
                 index = torch.stack([torch.as_tensor(order[batch_idx]) for order in orders])[self.slot]
-                self._train_batch(index, step, epoch, schedule(step))
+                self._train_batch(index, step, epoch)
                 step += 1
                 if not self.active.any():
                     return
             if (epoch + 1) % trainer.check_val_every_n_epoch == 0:
                 self._validate(self.active.nonzero()[:, 0], epoch, step)
 
-    def _train_batch(self, index: Tensor, step: int, epoch: int, factor: float) -> None:
+    def _optimizer(self, e: int, total: int) -> tuple:
+        """Member ``e``'s optimiser and schedule, built as its ``quest train`` run builds them, over its slices
+        of the stacked parameters (views: the optimiser's updates land in the stack)."""
+        from common.task import build_optimizer
+
+        trained = [(name, self.params[name][e]) for name in self.trained]
+        optimizer, schedule = build_optimizer(trained, self.template.decayed(), self.members[e].task.optim, total)
+        name_of = {id(view): name for name, view in trained}
+        return optimizer, schedule, [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def _train_batch(self, index: Tensor, step: int, epoch: int) -> None:
         which = self.active.nonzero()[:, 0]
         batch = self._batch("train", index, torch.arange(len(self.members)))
         max_logits = self._probe(batch, which, step) if self._probe_step(step) else {}
         grads, (losses, stats) = self.train_step(self.params, self.buffers, batch)
-        finite = torch.isfinite(losses)
-        for e in which[~finite[which]].tolist():
-            self.members[e].diverge(step, "non-finite training loss")  # Lightning skips that step's update
-        still = ~self.active | ~finite  # finished members, and members whose step is skipped
-        kept = {name: p[still].clone() for name, p in self.params.items()} if still.any() else None
-        if self.cfg.trainer.gradient_clip_val:
-            clip_grad_norms_(grads, self.clip_order, self.cfg.trainer.gradient_clip_val)
-        self.optimizer.step(self.params, grads, factor)
-        if kept is not None:
-            for name, param in self.params.items():
-                param[still] = kept[name]
+        for e in which.tolist():
+            if torch.isfinite(losses[e]):
+                self._step(e, grads)
+            else:  # Lightning skips that step's update
+                self.members[e].diverge(step, "non-finite training loss")
         self._after_step(which, losses, stats, max_logits, step, epoch)
+
+    def _step(self, e: int, grads: dict[str, Tensor]) -> None:
+        """Member ``e``'s optimiser step on its gradients, clipped first as Lightning clips them: torch's
+        ``clip_grad_norm_`` over the optimiser's parameters, in its order."""
+        optimizer, schedule, names = self.optimizers[e]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for name, param in zip(names, params):
+            param.grad = grads[name][e]
+        if self.cfg.trainer.gradient_clip_val:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.trainer.gradient_clip_val)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
 
     def _probe_step(self, step: int) -> bool:
         every = self.cfg.probes.every_n_steps
@@ -335,10 +291,11 @@ class Chunk:
         every = self.cfg.trainer.log_every_n_steps
         for e in which.tolist():
             member, loss = self.members[e], float(losses[e])
-            if e in max_logits:
-                self._check_logit(member, max_logits[e], step + 1)
-            if math.isfinite(loss):
-                self._check_loss(member, loss, step + 1)
+            reason = logit_breach(max_logits[e], self.cfg.probes.max_logit_bound) if e in max_logits else None
+            if reason is None and math.isfinite(loss):
+                reason = member.watch.breach(loss)
+            if reason is not None:
+                member.diverge(step + 1, reason)
             if (step + 1) % every == 0:
                 logged = {name: float(v[e]) for name, v in stats.items() if torch.isfinite(v[e])}
                 member.rows.append({"train/loss": loss, **logged, "epoch": epoch, "step": step})
@@ -348,37 +305,14 @@ class Chunk:
             if (epoch + 1) % self.cfg.trainer.check_val_every_n_epoch == 0:  # Lightning validates a stopping run
                 self._validate(torch.tensor(stopped), epoch, step + 1)
 
-    def _check_logit(self, member: Member, max_logit: float, step: int) -> None:
-        bound = self.cfg.probes.max_logit_bound
-        if not math.isfinite(max_logit) or (bound is not None and max_logit > bound):
-            member.diverge(step, f"max attention logit {max_logit:.3g} past bound {bound}")
-
-    def _check_loss(self, member: Member, loss: float, step: int) -> None:
-        """``common.callbacks.DivergenceCallback``'s bounds."""
-        if member.first_loss is None:
-            member.first_loss = loss
-        settings, bounds = self.cfg.divergence, []
-        if settings.loss_ratio is not None:
-            bounds.append(settings.loss_ratio * max(abs(member.first_loss), 1.0))
-        if settings.max_loss is not None:
-            bounds.append(settings.max_loss)
-        if bounds and loss > min(bounds):
-            member.diverge(step, f"training loss {loss:.3g} past bound {min(bounds):.3g}")
-
     # evaluation
     def _validate(self, which: Tensor, epoch: int, step: int) -> None:
-        """Validation of the members ``which``, and the checkpoint Lightning's ModelCheckpoint would keep:
-        the first validation, then every strictly better one (NaN counts as the worst value)."""
-        from common.registry import get_domain
-
-        domain = get_domain(self.cfg.domain)
+        """Validation of the members ``which``, and the checkpoint each keeps (``common.rules.improves``)."""
         for e, scores in self._evaluate("val", self.params, which).items():
             member = self.members[e]
             member.rows.append({**scores, "epoch": epoch, "step": step})
-            value = scores[f"val/{domain.metric}"]
-            if math.isnan(value):
-                value = math.inf if domain.mode == "min" else -math.inf
-            if member.best is None or (value < member.best if domain.mode == "min" else value > member.best):
+            value = scores[f"val/{self.metric}"]
+            if improves(value, member.best, self.mode):
                 member.best = value
                 for name, param in self.params.items():
                     self.best_params[name][e] = param[e]
@@ -445,44 +379,40 @@ def _stack_split(modules: list, split: str) -> tuple[Tensor, ...]:
 def _write_run(member: Member, template: dict, chunk_size: int, wall_s: float) -> dict:
     """The member's run directory as ``quest train`` leaves it (config.yaml, metrics.csv, record.json;
     no checkpoints); returns the record."""
-    from common.registry import get_domain
-    from runners.train import best_validation, fresh_run_directory, save_record
+    from pytorch_lightning.loggers import CSVLogger
 
-    domain = get_domain(member.cfg.domain)
-    run_dir = fresh_run_directory(member.cfg)
-    _write_csv(run_dir / "metrics.csv", member.rows)
+    from runners.runs.record import fresh_run_directory, logged, save_record
+
+    build_dir = fresh_run_directory(member.cfg)
+    csv_log = CSVLogger(build_dir, name="", version="")
+    for row in member.rows:
+        csv_log.log_metrics({k: v for k, v in row.items() if k != "step"}, step=row.get("step"))
+    csv_log.save()
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
                   params=sum(p.numel() for p in member.task.parameters()), probes=member.probes,
-                  best_val=best_validation(run_dir / "metrics.csv", f"val/{domain.metric}", domain.mode),
-                  wall_time_s=round(wall_s / chunk_size, 3))
+                  wall_time_s=round(wall_s / chunk_size, 3),
+                  **logged(build_dir / "metrics.csv", f"val/{record['primary_metric']}", record["mode"],
+                           member.watch.losses))
     record["hardware"].update(world_size=1, ensemble_members=chunk_size)
+    record.update(directions=member.task.directions(), baselines=member.task.baselines())
     if member.divergence is not None:
         record.update(status="diverged", divergence=member.divergence)
     else:
         record["metrics"] = member.metrics
-    save_record(run_dir, record)
+    save_record(build_dir, record)
     return record
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    """Rows as Lightning's CSVLogger writes them (one header of every key, values by ``repr``)."""
-    keys = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _write_failed(member: Member, template: dict, err: Exception) -> dict:
-    from runners.train import fresh_run_directory, save_record, write_text
+    from runners.runs.record import fresh_run_directory, save_record, write_text
 
-    run_dir = fresh_run_directory(member.cfg)
+    build_dir = fresh_run_directory(member.cfg)
     record = copy.deepcopy(template)
     record.update(seed=int(member.cfg.seed), config=OmegaConf.to_container(member.cfg, resolve=True),
                   status="failed", error=error_line(err))
-    write_text(run_dir / "error.log", traceback.format_exc())
-    save_record(run_dir, record)
+    write_text(build_dir / "error.log", traceback.format_exc())
+    save_record(build_dir, record)
     return record
 
 
@@ -490,18 +420,14 @@ def _write_failed(member: Member, template: dict, err: Exception) -> dict:
 def train_chunk(members: list[Member]) -> list[dict]:
     """Train the members (runs of one group, each held under its lock) together and write their runs;
     returns one sweep outcome per member. Wrong input is an ``invalid`` outcome for the whole chunk."""
-    threads = torch.get_num_threads()
-    cfg = members[0].cfg
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
-        chunk, template = _prepare(members)
-    except (ConfigError, DataError) as err:
-        return [sweep.run_outcome(m.index, "invalid", error_line(err), m.run_dir) for m in members]
-    else:
+    from runners.runs.training import torch_threads
+
+    with torch_threads(members[0].cfg.threads):
+        try:
+            chunk, template = _prepare(members)
+        except (ConfigError, DataError) as err:
+            return [run_outcome(m.index, "invalid", error_line(err), m.run_dir) for m in members]
         return _train(chunk, template)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
@@ -509,7 +435,8 @@ def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
     record template its runs share."""
     from common.registry import get_domain
     from runners import console
-    from runners.train import check_settings, new_record
+    from runners.runs.record import new_record
+    from runners.runs.training import check_settings
 
     console.quiet()  # after Lightning's import, which sets its own log level
     cfg = members[0].cfg
@@ -518,7 +445,9 @@ def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
     domain = get_domain(cfg.domain)
     for member in members:
         _build(member, domain)
-    return Chunk(members), new_record(cfg, domain, batch)
+    chunk, template = Chunk(members), new_record(cfg, domain, batch)
+    template["primary_metric"], template["mode"] = chunk.metric, chunk.mode
+    return chunk, template
 
 
 def _train(chunk: Chunk, template: dict) -> list[dict]:
@@ -528,43 +457,44 @@ def _train(chunk: Chunk, template: dict) -> list[dict]:
         chunk.test()
     except Exception as err:  # a failed chunk is a failed record per run, and the sweep goes on
         wall = (time.perf_counter() - start) / len(members)
-        return [sweep.run_outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall)
+        return [run_outcome(m.index, "failed", _write_failed(m, template, err)["error"], m.run_dir, wall)
                 for m in members]
     wall = time.perf_counter() - start
     records = [_write_run(m, template, len(members), wall) for m in members]
-    return [sweep.run_outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"])
+    return [run_outcome(m.index, r["status"], r["error"], m.run_dir, r["wall_time_s"])
             for m, r in zip(members, records)]
 
 
 def _build(member: Member, domain) -> None:
-    """The member's datamodule and task, built as ``runners.train.run`` builds them (same seeding)."""
+    """The member's datamodule and task, built as ``runners.runs.training.run`` builds them (same seeding)."""
     import pytorch_lightning as pl
 
-    from runners.config import build_config
-
+    from common.registry import build_config
     pl.seed_everything(member.cfg.seed, workers=True, verbose=False)
     try:
         member.datamodule, member.task = domain.build(build_config(member.cfg))
     except ValueError as err:
         raise ConfigError(f"domain {member.cfg.domain!r}: {str(err).strip().splitlines()[0]}") from None
+    member.watch = LossWatch(**member.cfg.divergence)
 
 
-def plan(runs: list[list[str]], redo: str | None, progress: Progress, dry_run: bool = False) -> list[Member]:
-    """Compose every run once; tell ``progress`` about invalid runs and the records kept (the sweep's rules,
-    records to redo removed under their locks; a dry run only reads them); returns the runs to train."""
+def plan(runs: list[list[str]], progress: Progress, status_of: Callable[[Path], str | None]) -> list[Member]:
+    """Compose every run once and tell ``progress`` about the invalid ones and those whose record stays
+    (``status_of`` a run directory: its record's status if it stays, None if the run is to be made); returns
+    the runs to make."""
     pending = []
     for index, args in enumerate(runs):
         try:
             cfg = compose(args)
         except ConfigError as err:
-            progress.add(sweep.run_outcome(index, "invalid", error_line(err)))
+            progress.add(run_outcome(index, "invalid", error_line(err)))
             continue
         run_dir = run_directory(cfg)
-        status = sweep.recorded_status(run_dir) if dry_run else sweep.keep_or_drop(run_dir, sweep.RERUN[redo])
+        status = status_of(run_dir)
         if status is None:
             pending.append(Member(index, cfg, run_dir))
         else:
-            progress.add(sweep.run_outcome(index, status, run_dir=run_dir))
+            progress.add(run_outcome(index, status, run_dir=run_dir))
     return pending
 
 
@@ -583,82 +513,13 @@ def chunks(members: list[Member], size: int) -> list[list[Member]]:
 
 
 def run_chunks(pieces: list[list[Member]], report: Callable[[dict], None]) -> None:
-    """Train each chunk's runs that no other process holds and none has recorded since the plan."""
+    """Train each chunk's runs that no other process holds and that are still to be made (``settled``, read
+    under their locks), reporting each run as it starts and as it ends."""
     for piece in pieces:
         with ExitStack() as held:
-            mine = [m for m in piece if held.enter_context(claimed(m.run_dir)) and sweep.settled(m.run_dir) is None]
+            mine = [m for m in piece if held.enter_context(claimed(m.run_dir)) and settled(m.run_dir) is None]
+            for member in mine:  # so the launcher knows them if this process dies
+                report(run_outcome(member.index, "running", run_dir=member.run_dir))
             for outcome in train_chunk(mine) if mine else []:
-                sweep.note_outcome(Path(outcome["run_dir"]), outcome)
+                note_outcome(Path(outcome["run_dir"]), outcome)
                 report(outcome)
-
-
-def _balance(pieces: list[list[Member]], workers: int) -> list[list[list[Member]]]:
-    """Chunks dealt to workers, largest first to the least loaded (their cost grows with their runs)."""
-    shares: list[list[list[Member]]] = [[] for _ in range(workers)]
-    for piece in sorted(pieces, key=len, reverse=True):
-        min(shares, key=lambda share: sum(map(len, share))).append(piece)
-    return [share for share in shares if share]
-
-
-def _worker(pieces: list[list[Member]], threads: int, outcomes) -> None:
-    torch.set_num_threads(threads)
-    run_chunks(pieces, outcomes.put)
-
-
-def run_workers(pieces: list[list[Member]], workers: int, progress: Progress) -> int:
-    """Train the chunks in ``workers`` processes (each with its share of the CPU threads), feeding
-    ``progress`` with their outcomes; returns 1 if a worker died, else 0."""
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch thread pool
-    outcomes = context.Queue()
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    processes = [context.Process(target=_worker, args=(share, threads, outcomes))
-                 for share in _balance(pieces, workers)]
-    for process in processes:
-        process.start()
-    while True:
-        try:
-            progress.update(outcomes.get(timeout=0.5))
-        except queue.Empty:
-            if not any(process.is_alive() for process in processes):
-                break
-    for process in processes:
-        process.join()
-    return int(any(process.exitcode for process in processes))
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quest ensemble", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
-    parser.add_argument("--members", type=int, default=128, help="most runs trained together (default 128)")
-    parser.add_argument("--output-dir", help="override the sweep's output_dir")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
-    parser.add_argument("--redo", choices=("diverged", "all"),
-                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
-    parser.add_argument("--dry-run", action="store_true", help="list the chunks and exit")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    if args.members < 1 or args.workers < 1:
-        raise ConfigError(f"--members and --workers must be at least 1, not {args.members} and {args.workers}")
-    runs = sweep.expand(sweep.load_sweep(args.sweep), args.output_dir, args.set)
-    progress = Progress(runs, args.workers)
-    pending = plan(runs, args.redo, progress, dry_run=args.dry_run)
-    pieces = chunks(pending, args.members)
-    if args.dry_run:
-        for piece in pieces:
-            cfg = piece[0].cfg
-            print(f"{len(piece)} runs: {cfg.domain}/{cfg.attention.variant} ({cfg.preset}) "
-                  f"seeds {sorted({m.cfg.seed for m in piece})}")
-        return progress.code()
-    progress.show()
-    code = 0
-    if args.workers > 1 and len(pieces) > 1:
-        code = run_workers(pieces, args.workers, progress)
-    else:
-        run_chunks(pieces, progress.update)
-    progress.summary()
-    return max(code, progress.code())

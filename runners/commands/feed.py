@@ -15,9 +15,10 @@ import time
 import torch
 from pytorch_lightning.utilities import move_data_to_device
 
+from common.registry import build_config
 from common.timing import sync
 from runners import console
-from runners.config import build_config, compose
+from runners.config import compose
 
 
 def _samples(task, batch) -> int:

@@ -8,7 +8,7 @@ later (data read lazily) removes what the run built too. A run that fails while 
 ``status: failed`` (traceback in ``error.log``, one per rank under DDP) and exits 1. On a full disk the
 partial checkpoints are removed and the record says so, or stderr when even the record cannot be written.
 
-A run is built beside its directory and takes its place only with its record (``runners.rundir``), so a
+A run is built beside its directory and takes its place only with its record (``runners.runs.rundir``), so a
 rerun that is killed, stopped or refused leaves the earlier result as it was. SIGINT and SIGTERM (Ctrl-C, a
 scheduler's preemption) raise ``Stopped``: the run is recorded as ``status: stopped`` with the signal and
 the step it reached, unless an earlier result is there to keep, and the command exits 128 + the signal.
@@ -16,37 +16,26 @@ the step it reached, unless an earlier result is there to keep, and the command 
 from __future__ import annotations
 
 import errno
-import os
-import platform
 import shutil
-import subprocess
-import sys
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import pandas as pd
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint
+from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from common.attention import formula_normalization
-from common.callbacks import DivergenceCallback, ProbeCallback
+from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback
 from common.errors import ConfigError, DataError, Stopped
-from common.records import RECORD_NAME, SCHEMA_VERSION, write_record
-from common.registry import get_domain
-from common.task import OPTIMIZERS, SCHEDULES
+from common.records import RECORD_NAME
+from common.registry import build_config, get_domain
 from runners import console
-from runners.config import build_config, compose, run_directory
-from runners.rundir import build_path, claimed, final_path, lock_path, publish
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("torch", "pytorch-lightning", "torch-geometric", "torchaudio", "torchmetrics", "omegaconf", "open3d")
+from runners.config import compose, run_directory
+from runners.runs.record import fresh_run_directory, logged, new_record, remove, save_record, write_text
+from runners.runs.rundir import claimed, final_path, lock_path
 
 
 def train(args: list[str]) -> dict:
@@ -56,16 +45,16 @@ def train(args: list[str]) -> dict:
 
 def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input,
-    ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.rundir``;
+    ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.runs.rundir``;
     with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it."""
     console.quiet()
-    with torch_threads(cfg.threads), normalization(cfg), Stopped.on_signals():
+    with torch_threads(cfg.threads), Stopped.on_signals():
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
+        settings = build_config(cfg)  # reads and checks the optimiser settings
         batch = check_settings(cfg)
         record = new_record(cfg, domain, batch)
         start = time.perf_counter()
-        settings = build_config(cfg)
         if batch is not None:
             settings.data["batch_size"] = batch["per_device"]
         try:
@@ -91,7 +80,7 @@ def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> Non
     try:
         writes = _fit_and_test(cfg, build_dir, datamodule, task, record)
     except (ConfigError, DataError):
-        _remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
+        remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
         raise
     except Stopped as stop:
         stop.detail = _keep_or_record_stopped(build_dir, record)
@@ -108,19 +97,10 @@ def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
     if rank_zero_only.rank != 0:
         return record["error"]
     if (run_dir / RECORD_NAME).exists():
-        _remove(build_dir)
+        remove(build_dir)
         return f"{record['error']}; the earlier result in {run_dir} is kept"
     save_record(build_dir, record)
     return f"{record['error']}; recorded as stopped in {run_dir}"
-
-
-def normalization(cfg: DictConfig) -> AbstractContextManager:
-    """How ``common.attention.l2_normalize`` runs inside the block: ``fused`` (PyTorch's fused kernels on CPU,
-    the formula elsewhere) or ``formula`` everywhere, as every run recorded before the fused kernels did."""
-    choice = cfg.get("normalization", "fused")
-    if choice not in ("fused", "formula"):
-        raise ConfigError(f"normalization must be fused or formula, not {choice!r}")
-    return formula_normalization() if choice == "formula" else nullcontext()
 
 
 @contextmanager
@@ -137,13 +117,9 @@ def torch_threads(count: int | None):
 
 
 def check_settings(cfg: DictConfig) -> dict[str, int] | None:
-    """The settings the domain does not check itself: optimiser, schedule and Lightning's trainer. Returns
+    """The settings neither the domain nor ``build_config`` checks: Lightning's trainer. Returns
     how ``data.batch_size`` splits over the trainer's devices (``device_batch``); None for a domain
     without one."""
-    if cfg.optim.name not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimiser optim.name={cfg.optim.name!r}; choose from {', '.join(OPTIMIZERS)}")
-    if cfg.optim.schedule not in SCHEDULES:
-        raise ConfigError(f"unknown schedule optim.schedule={cfg.optim.schedule!r}; choose from {', '.join(SCHEDULES)}")
     try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
         trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
     except Exception as err:
@@ -165,25 +141,6 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
     return {"global": global_batch, "per_device": per_device, "world_size": world_size, "accumulate": accumulate}
 
 
-def fresh_run_directory(cfg: DictConfig) -> Path:
-    """The directory the run is built in (``runners.rundir``), emptied of any earlier attempt by rank 0 (the
-    launcher's environment says which rank this is); ``save_record`` puts it in the run directory's place.
-    An output directory that cannot be written is the user's to fix."""
-    run_dir = run_directory(cfg)
-    build_dir = build_path(run_dir)
-    try:
-        if rank_zero_only.rank == 0:
-            if build_dir.exists():
-                shutil.rmtree(build_dir)
-            build_dir.mkdir(parents=True)
-            (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-        else:
-            build_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"cannot write the run directory {run_dir}: {err.strerror or err}") from None
-    return build_dir
-
-
 def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
@@ -191,7 +148,7 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
     try:
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{record['primary_metric']}"
-        checkpoint = ModelCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor,
+        checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor,
                                      mode=record["mode"], save_last=True, enable_version_counter=False)
         probes = ProbeCallback(**cfg.probes)
         loggers = [CSVLogger(build_dir, name="", version="")]
@@ -207,14 +164,14 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
-            record["best_val"] = best_validation(build_dir / "metrics.csv", monitor, record["mode"])
-            record["losses"] = {**watch.losses, **_validation_losses(build_dir / "metrics.csv")}
+            record.update(logged(build_dir / "metrics.csv", monitor, record["mode"], watch.losses))
         if task.divergence is not None:
             record.update(status="diverged", divergence=task.divergence)
         else:
             best = checkpoint.best_model_path or None
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
+        record.update(directions=task.directions(), baselines=task.baselines())
     except (ConfigError, DataError):
         raise
     except Stopped as stop:
@@ -241,45 +198,6 @@ def _users_path(filename: str | None, build_dir: Path) -> Path:
     return run_dir
 
 
-def record_killed(cfg: DictConfig, error: str) -> None:
-    """Record as failed, with ``error``, a run whose process was killed before it could (a native crash);
-    what it had built becomes the run directory, as a failed run's does."""
-    build_dir = build_path(run_directory(cfg))
-    build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    record = new_record(cfg, get_domain(cfg.domain), None)
-    record.update(status="failed", error=error)
-    save_record(build_dir, record)
-
-
-def save_record(build_dir: Path, record: dict) -> None:
-    """Write the record into the build directory and put the run in its directory's place (``publish``).
-    Where that fails the outcome is lost, so the run has failed: ``record`` says so and why, stderr too
-    (where a person or scheduler looks), and the build directory is removed (its checkpoints may be what
-    filled the disk), so the earlier result, if any, stays."""
-    run_dir = final_path(build_dir)
-    try:
-        write_record(build_dir, record)
-        publish(build_dir, run_dir)
-    except OSError as err:
-        _remove(build_dir)
-        lost = f"record not written to {run_dir}: {err.strerror or err}"
-        record.update(status="failed", error=f"{record['error']}; {lost}" if record["error"] else lost)
-        print(f"quest: {record['error']}", file=sys.stderr)
-
-
-def write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as err:
-        print(f"quest: could not write {path}: {err.strerror or err}\n{text}", file=sys.stderr)
-
-
-def _remove(run_dir: Path) -> None:
-    if rank_zero_only.rank == 0:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
 def _no_space(err: BaseException) -> bool:
     """Whether ``err`` or any error it was raised from is a full disk (ENOSPC, or a quota: EDQUOT)."""
     while err is not None:
@@ -294,89 +212,3 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> dict:
-    record = {
-        "schema": SCHEMA_VERSION,
-        "domain": cfg.domain,
-        "dataset": str(cfg.get("data", {}).get("dataset", "default")),
-        "variant": cfg.attention.variant,
-        "seed": int(cfg.seed),
-        "preset": cfg.preset,
-        "status": "ok",
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "metrics": {},
-        "primary_metric": domain.metric,
-        "mode": domain.mode,
-        "best_val": {"value": None, "epoch": None},
-        "divergence": None,
-        "error": None,
-        "probes": {},
-        "wall_time_s": 0.0,
-        "params": 0,
-        "hardware": hardware(),
-        "versions": _versions(),
-        "git_commit": git_commit(),
-    }
-    if batch is not None:
-        record["batch"] = batch
-    return record
-
-
-def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
-    """Best validation value and its epoch, read back from the CSV log."""
-    if not metrics_csv.exists():
-        return {"value": None, "epoch": None}
-    log = pd.read_csv(metrics_csv)
-    if monitor not in log:
-        return {"value": None, "epoch": None}
-    rows = log.dropna(subset=[monitor])
-    if rows.empty:
-        return {"value": None, "epoch": None}
-    best = rows[monitor].idxmin() if mode == "min" else rows[monitor].idxmax()
-    return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"])}
-
-
-def _validation_losses(metrics_csv: Path) -> dict[str, float]:
-    """The validation loss of the last and of the best validation epoch (for learning-rate sensitivity)."""
-    if not metrics_csv.exists():
-        return {}
-    log = pd.read_csv(metrics_csv)
-    values = log["val/loss"].dropna() if "val/loss" in log else pd.Series(dtype=float)
-    return {"val_final": float(values.iloc[-1]), "val_best": float(values.min())} if len(values) else {}
-
-
-def hardware() -> dict:
-    """The machine a run (or a sweep) ran on: platform, CPU model and count, torch's threads, any GPUs."""
-    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
-
-
-def _versions() -> dict:
-    found = {"python": platform.python_version()}
-    for package in PACKAGES:
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    return found
-
-
-def git_commit() -> str | None:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None

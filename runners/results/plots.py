@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from runners.aggregate import GROUP, variant_order  # noqa: E402
+from runners.results.runs import GROUP, variant_order  # noqa: E402
 
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:

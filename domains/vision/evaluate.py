@@ -1,11 +1,11 @@
 """`quest imagenet <run dir or checkpoint> [--real real.json [--val DIR]] [--imagenet-c DIR] [--imagenet-a DIR]
 [--max-per-class N]`: ImageNet-ReaL, ImageNet-C (mCE) and ImageNet-A results of a finished vision run.
 
-Rebuilds the run from its resolved ``config.yaml`` (as ``quest robustness`` does), loads
-``checkpoints/best.ckpt`` (or the checkpoint given), evaluates each suite given with
-``domains.vision.imagenet``, merges the results into the run's record as ``imagenet`` (a later call with
-another suite adds to it) and prints them. Applies to vision runs on an ImageFolder tree, whose classes
-are ImageNet wnids; ``--val`` defaults to the run's ``<data.root>/val``.
+The vision domain's command (its ``commands``). Rebuilds the run from its resolved ``config.yaml`` (as
+``quest robustness`` does), loads ``checkpoints/best.ckpt`` (or the checkpoint given), evaluates each suite
+given with ``domains.vision.imagenet``, merges the results into the run's record as ``imagenet`` (a later
+call with another suite adds to it) and prints them. Applies to vision runs on an ImageFolder tree, whose
+classes are ImageNet wnids; ``--val`` defaults to the run's ``<data.root>/val``.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.records import read_record, write_record
+from common.restore import restore
 from domains.vision.imagenet import (
     CORRUPTIONS,
     EXTRA_CORRUPTIONS,
@@ -26,7 +27,6 @@ from domains.vision.imagenet import (
     evaluate_imagenet_c,
     evaluate_real,
 )
-from runners.restore import restore
 
 
 def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None = None, imagenet_c: str | None = None,

@@ -1,5 +1,5 @@
-"""A finished run back in memory, for the commands that use one (`quest robustness`, `quest imagenet`,
-`quest generate`): the run directory and checkpoint a path names (``common.checkpoint.run_config``: a run
+"""A finished run back in memory, for the commands that use one (`quest robustness`, and the domains'
+`quest imagenet` and `quest generate`): the run directory and checkpoint a path names (``common.checkpoint.run_config``: a run
 directory's best checkpoint, else its last, or a checkpoint file), and the run's datamodule and task
 rebuilt from its resolved ``config.yaml`` with the checkpoint's weights, in eval mode."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ from omegaconf import DictConfig
 
 from common.checkpoint import read_checkpoint
 from common.errors import ConfigError
-from common.registry import discover, get_domain
-from runners.config import build_config
+from common.registry import build_config, get_domain
 
 
 @dataclass
@@ -29,7 +28,6 @@ class Restored:
 def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None = None) -> Restored:
     """The run's datamodule and task with the checkpoint's weights, in eval mode, on ``device`` (default:
     the GPU when the run asked for an accelerator and there is one)."""
-    discover("domains")
     try:
         datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
     except (TypeError, KeyError) as err:  # a setting the domain now takes is missing from an older run's config

@@ -1,20 +1,7 @@
-"""`quest stability <runs dir> ... [-o STABILITY.md]`: learning-rate sensitivity and logit growth.
-
-Reads the records of a learning-rate sweep (configs/sweep/stability.yaml) and writes, per domain, dataset
-and preset: final loss against learning rate (one line per variant, a band over seeds), each variant's
-learning-rate sensitivity with its spread over seeds, where runs diverged, the peak attention logit at the two
-highest learning rates (median over seeds), and the max attention logit over training there, layer by layer
-(first seed).
-
-Learning-rate sensitivity follows Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
-training instabilities"): for one variant and seed, the mean over the learning-rate grid of
-min(final loss, initial loss) minus the best of those values. The final loss is the last validation loss;
-a run that diverged, or ended above its initial loss (the first training loss), counts as its initial loss.
-0 means every learning rate ends as well as the best one.
-"""
+"""The analysis of a learning-rate sweep for ``quest stability``: each variant's learning-rate sensitivity
+(Wortsman et al. 2023), where runs diverged, the peak attention logits, and their figures."""
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 from pathlib import Path
@@ -23,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from common.records import read_records
-from runners.aggregate import GROUP, variant_order
+from runners.results.runs import GROUP, variant_order
 
 log = logging.getLogger(__name__)
 
@@ -167,21 +154,3 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     lines += ["", f"![final loss vs learning rate]({rel(stem + '_final_loss.png')})",
               f"![max attention logit over training]({rel(stem + '_max_logit.png')})", ""]
     return lines
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest stability", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", help="run directories of a learning-rate sweep")
-    parser.add_argument("-o", "--output", default="STABILITY.md", help="markdown file to write")
-    args = parser.parse_args(argv)
-    out = Path(args.output)
-    figures = out.parent / (out.stem + "_figures")
-    figures.mkdir(parents=True, exist_ok=True)
-    runs = load_lr_runs(*args.runs)
-    lines = ["# Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
-    for _, group in runs.groupby(GROUP, sort=True):
-        lines += section(group, figures, out.parent)
-    out.write_text("\n".join(lines) + "\n")
-    print(f"stability: {len(runs)} runs -> {out}")
-    return 0

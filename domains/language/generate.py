@@ -1,9 +1,9 @@
 """`quest generate <run dir>`: sample text from a language run's best checkpoint, with the KV cache.
 
-The model is rebuilt from the run's own ``config.yaml`` through the domain registry (so its data, and a
-character vocabulary, are read again from where the run read them) and ``checkpoints/best.ckpt`` is
-loaded into it. A run that does not exist, is not a language run, or has no best checkpoint is one line
-on stderr and exit status 2.
+The language domain's command (its ``commands``). The model is rebuilt from the run's own ``config.yaml``
+through the domain registry (so its data, and a character vocabulary, are read again from where the run
+read them) and ``checkpoints/best.ckpt`` is loaded into it. A run that does not exist, is not a language
+run, or has no best checkpoint is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ LANGUAGE = "language"
 def load_run(run_dir: Path, device: str):
     """The trained ``LanguageTask`` of a run directory, in eval mode on ``device``."""
     from common.checkpoint import run_config
-    from runners.restore import restore
+    from common.restore import restore
 
     return restore(*run_config(run_dir, key="run", domain=LANGUAGE), device=device).task
 

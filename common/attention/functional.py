@@ -1,0 +1,106 @@
+"""Functional attention on [batch, heads, tokens, head_dim] tensors: the masks SDPA gets (padding, additive bias,
+causality merged into one), ``attend`` (fold, then SDPA) and ``attend_folded`` (SDPA on an already folded
+(q, k), with the stability probe's hook)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from common import probes
+from common.attention.folds import QKFold, fold_qk
+from common.attention.variants import Variant
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean [q_len, k_len], True = may attend; the last query sees every key (KV-cache aligned)."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+
+
+def merge_masks(
+    key_padding_mask: Tensor | None,
+    attn_bias: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
+    """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
+    have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
+    and their output is zeroed by the caller. Causality alone gives no mask when queries and keys are
+    the same tokens: SDPA's ``is_causal`` fast path handles it. With fewer queries than keys (the new
+    tokens of a cached step) the triangle is written out, since ``is_causal`` would align it top-left."""
+    mask, empty = None, None
+    if key_padding_mask is not None:
+        empty = key_padding_mask.all(-1)
+        mask = ~(key_padding_mask & ~empty[:, None])[:, None, None, :]
+    if causal and (mask is not None or attn_bias is not None or q_len != k_len):
+        tri = causal_mask(q_len, k_len, device if device is not None else (attn_bias if mask is None else mask).device)
+        mask = tri if mask is None else mask & tri
+    if attn_bias is not None:
+        bias = attn_bias.to(dtype)
+        mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    return mask, empty
+
+
+def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int,
+                  k_len: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """``merge_masks`` with causality always written out, for code that forms the logits itself."""
+    mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype, device)
+    if mask is None and causal:
+        mask = causal_mask(q_len, k_len, device)
+    return mask
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    variant: str | Variant = "quest",
+    *,
+    key_padding_mask: Tensor | None = None,
+    attn_bias: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    fold: QKFold | None = None,
+    metric: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Attention of one variant on [batch, heads, tokens, head_dim] tensors.
+
+    ``key_padding_mask`` is boolean [batch, k_tokens], True = padding; ``attn_bias`` is additive and
+    broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
+    """
+    qf, kf, scale = fold_qk(q, k, variant, fold=fold, metric=metric, eps=eps)
+    return attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=attn_bias, causal=causal,
+                         dropout_p=dropout_p)
+
+
+def attend_folded(
+    qf: Tensor,
+    kf: Tensor,
+    v: Tensor,
+    scale: float,
+    *,
+    key_padding_mask: Tensor | None = None,
+    attn_bias: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    probe: probes.Probe | None = None,
+    raw_qk: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """SDPA on (q, k) already folded by a ``QKFold``; an enabled ``probe`` records its statistics, with
+    the norms taken from ``raw_qk`` (q, k before folding)."""
+    q_len, k_len = qf.shape[-2], kf.shape[-2]
+    causal = causal and q_len > 1  # a single query (one cached decoding step) may see every key
+    mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype, qf.device)
+    if probe is not None and probe.enabled:
+        probe_mask = mask if mask is not None or not causal else causal_mask(q_len, k_len, qf.device)
+        probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, probe_mask, key_padding_mask)
+    out = F.scaled_dot_product_attention(
+        qf, kf, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
+    )
+    if empty is not None:
+        out = out.masked_fill(empty[:, None, None, None], 0.0)
+    return out

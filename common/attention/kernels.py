@@ -1,0 +1,105 @@
+"""Row L2 normalisation, the one pass QUEST and the QK-norm family add to attention, as two hand-written autograd
+functions: the formula (``_L2Normalize``, everywhere) and PyTorch's fused weight-norm kernels (``_FusedRowNormalize``,
+on CPU). ``l2_normalize`` picks one. Why both exist, and what they were measured at: docs/attention.md."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class _L2Normalize(torch.autograd.Function):
+    """g · x / max(‖x‖, eps) over the last dimension, with its gradients written out: one element-wise pass
+    forward (x times the per-row factor g / ‖x‖) and four backward, where autograd's F.normalize followed
+    by a gain would take several more, which at short sequences cost as much as the attention kernel
+    itself. The gain's gradient comes from the per-row radial term the input's gradient needs anyway.
+    ``gain`` (optional) broadcasts against the [..., 1] row norms. Written in the ``setup_context`` form
+    so that ``torch.func`` transforms (vmap over stacked seeds) can use it."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, gain: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+        return x * (norm.reciprocal() if gain is None else (gain / norm).to(x.dtype)), norm
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, gain, eps = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(x, gain, output[1])
+        ctx.eps = eps
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _norm_grad: Tensor | None):
+        x, gain, norm = ctx.saved_tensors
+        # u = x / norm; u·grad per row is the radial part, projected out of the input's gradient (below eps
+        # the clamp makes the map linear, x / eps, with nothing to project) and summed into the gain's.
+        radial = (x * grad).sum(-1, keepdim=True) / norm  # faster than linalg.vecdot for short rows on CPU
+        factor = norm.reciprocal() if gain is None else gain / norm
+        grad_x = torch.addcmul(grad, x, radial * (norm > ctx.eps) / norm, value=-1).mul_(factor)
+        grad_gain = None if gain is None else radial.sum_to_size(gain.shape).to(gain.dtype)
+        return grad_x, grad_gain, None
+
+
+class _FusedRowNormalize(torch.autograd.Function):
+    """The same map on CPU, through PyTorch's fused weight-norm kernels (``torch._weight_norm_interface`` and
+    its backward, with ``dim=0`` on x's rows): each takes a row's norm and rescales it in one sweep, where the
+    formula above needs a reduction and broadcasts that are slow on rows of 16 to 64 numbers. The kernels have
+    no eps: a row at or below it would come out as 0/0, so those rows (padding) are rewritten by the formula
+    after, on a check that costs one comparison per row. That check is a data-dependent branch, which is why
+    ``l2_normalize`` keeps this path off GPUs (it would wait for the device), ``torch.compile`` and ``torch.func``
+    transforms (vmap), where the formula runs instead."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gain: Tensor | None, eps: float) -> Tensor:
+        # Rows in memory order (x is often a head-split view of a projection) so that [rows, d] is a view, or
+        # at most one copy, and every per-row factor lines up with its row.
+        order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i)) + [x.dim() - 1]
+        ordered = x.permute(order)
+        shape = ordered.shape
+        rows = ordered.reshape(-1, x.shape[-1]).contiguous()
+        if gain is None:
+            gains = torch.ones(rows.shape[0], 1, dtype=x.dtype, device=x.device)
+        else:
+            gains = torch.broadcast_to(gain, (*x.shape[:-1], 1)).permute(order).reshape(-1, 1).to(x.dtype).contiguous()
+        y, norm = torch._weight_norm_interface(rows, gains, 0)
+        norm = norm.clamp_min(eps)
+        small = (norm <= eps).squeeze(1).nonzero().squeeze(1)
+        if small.numel():
+            y[small] = rows[small] * (gains[small] / eps)
+        ctx.save_for_backward(rows, gains, norm, small)
+        ctx.order, ctx.shape, ctx.eps, ctx.gain = order, shape, eps, None if gain is None else (gain.shape, gain.dtype)
+        return y.view(shape).permute(_inverse(order))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        rows, gains, norm, small = ctx.saved_tensors
+        unorder, eps = _inverse(ctx.order), ctx.eps
+        grad_rows = grad.permute(ctx.order).reshape(rows.shape).contiguous()
+        grad_x, grad_gains = torch.ops.aten._weight_norm_interface_backward(grad_rows, rows, gains, norm, 0)
+        if small.numel():  # below eps the map is linear, x · g / eps: nothing to project out
+            grad_x[small] = grad_rows[small] * (gains[small] / eps)
+        grad_gain = None
+        if ctx.gain is not None and ctx.needs_input_grad[1]:
+            shape, dtype = ctx.gain
+            grad_gain = grad_gains.view(*ctx.shape[:-1], 1).permute(unorder).sum_to_size(shape).to(dtype)
+        return grad_x.view(ctx.shape).permute(unorder), grad_gain, None
+
+
+def _inverse(order: list[int]) -> list[int]:
+    return sorted(range(len(order)), key=order.__getitem__)
+
+
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+KERNELS = ("fused", "formula")  # how the rows are normalised on CPU (the attention setting l2norm_kernel)
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6, gain: Tensor | None = None, *, fused: bool = True) -> Tensor:
+    """Normalise the last dimension, times ``gain`` (broadcasting against [..., 1]) if given; all-zero
+    (padding) vectors stay zero instead of NaN. ``fused`` takes PyTorch's fused kernels where they run (CPU,
+    outside ``torch.compile`` and ``torch.func`` transforms); else, and with ``fused=False``, the formula
+    runs. The two agree to float rounding, not to the bit (docs/attention.md)."""
+    if (fused and x.device.type == "cpu" and x.dtype in _FUSED_DTYPES and x.numel()
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()):
+        return _FusedRowNormalize.apply(x, gain, eps)
+    return _L2Normalize.apply(x, gain, eps)[0]

@@ -1,0 +1,48 @@
+"""The variants, as data: a variant is one ``Variant`` entry in ``VARIANTS``. No torch here, so that listing
+variants and checking a config's ``attention=<name>`` stay fast; the fold classes that hold the learnable
+scales live in ``folds.py`` and are named here (``folds.make_fold`` builds one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    norm_q: bool
+    norm_k: bool
+    scaled: bool  # divide the logit by sqrt(head_dim)
+    elliptical: bool = False  # q weighted by m from the previous layer's values
+    fold: str = "QKFold"  # the class in folds.py that owns the learnable scales, if any
+
+    @property
+    def learnable(self) -> bool:
+        return self.fold != "QKFold"
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("standard", norm_q=False, norm_k=False, scaled=True),
+        Variant("quest", norm_q=False, norm_k=True, scaled=False),
+        Variant("qnorm", norm_q=True, norm_k=False, scaled=False),
+        Variant("qknorm", norm_q=True, norm_k=True, scaled=False, fold="LayerGain"),
+        Variant("qknorm_hs", norm_q=True, norm_k=True, scaled=False, fold="HeadGain"),
+        Variant("qknorm_ds", norm_q=True, norm_k=True, scaled=False, fold="DimScale"),
+        Variant("elliptical", norm_q=False, norm_k=False, scaled=True, elliptical=True),
+        Variant("elliptical_quest", norm_q=False, norm_k=True, scaled=False, elliptical=True),
+    )
+}
+
+# Ablations run like variants (``attention=uniform``) but are not compared with them: ``variants: all`` in
+# a sweep leaves them out, and ``quest aggregate`` reports them beside standard without ranking them.
+ABLATIONS: dict[str, Variant] = {"uniform": Variant("uniform", norm_q=False, norm_k=False, scaled=True, fold="ZeroQuery")}
+
+
+def get_variant(variant: str | Variant) -> Variant:
+    if isinstance(variant, Variant):
+        return variant
+    spec = VARIANTS.get(variant) or ABLATIONS.get(variant)
+    if spec is None:
+        raise ValueError(f"unknown attention variant {variant!r}; choose from {', '.join([*VARIANTS, *ABLATIONS])}")
+    return spec

@@ -1,0 +1,46 @@
+"""`quest aggregate <runs dir> ... [--report REPORT.md ...] [--notes NOTES.md] [-o RESULTS.md]`: run records ->
+markdown tables, CSV and plots, with the reports of studies that have their own analysis.
+
+Per domain, dataset and preset: rows = variants, columns = test metrics as mean ± the half-width of its 95%
+t-interval over runs, the number of finished runs, diverged and failed counts, best value per column in bold
+(none where all variants tie); then the difference of the primary metric to `standard`, paired by seed, with
+its 95% interval and a paired t-test whose p-values are Holm-corrected over the variants of the table, a
+one-line verdict, and that group's plots. A variant whose metrics equal an earlier variant's on every seed
+computed the same function in that setting (elliptical in one layer, a per-head gain with one head): it is
+marked ``≡ <variant>``, neither tested nor ranked. Across domains: each variant's primary metric per
+domain, its rank there (1 = best) and its mean rank, and how many domains find it significantly better,
+not different or worse than `standard`.
+A record that cannot be read or breaks the schema is skipped with a warning and listed at the end.
+
+``--report`` adds a study's own report (``quest stability``, ``python -m domains.retrieval.report``) as a
+section: its headings one level down, its figures copied beside the CSV. ``--notes`` adds the hand-written
+reading of the numbers: each ``## <heading>`` section of the notes file goes under the generated heading of
+the same text, marked as written by hand, so RESULTS.md is regenerated, never edited, and the prose stays
+beside the numbers it reads. A note whose heading matches nothing is an error (exit 2): it would be lost.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runners.results.document import write_results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest aggregate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", help="directories of runs (searched recursively for record.json)")
+    parser.add_argument("-o", "--output", default="RESULTS.md", help="markdown file to write")
+    parser.add_argument("--report", action="append", default=[], type=Path, metavar="REPORT_MD",
+                        help="a study's own markdown report, added as a section (repeatable)")
+    parser.add_argument("--notes", type=Path, metavar="NOTES_MD", help="hand-written reading, by section heading")
+    parser.add_argument("--anchors", type=Path, metavar="ANCHORS_YAML",
+                        help="the paper's numbers and the settings here nearest to them (a Paper anchors section)")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.runs and not args.report:
+        parser.error("give run directories, --report files, or both")
+    runs, skipped, reports = write_results(args.runs, Path(args.output), args.report, args.notes, args.anchors,
+                                           plots=not args.no_plots)
+    print(f"aggregate: {runs} runs, {skipped} skipped, {reports} reports -> {args.output}")
+    return 0

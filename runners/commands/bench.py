@@ -1,0 +1,73 @@
+"""`quest bench`: forward+backward time of every variant over plain ``F.scaled_dot_product_attention``
+(``sdpa``: the same q, k, v, no variant) at several shapes, measured side by side in one process
+(round-robin, median of repeats). By default q, k, v are what ``MultiheadAttention`` hands to attention:
+head-split views of one [B, N, 3·H·d] projection, with the gradient its output projection sends back, so
+the backward includes the split's (the same for every variant); ``--layout contiguous`` times separate
+contiguous [B, H, N, d] tensors and the gradient of ``out.sum()`` instead. Also the memory of one
+forward+backward of quest vs standard vs a naive explicit softmax at a long sequence, each in a fresh child
+process: on CPU the peak resident memory above the resident memory just before the call (the kernel's
+high-water mark is reset first, so the imports' peak does not count), on a GPU
+``torch.cuda.max_memory_allocated`` above what the inputs hold.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+
+import torch
+
+from common.attention import VARIANTS
+from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
+
+SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest bench", description=__doc__)
+    parser.add_argument("--shapes", default=SHAPES, help="batch,heads,tokens,head_dim shapes timed, ';'-separated")
+    parser.add_argument("--long", default="1,4,16384,64", help="shape of the memory measurement")
+    parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="of q, k, v and the variants' scales (bfloat16: what an accelerator trains in)")
+    parser.add_argument("--layout", choices=LAYOUTS, default="projection",
+                        help="of q, k, v: views of one fused projection, as the models give them, or contiguous tensors")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
+    long = tuple(int(x) for x in args.long.split(","))
+    names = [SDPA, *VARIANTS]
+    dtype = DTYPES[args.dtype]
+    result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "torch": torch.__version__,
+              "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": long, "shapes": {}}
+    for shape in shapes:
+        times = time_variants(shape, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
+        result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
+                                             "ratio": {v: times[v] / times[SDPA] for v in VARIANTS},
+                                             "normalisation": {n: times[n] / times[SDPA] for n in NORMALISATIONS}}
+    measure = partial(memory_in_child, long, device=args.device, dtype=args.dtype, layout=args.layout)
+    memory = {"standard": measure("standard", False), "quest": measure("quest", False)}
+    if not args.no_naive:
+        memory["quest (naive explicit softmax)"] = measure("quest", True)
+    result["memory_mb"] = memory
+
+    print(f"forward+backward on {args.device} ({result['threads']} threads), {args.dtype}, q/k/v layout "
+          f"{args.layout}, median of {args.repeats}, time over plain SDPA on the same q, k, v")
+    columns = list(result["shapes"])
+    print(f"{'variant':22s}" + "".join(f"{c:>18s}" for c in columns))
+    print(f"{'sdpa (ms)':22s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
+    for v in VARIANTS:
+        print(f"{v:22s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
+    for n in NORMALISATIONS:
+        print(f"{n:22s}" + "".join(f"{result['shapes'][c]['normalisation'][n]:18.3f}" for c in columns))
+    print(f"\nmemory of one forward+backward above the memory held before it, {list(long)}:")
+    for name, mb in memory.items():
+        share = f"  ({mb / memory['standard']:.2f}× standard)" if memory["standard"] > 0 else ""
+        print(f"  {name:32s} {mb:10.1f} MB{share}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+

@@ -1,0 +1,61 @@
+"""`quest ensemble <sweep>`: the runs of a sweep file, trained many at a time (``runners.sweeps.stacked``).
+
+The runs of a sweep whose configs differ only in seed, learning rate and weight decay are trained together,
+at most ``--members`` at once, by one vectorised step; each gets the run directory and record that ``quest
+train`` gives it. Reruns, locks, workers and progress are ``quest sweep``'s: ok and diverged records are kept,
+failed runs are rerun (``--redo`` as there), the launching process notes the runs to redo and then follows
+``--workers`` worker processes that share the chunks through the run locks (every run of a chunk is held
+under its lock while the chunk trains), with one progress line for the whole sweep. The record's
+``wall_time_s`` is the chunk's wall time shared out over its runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runners.commands import positive_int
+from runners.sweeps.bookkeeping import RERUN, keep_or_drop, recorded_status
+from runners.sweeps.progress import Progress
+from runners.sweeps.spec import expand, load_sweep
+from runners.sweeps.stacked import chunks, plan, run_chunks
+from runners.sweeps.workers import report_to, run_workers
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quest ensemble", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
+    parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
+    parser.add_argument("--members", type=positive_int, default=128, help="most runs trained together (default 128)")
+    parser.add_argument("--output-dir", help="override the sweep's output_dir")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--redo", choices=("diverged", "all"),
+                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
+    parser.add_argument("--dry-run", action="store_true", help="list the chunks and exit")
+    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a launch
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    runs = expand(load_sweep(args.sweep), args.output_dir, args.set)
+    progress = Progress(runs)
+    if args.report_fd is not None:  # a worker: every run is a candidate, its lock and notes decide
+        pieces = chunks(plan(runs, progress, lambda run_dir: None), args.members)
+        return report_to(args.report_fd, lambda report: run_chunks(pieces, report))
+    if args.dry_run:
+        for piece in chunks(plan(runs, progress, recorded_status), args.members):
+            cfg = piece[0].cfg
+            print(f"{len(piece)} runs: {cfg.domain}/{cfg.attention.variant} ({cfg.preset}) "
+                  f"seeds {sorted({m.cfg.seed for m in piece})}")
+        return progress.code()
+    pieces = chunks(plan(runs, progress, lambda run_dir: keep_or_drop(run_dir, RERUN[args.redo])), args.members)
+    progress.workers = max(1, min(args.workers, len(pieces)))
+    progress.show()
+    code = 0
+    if pieces:
+        cmd = [sys.executable, "-m", "runners.cli", "ensemble", args.sweep, "--members", str(args.members),
+               *(["--output-dir", args.output_dir] if args.output_dir else []), *(f"--set={s}" for s in args.set)]
+        code = run_workers(cmd, progress.workers, progress)
+    progress.summary()
+    return max(code, progress.code())

@@ -1,0 +1,24 @@
+"""`quest list`: the domains with their primary metric and datasets, the attention variants and the
+ablations, read from the plugin registry without importing any domain's data or model code."""
+from __future__ import annotations
+
+import argparse
+
+import runners.config  # noqa: F401  (makes the project's domains package known)
+from common.attention import ABLATIONS, VARIANTS
+from common.registry import domain_names, get_domain
+
+
+def main(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
+    print("domains:")
+    for name in domain_names():
+        try:
+            d = get_domain(name)
+        except Exception as err:  # one broken plugin must not hide the others
+            print(f"  {name:14s} (cannot load: {type(err).__name__}: {err})")
+            continue
+        print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}")
+    print("variants:", ", ".join(VARIANTS))
+    print("ablations:", ", ".join(ABLATIONS))
+    return 0

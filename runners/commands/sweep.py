@@ -1,0 +1,115 @@
+"""`quest sweep <file>`: expand a grid of domains × variants × seeds (× any config values) and run it.
+
+Outcomes and exit status. A run ends ok, diverged or failed, each with a record; a run whose config or
+data is wrong (``ConfigError`` or ``DataError``, from composing it or from the runner) is invalid and
+leaves no record. The exit status is 0 when every run is ok or diverged, 1 when a run failed (or a
+worker died), 2 when a run was invalid; the output ends with the failed and invalid runs and why.
+
+Reruns. Running the sweep again skips the runs whose record says ok or diverged and retries the failed,
+stopped and unreadable ones; ``--redo diverged`` reruns the diverged ones too, ``--redo all`` every run.
+The launching process decides this once, before any run starts, and notes each run to redo in its lock
+file ("redo"), under the lock; the record stays until the rerun replaces it (``runners.runs.rundir``), so a
+stopped or killed rerun loses nothing. A worker runs a run only when it has no record, a stopped one, or
+is noted for a redo, and clears the note when it has run it, so a run one worker has just redone is not
+redone again by the next; an outcome that leaves no record (invalid, or an error that escaped the runner)
+is noted in the lock file instead for the rest of the sweep, and the next launch, which resets the notes,
+tries it again.
+
+Workers and progress. The runs are made in worker processes (``quest sweep`` again, ``--workers N`` of
+them, each with its share of CPU threads) that share the grid through the run locks, so that a run that
+crashes the interpreter (a native library's segfault) takes down only its worker: its run is recorded
+as failed, killed by that signal, and a new worker takes the dead one's place. Each worker reports over a
+pipe to the launching process, one JSON line per run when it starts one and when it settles it; a pipe
+rather than polling the records, because an invalid run leaves no record to poll. The launching process
+alone prints: the failure line of each failed or invalid run (stderr), one progress line for the whole
+sweep whenever the counts change (``12/56 done · 0 diverged · 1 failed · eta 4 min``, the eta being the
+mean time of the runs finished so far × the runs left / workers), and a final summary. Stopped by SIGINT
+or SIGTERM, it passes SIGTERM on to its workers, which record their runs as stopped, logs the launch and
+exits 130 or 143. ``--launcher slurm`` submits the runs left to do as one job array (``SweepJob``) and
+returns.
+
+Locking. A run is claimed with the lock of ``runners.runs.rundir`` (``quest train`` takes the same one), held
+for the whole run; the record is read after the lock is taken, so a run that another process finished and
+released in between is not run again. A filesystem that refuses locks is a one-line error (exit 2) rather
+than a sweep run unlocked, where every worker would run every run.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from common.errors import Stopped
+from runners.commands import positive_int
+from runners.results.document import write_results
+from runners.runs.launches import log_launch
+from runners.sweeps.bookkeeping import prepare
+from runners.sweeps.progress import Progress
+from runners.sweeps.slurm import submit_slurm
+from runners.sweeps.spec import expand, load_sweep
+from runners.sweeps.workers import report_to, run_all, run_workers
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
+    parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
+    parser.add_argument("--output-dir", help="override the sweep's output_dir")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--redo", choices=("diverged", "all"),
+                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--aggregate", metavar="RESULTS_MD",
+                        help="aggregate the sweep's runs into this file at the end")
+    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
+    return parser
+
+
+def run_local(args: argparse.Namespace, pending: int, progress: Progress) -> int:
+    """Make the runs left in ``--workers`` processes (no more than there are runs); prints the progress and
+    the summary. Returns the exit status."""
+    progress.workers = max(1, min(args.workers, pending))
+    progress.show()
+    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, *(["--output-dir", args.output_dir] if
+                                                                      args.output_dir else [])]
+    code = run_workers(cmd + [f"--set={s}" for s in args.set], progress.workers, progress) if pending else 0
+    progress.summary()
+    return max(code, progress.code())
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    spec = load_sweep(args.sweep)
+    runs = expand(spec, args.output_dir, args.set)
+    robustness = bool(spec.get("robustness"))
+    if args.report_fd is not None:  # a worker of a launch
+        return report_to(args.report_fd, lambda report: run_all(runs, robustness, report))
+    if args.dry_run:
+        print("\n".join(" ".join(r) for r in runs))
+        return 0
+    progress = Progress(runs)
+    pending = prepare(runs, args.redo, progress)
+    if args.launcher == "slurm":
+        submit_slurm(pending, spec, Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm")
+        progress.problems()
+        return progress.code()
+    started, code = time.time(), None
+    try:
+        with Stopped.on_signals():  # `kill` stops a background launch as Ctrl-C does, logged
+            code = run_local(args, len(pending), progress)
+    except (Stopped, KeyboardInterrupt) as stop:
+        stopped = Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as "
+                          "stopped, the finished ones kept; launch the sweep again to finish it")
+        raise stopped from None
+    finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
+        log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), ["quest", "sweep", *argv], started,
+                   progress.workers, progress.ran(), finished=code is not None)
+    if args.aggregate:
+        runs = write_results([args.output_dir or spec.get("output_dir", "runs")], Path(args.aggregate))[0]
+        print(f"sweep: {runs} runs aggregated -> {args.aggregate}")
+    return code

@@ -1,0 +1,153 @@
+"""The tables of RESULTS.md: per domain, dataset and preset (rows = variants), and across domains."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from common.attention import ABLATIONS
+from runners.results.runs import GROUP, IDENTITY, direction, variant_order
+from runners.results.stats import TIE_RTOL, equivalents, half_width, learns, paired_differences, verdicts
+
+
+def _fmt(mean: float, half: float) -> str:
+    if np.isnan(mean):
+        return "–"
+    return f"{mean:.4g}" if np.isnan(half) else f"{mean:.4g} ± {half:.2g}"
+
+
+def _bold_best(cells: list[str], means: pd.Series, lower: bool) -> list[str]:
+    """``cells`` (one per variant of ``means``) with the best mean(s) in bold; none bold where every variant
+    with a value ties, as there is nothing to tell apart."""
+    values = means.dropna()
+    best = values.min() if lower else values.max()
+    winners = set(values.index[np.isclose(values, best, rtol=TIE_RTOL, atol=0)])
+    if len(winners) == len(values):
+        return cells
+    return [f"**{cell}**" if variant in winners else cell for variant, cell in zip(means.index, cells)]
+
+
+def _fmt_difference(row: pd.Series) -> str:
+    if np.isnan(row["diff"]):
+        return "–"
+    if np.isnan(row["p"]):
+        return f"{row['diff']:+.3g} (n={int(row['n'])})"
+    return (f"{row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, Holm {row['p_holm']:.2g}, "
+            f"n={int(row['n'])})")
+
+
+def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows = variants of one domain/dataset; mean and 95% interval of each metric over its finished runs,
+    and the paired difference to `standard` on the primary metric."""
+    primary = runs["primary_metric"].iloc[0]
+    ok = runs[runs["status"] == "ok"]
+    metrics = [c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()]
+    metrics = sorted(metrics, key=lambda m: (m != primary, m))
+    variants = variant_order(runs["variant"])
+    grouped = ok.groupby("variant")[metrics]
+    means = grouped.mean().reindex(variants)
+    halves = grouped.agg(half_width).reindex(variants)
+    table = pd.DataFrame(index=variants)
+    for m in metrics:
+        way = direction(runs, m)  # None: no record says, so no arrow and no best
+        cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
+        contenders = means[m].where(~means.index.isin(list(ABLATIONS)))  # an ablation is never the best
+        table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells if way is None else _bold_best(cells, contenders,
+                                                                                                   way == "min")
+    table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
+    table["diverged"] = [int(((runs["variant"] == v) & (runs["status"] == "diverged")).sum()) for v in variants]
+    table["failed"] = [int(((runs["variant"] == v) & (runs["status"] == "failed")).sum()) for v in variants]
+    stopped = [int(((runs["variant"] == v) & (runs["status"] == "stopped")).sum()) for v in variants]
+    if any(stopped):  # stopped by a signal, not a result: shown so that a missing run is not missed
+        table["stopped"] = stopped
+    same = equivalents(ok)
+    # Holm's family is the variants; an ablation's difference is tested on its own
+    families = [[v for v in variants if v != "standard" and v not in same and v not in ABLATIONS],
+                [v for v in variants if v in ABLATIONS]]
+    diffs = pd.concat([paired_differences(ok, primary, family) for family in families if family and primary in ok]
+                      or [pd.DataFrame()])
+    table[f"Δ{primary} vs standard ± 95% (p, Holm)"] = [
+        f"≡ {same[v]}" if v in same else _fmt_difference(diffs.loc[v]) if v in diffs.index else "–"
+        for v in variants]
+    table.index.name = "variant"
+    return table
+
+
+def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
+    """One sentence: which variants differ from `standard` on the primary metric after Holm's correction."""
+    primary = runs["primary_metric"].iloc[0]
+    found = verdicts(runs, alpha)
+    differ = [f"{v} {verdict}" for v, verdict in found.items() if verdict in ("better", "worse")]
+    if not any(not verdict.startswith("≡") for verdict in found.values()):
+        return f"Significance: no variant has two or more seeds paired with `standard` on {primary}."
+    return (f"Significant after Holm's correction (α = {alpha}) on {primary}: "
+            f"{', '.join(differ) if differ else 'no variant differs from standard'}.")
+
+
+def ablation_lines(runs: pd.DataFrame, alpha: float = 0.05) -> list[str]:
+    """Per ablation in the table (``attention=uniform``: every logit 0, each query averaging what it may see),
+    one sentence on what it does to the primary metric against `standard`, paired by seed: what the metric
+    owes to attention in this setting, or that removing attention changes nothing measurable."""
+    primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
+    ok = runs[runs["status"] == "ok"]
+    present = [a for a in ABLATIONS if (ok["variant"] == a).any()]
+    if not present or primary not in ok or not (ok["variant"] == "standard").any():
+        return []
+    lines = []
+    for ablation, row in paired_differences(ok, primary, present).iterrows():
+        if np.isnan(row["p"]):
+            lines.append(f"Attention ablation `{ablation}`: fewer than two seeds paired with `standard`.")
+            continue
+        worse = (row["diff"] > 0) == (mode == "min")
+        if row["p"] >= alpha:
+            verdict = "not different from standard: removing attention changes nothing measurable at this size"
+        elif worse:
+            verdict = "worse than standard: the metric owes that much to attention here"
+        else:
+            verdict = "better than standard: attention costs this setting that much"
+        lines.append(f"Attention ablation `{ablation}` (every logit 0, each query averaging what it may see): "
+                     f"Δ{primary} {row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, n={int(row['n'])}), "
+                     f"{verdict}.")
+    return lines
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
+    rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
+    variants = [v for v in variant_order(runs["variant"]) if v not in ABLATIONS]  # ablations are not contenders
+    table = pd.DataFrame(index=variants)
+    ranks = pd.DataFrame(index=variants)
+    for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):
+        if (learned := learns(group)) is not None and not learned[0]:
+            continue  # ranks of a model that does not beat a constant predictor rank noise
+        primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
+        ok = group[group["status"] == "ok"]
+        name = f"{domain}/{dataset} ({preset}) {primary} {'↓' if mode == 'min' else '↑'}"
+        if primary in ok:
+            mean = ok.groupby("variant")[primary].mean().reindex(variants)
+            half = ok.groupby("variant")[primary].agg(half_width).reindex(variants)
+        else:
+            mean = half = pd.Series(np.nan, index=variants)
+        same = equivalents(ok)
+        table[name] = [_fmt(mean[v], half[v]) for v in variants]
+        ranks[name] = mean.drop(list(same)).rank(ascending=mode == "min", method="min").reindex(variants)
+        table[f"rank {domain}/{dataset} ({preset})"] = [
+            f"≡ {same[v]}" if v in same else "–" if np.isnan(ranks.at[v, name]) else str(int(ranks.at[v, name]))
+            for v in variants]
+    table["mean rank"] = ranks.mean(axis=1).map(lambda r: "–" if np.isnan(r) else f"{r:.2f}")
+    table.index.name = "variant"
+    return table
+
+
+def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Rows = variants; the number of domains where each is significantly better than, not different
+    from, or worse than `standard` (Holm-corrected within each table), and where it is ``≡`` another."""
+    found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)
+             if (learned := learns(group)) is None or learned[0]]
+    variants = [v for v in variant_order(runs["variant"]) if v != "standard" and v not in ABLATIONS]
+    columns = ("better", "not different", "worse", "≡ another variant")
+    table = pd.DataFrame(0, index=variants, columns=list(columns))
+    for by_variant in found:
+        for variant, verdict in by_variant.items():
+            table.at[variant, "≡ another variant" if verdict.startswith("≡") else verdict] += 1
+    table.index.name = "variant"
+    return table

@@ -1,0 +1,103 @@
+"""A sweep file: read and checked key by key, then expanded into the ``quest train`` arguments of its runs."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from common.attention import VARIANTS
+from common.errors import ConfigError
+from common.registry import domain_names
+from runners.config import CONFIG_DIR, refuse_interpolation
+
+SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid",
+              "slurm", "robustness"}
+
+
+def load_sweep(path: str | Path) -> dict:
+    """The sweep file at ``path`` (or named in ``configs/sweep/``), checked key by key: anything it cannot
+    mean is a one-line ``ConfigError`` naming the file and the key. Its values are data (no ``${...}``)."""
+    path = Path(path)
+    if not path.exists() and (CONFIG_DIR / "sweep" / f"{path}.yaml").exists():
+        path = CONFIG_DIR / "sweep" / f"{path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} does not exist")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, DictConfig) or not loaded:
+        raise ConfigError(f"{path}: a sweep file is a mapping of sweep keys ({', '.join(sorted(SWEEP_KEYS))}); "
+                          f"this one is {'empty' if not loaded else 'a list'}")
+    spec = OmegaConf.to_container(loaded, resolve=False)
+    for key, value in spec.items():
+        refuse_interpolation(value, f"{path}: {key}")
+    unknown = set(spec) - SWEEP_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; "
+                          f"valid: {', '.join(sorted(SWEEP_KEYS))}")
+    for key, value in spec.items():
+        problem = SWEEP_CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"{path}: {key}: {problem}, got {value!r}")
+    return spec
+
+
+def _names(value) -> str | None:
+    if value == "all":
+        return None
+    return _strings(value)
+
+
+def _strings(value) -> str | None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        return "must be a non-empty list of names" + (" or all" if value != "all" else "")
+    return None
+
+
+def _overrides(value) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        return "must be a list of key=value strings"
+    return None
+
+
+SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with its value, or None
+    "domains": _names,
+    "variants": _names,
+    "ablations": lambda v: None if v is None else _strings(v),
+    "seeds": lambda v: None if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                                  for s in v) else "must be a non-empty list of seeds >= 0",
+    "preset": lambda v: None if isinstance(v, str) and v else "must be a preset name",
+    "output_dir": lambda v: None if isinstance(v, str) and v else "must be a folder",
+    "overrides": lambda v: None if v is None else _overrides(v),
+    "domain_overrides": lambda v: None if v is None or (isinstance(v, dict) and not any(map(_overrides, v.values())))
+    else "must map domain names to lists of key=value strings",
+    "grid": lambda v: None if v is None or (isinstance(v, dict) and all(isinstance(x, list) and x for x in v.values()))
+    else "must map config keys to non-empty lists of values",
+    "slurm": lambda v: None if v is None or isinstance(v, dict) else "must be a mapping of slurm settings",
+    "robustness": lambda v: None if isinstance(v, bool) else "must be true or false",
+}
+
+
+def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+    """Every run of the sweep as ``quest train`` arguments, seed by seed: a sweep stopped early has
+    covered every domain and variant at the first seeds rather than a few domains at all seeds."""
+    domains = spec.get("domains", "all")
+    domains = domain_names() if domains == "all" else list(domains)
+    variants = spec.get("variants", "all")
+    variants = (list(VARIANTS) if variants == "all" else list(variants)) + list(spec.get("ablations") or [])
+    grid = spec.get("grid") or {}
+    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
+    out = output_dir or spec.get("output_dir", "runs")
+    runs = []
+    for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), domains, combos, variants):
+        args = [f"domain={domain}", f"attention={variant}", f"seed={seed}", f"output_dir={out}"]
+        if "preset" in spec:
+            args.append(f"preset={spec['preset']}")
+        args += list(spec.get("overrides") or [])
+        args += list((spec.get("domain_overrides") or {}).get(domain, []))
+        args += [f"{k}={v}" for k, v in combo.items()] + list(extra)
+        runs.append(args)
+    return runs
