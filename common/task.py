@@ -207,8 +207,8 @@ class Task(pl.LightningModule):
 
 def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
     """The optimiser and per-step schedule of a run of ``total`` steps over its ``trained`` (name, parameter)
-    pairs: weight decay on the ``decayed`` names, none on the rest. ``quest ensemble`` builds each of its
-    runs' optimisers here too, over that run's slices of the stacked parameters."""
+    pairs: weight decay on the ``decayed`` names, none on the rest (``quest ensemble``'s vectorised AdamW
+    keeps these groups and this schedule)."""
     groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
     if optim.name == "sgd":

@@ -1,10 +1,12 @@
 """The ensemble trainer: a run trained among others gets the record `quest train` gives it (ok and diverged
-runs, a learnable attention gain, clipping, weight decay, several epochs and probe steps, AdamW and SGD),
-runs group by everything but seed, learning rate and weight decay, settings it cannot replay are refused
-before anything runs, reruns skip recorded runs, and workers share a sweep."""
+runs, a learnable attention gain, clipping, weight decay, several epochs and probe steps), its optimiser and
+clipping are torch's to the bit, runs group by everything but seed, learning rate and weight decay,
+settings it cannot replay are refused before anything runs, reruns skip recorded runs, and workers share
+a sweep."""
 import textwrap
 
 import pytest
+import torch
 
 from common.errors import ConfigError
 from common.records import find_records, read_record
@@ -13,7 +15,7 @@ from runners.config import compose
 from runners.runs import training as train
 from runners.sweeps import stacked
 from runners.sweeps.progress import Progress
-from runners.sweeps.stacked import check_replayable, chunks, plan
+from runners.sweeps.stacked import StackedAdamW, check_replayable, chunks, clip_grad_norms_, plan
 
 pytestmark = pytest.mark.usefixtures("threaded_workers")
 
@@ -57,17 +59,31 @@ def test_each_run_gets_the_record_quest_train_gives_it(tmp_path):
     assert any((tmp_path / "ensemble").rglob("metrics.csv")) and not any((tmp_path / "ensemble").rglob("*.ckpt"))
 
 
-def test_another_optimiser_replays_too(tmp_path):
-    """Each run's optimiser is the one its `quest train` run builds (common.task.build_optimizer), so SGD
-    with momentum replays as AdamW does."""
-    sgd = ["optim.name=sgd", "optim.nesterov=false"]
-    assert ensemble.main([write_sweep(tmp_path, ["quest"], [0, 1], [3e-2], extra=sgd)]) == 0
-    single = train.train(["domain=retrieval", "preset=smoke", "attention=quest", "seed=1", "optim.lr=3e-2",
-                          f"output_dir={tmp_path / 'single'}", *SHORT, *sgd])
-    mine = records(tmp_path / "ensemble")[("quest", 1, 3e-2)]
-    assert mine["status"] == single["status"] == "ok"
-    for field in ("metrics", "best_val", "probes"):
-        assert mine[field] == single[field], field
+def test_stacked_adamw_and_clipping_are_torchs_to_the_bit():
+    torch.manual_seed(0)
+    shapes = {"w": (5, 3), "b": (3,)}
+    lrs, decays = [1e-2, 3e-3], [0.1, 0.0]
+    single = [{name: torch.randn(shape) for name, shape in shapes.items()} for _ in lrs]
+    stacked = {name: torch.stack([p[name] for p in single]) for name in shapes}
+    optimisers = []
+    for params, lr, wd in zip(single, lrs, decays):
+        tensors = [p.requires_grad_() for p in params.values()]
+        optimisers.append(torch.optim.AdamW([{"params": tensors[:1], "weight_decay": wd},
+                                             {"params": tensors[1:], "weight_decay": 0.0}], lr=lr))
+    mine = StackedAdamW(stacked, {"w"}, lrs, decays, (0.9, 0.999))
+    for step in range(5):
+        grads = {name: 10 * torch.randn(len(lrs), *shape) for name, shape in shapes.items()}
+        for e, (params, optimiser) in enumerate(zip(single, optimisers)):
+            for name, p in params.items():
+                p.grad = grads[name][e].clone()
+            torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+            for group in optimiser.param_groups:
+                group["lr"] = lrs[e] * 0.5**step  # a schedule, as LambdaLR sets it
+            optimiser.step()
+        clip_grad_norms_(grads, ["w", "b"], 1.0)
+        mine.step(stacked, grads, 0.5**step)
+    for e, params in enumerate(single):
+        assert all(torch.equal(stacked[name][e], params[name].detach()) for name in shapes)
 
 
 def test_runs_group_by_everything_but_seed_learning_rate_and_weight_decay(tmp_path):
@@ -80,7 +96,7 @@ def test_runs_group_by_everything_but_seed_learning_rate_and_weight_decay(tmp_pa
     assert sizes == [("quest", 8, 1), ("quest", 32, 4), ("quest", 32, 4), ("standard", 32, 4), ("standard", 32, 4)]
 
 
-@pytest.mark.parametrize("setting", ["trainer.max_steps=5", "trainer.limit_train_batches=0.5",
+@pytest.mark.parametrize("setting", ["optim.name=sgd", "trainer.max_steps=5", "trainer.limit_train_batches=0.5",
                                      "trainer.precision=bf16-mixed"])
 def test_settings_it_cannot_replay_are_refused_before_anything_runs(tmp_path, setting):
     with pytest.raises(ConfigError, match="does not replay"):

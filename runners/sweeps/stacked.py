@@ -4,10 +4,11 @@ A run of a tiny model spends most of its time on process start-up, Lightning and
 arithmetic. Here each run is built by its domain exactly as ``quest train`` builds it (same seeding), the
 runs' parameters are stacked (``torch.func.stack_module_state``), and one step vectorised over them
 (``torch.func.vmap`` of ``grad``) computes every run's gradients, each on its own data in its own order.
-What vmap does not need is not restated: each run's slices of the stacked parameters get the optimiser and
-schedule ``common.task.build_optimizer`` gives its ``quest train`` run, gradient-norm clipping is torch's
-``clip_grad_norm_`` on those slices, divergence and the best checkpoint follow ``common.rules``, and the run
-directory is written by ``runners.runs.record`` with Lightning's ``CSVLogger``. The rest of a Lightning run
+The step is all it restates: AdamW and gradient-norm clipping vectorised over the runs (``StackedAdamW``,
+``clip_grad_norms_``: torch's arithmetic, each run with its own learning rate and weight decay, the
+task's decay groups and ``common.task.lr_schedule``); divergence and the best checkpoint follow
+``common.rules``, as the Lightning callbacks do, and the run directory is written by ``runners.runs.record``
+with Lightning's ``CSVLogger``. The rest of a Lightning run
 is replayed per run: validation every ``check_val_every_n_epoch`` epochs and at the step a run diverges (as
 Lightning does), the attention probes every ``probes.every_n_steps`` steps, and the test on the parameters of
 the best validation epoch. Each run gets the ``record.json``, ``config.yaml`` and ``metrics.csv`` of
@@ -27,9 +28,9 @@ statistics of each training batch that the task's own ``step`` logs too (``domai
 answer token's key norms that way).
 
 Groups and chunks. Runs whose configs differ only in ``PER_MEMBER`` (seed, learning rate, weight decay)
-form a group, trained in chunks. Settings the replay does not cover (``max_steps``, fractional
-``limit_*_batches``, another precision or device, several devices, test-time perturbations) are refused
-before anything runs (``check_replayable``: exit 2); ``quest sweep`` runs those.
+form a group, trained in chunks. Settings the replay does not cover (another optimiser, ``max_steps``,
+fractional ``limit_*_batches``, another precision or device, several devices, test-time perturbations) are
+refused before anything runs (``check_replayable``: exit 2); ``quest sweep`` runs those.
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def group_key(cfg: DictConfig) -> str:
 def check_replayable(cfg: DictConfig) -> None:
     """A ``ConfigError`` naming the settings of ``cfg`` that the ensemble trainer does not replay."""
     trainer, problems = cfg.trainer, []
+    if cfg.optim.name != "adamw":
+        problems.append(f"optim.name={cfg.optim.name}")
     if trainer.max_steps not in (-1, None):
         problems.append(f"trainer.max_steps={trainer.max_steps}")
     problems += [f"trainer.{k}={trainer[k]}" for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
@@ -106,6 +109,60 @@ def check_replayable(cfg: DictConfig) -> None:
         problems.append("task.perturbations")
     if problems:
         raise ConfigError(f"the ensemble trainer does not replay {', '.join(problems)}; run it with quest sweep")
+
+
+# --- the stacked optimiser -----------------------------------------------------------------------------
+def _per_member(values: list[float], like: Tensor) -> Tensor:
+    """float32 [E, 1, ...] of per-member Python floats, rounded as torch rounds a Python scalar argument."""
+    return torch.tensor(values, dtype=like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+class StackedAdamW:
+    """``torch.optim.AdamW`` as it runs on CPU (its single-tensor update, amsgrad off), on parameters
+    stacked over members, each with its own base learning rate and weight decay: the vectorised step's
+    optimiser. One torch optimiser per member over its slices would give the same bits but cost three times
+    the chunk's training (a Python call per member and step). The operations, their order and their scalars
+    are torch's, so a member's slice gets what its own AdamW would give (``tests/test_ensemble.py`` checks
+    it to the bit); the groups are ``common.task.build_optimizer``'s (weight decay on the parameters
+    ``Task.decayed`` names)."""
+
+    def __init__(self, params: dict[str, Tensor], decayed: set[str], lrs: list[float], weight_decays: list[float],
+                 betas: tuple[float, float], eps: float = 1e-8):
+        self.lrs, self.weight_decays = lrs, weight_decays
+        self.beta1, self.beta2 = betas
+        self.eps, self.steps = eps, 0
+        self.decay = decayed
+        self.exp_avg = {name: torch.zeros_like(p) for name, p in params.items()}
+        self.exp_avg_sq = {name: torch.zeros_like(p) for name, p in params.items()}
+
+    @torch.no_grad()
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], factor: float) -> None:
+        """One update with every member's learning rate at ``factor`` × its base (the LambdaLR schedule)."""
+        self.steps += 1
+        lrs = [lr * factor for lr in self.lrs]
+        bias_correction1 = 1 - self.beta1**self.steps
+        bias_correction2_sqrt = (1 - self.beta2**self.steps) ** 0.5
+        for name, param in params.items():
+            grad = grads[name]
+            if name in self.decay:
+                param.mul_(_per_member([1 - lr * wd for lr, wd in zip(lrs, self.weight_decays)], param))
+            self.exp_avg[name].lerp_(grad, 1 - self.beta1)
+            self.exp_avg_sq[name].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            denom = (self.exp_avg_sq[name].sqrt() / bias_correction2_sqrt).add_(self.eps)
+            # addcdiv_(exp_avg, denom, value=-step_size) computes self + (value * exp_avg) / denom
+            step_size = _per_member([-lr / bias_correction1 for lr in lrs], param)
+            param.add_(step_size * self.exp_avg[name] / denom)
+
+
+@torch.no_grad()
+def clip_grad_norms_(grads: dict[str, Tensor], order: list[str], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_``, which Lightning applies, per member of the stack: the norm of each
+    parameter's gradient, their norm in ``order`` (the optimiser's: decayed parameters first), and the same
+    clipping coefficient (checked to the bit against torch's)."""
+    norms = torch.stack([torch.linalg.vector_norm(grads[name].flatten(1), dim=1) for name in order], dim=1)
+    coef = torch.clamp(max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
+    for grad in grads.values():
+        grad.mul_(coef.view(-1, *([1] * (grad.dim() - 1))))
 
 
 # --- calling a task under torch.func --------------------------------------------------------------------
@@ -151,7 +208,8 @@ class Chunk:
         params, buffers = stack_module_state([m.task for m in members])
         self.params = {name: p.detach() for name, p in params.items()}
         self.buffers = buffers
-        self.trained = [name for name, p in self.template.named_parameters() if p.requires_grad]
+        self.decayed = self.template.decayed()
+        self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
         from common.registry import get_domain
 
         self.metric, self.mode = self.template.primary or (get_domain(self.cfg.domain).metric,
@@ -201,10 +259,13 @@ class Chunk:
 
     # training
     def fit(self) -> None:
-        trainer = self.cfg.trainer
+        from common.task import lr_schedule
+
+        trainer, optim = self.cfg.trainer, self.template.optim
         steps_per_epoch = len(self.train_loaders[0])
-        total = max(1, steps_per_epoch * trainer.max_epochs)
-        self.optimizers = [self._optimizer(e, total) for e in range(len(self.members))]  # (optimiser, schedule, names)
+        schedule = lr_schedule(optim, max(1, steps_per_epoch * trainer.max_epochs))
+        self.optimizer = StackedAdamW(self.params, self.decayed, [m.task.optim.lr for m in self.members],
+                                      [m.task.optim.weight_decay for m in self.members], optim.betas)
         self.best_params = {name: p.clone() for name, p in self.params.items()}
         self.active = torch.ones(len(self.members), dtype=torch.bool)
         step = 0
@@ -212,47 +273,30 @@ class Chunk:
             orders = [_epoch_order(loader) for loader in self.train_loaders]
             for batch_idx in range(steps_per_epoch):
                 index = torch.stack([torch.as_tensor(order[batch_idx]) for order in orders])[self.slot]
-                self._train_batch(index, step, epoch)
+                self._train_batch(index, step, epoch, schedule(step))
                 step += 1
                 if not self.active.any():
                     return
             if (epoch + 1) % trainer.check_val_every_n_epoch == 0:
                 self._validate(self.active.nonzero()[:, 0], epoch, step)
 
-    def _optimizer(self, e: int, total: int) -> tuple:
-        """Member ``e``'s optimiser and schedule, built as its ``quest train`` run builds them, over its slices
-        of the stacked parameters (views: the optimiser's updates land in the stack)."""
-        from common.task import build_optimizer
-
-        trained = [(name, self.params[name][e]) for name in self.trained]
-        optimizer, schedule = build_optimizer(trained, self.template.decayed(), self.members[e].task.optim, total)
-        name_of = {id(view): name for name, view in trained}
-        return optimizer, schedule, [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-    def _train_batch(self, index: Tensor, step: int, epoch: int) -> None:
+    def _train_batch(self, index: Tensor, step: int, epoch: int, factor: float) -> None:
         which = self.active.nonzero()[:, 0]
         batch = self._batch("train", index, torch.arange(len(self.members)))
         max_logits = self._probe(batch, which, step) if self._probe_step(step) else {}
         grads, (losses, stats) = self.train_step(self.params, self.buffers, batch)
-        for e in which.tolist():
-            if torch.isfinite(losses[e]):
-                self._step(e, grads)
-            else:  # Lightning skips that step's update
-                self.members[e].diverge(step, "non-finite training loss")
-        self._after_step(which, losses, stats, max_logits, step, epoch)
-
-    def _step(self, e: int, grads: dict[str, Tensor]) -> None:
-        """Member ``e``'s optimiser step on its gradients, clipped first as Lightning clips them: torch's
-        ``clip_grad_norm_`` over the optimiser's parameters, in its order."""
-        optimizer, schedule, names = self.optimizers[e]
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        for name, param in zip(names, params):
-            param.grad = grads[name][e]
+        finite = torch.isfinite(losses)
+        for e in which[~finite[which]].tolist():
+            self.members[e].diverge(step, "non-finite training loss")  # Lightning skips that step's update
+        still = ~self.active | ~finite  # finished members, and members whose step is skipped
+        kept = {name: p[still].clone() for name, p in self.params.items()} if still.any() else None
         if self.cfg.trainer.gradient_clip_val:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.trainer.gradient_clip_val)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
+            clip_grad_norms_(grads, self.clip_order, self.cfg.trainer.gradient_clip_val)
+        self.optimizer.step(self.params, grads, factor)
+        if kept is not None:
+            for name, param in self.params.items():
+                param[still] = kept[name]
+        self._after_step(which, losses, stats, max_logits, step, epoch)
 
     def _probe_step(self, step: int) -> bool:
         every = self.cfg.probes.every_n_steps
