@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """What a domain's build function gets: the run's config sections as plain, resolved dicts."""
+    """What a domain's build function gets: the run's config sections as plain, resolved dicts, but ``optim``,
+    read into its typed form."""
 
     data: dict
     model: dict

@@ -9,6 +9,8 @@ mistyped key is answered in about a second.
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
 import traceback
 
@@ -46,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:  # SIGINT or SIGTERM: stopped on purpose, not a crash
         print(f"quest: {stop}", file=sys.stderr)
         return stop.exit_code
+    except BrokenPipeError:  # the reader left (`quest list | head`): as a shell's SIGPIPE, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:  # Ctrl-C outside a run (composing, importing)
         print("quest: stopped by SIGINT", file=sys.stderr)
         return 130

@@ -166,3 +166,26 @@ def test_learning_rate_schedules():
     assert lr_factor(100, "constant", warmup=4)(50) == 1.0
     with pytest.raises(ValueError, match="unknown schedule"):
         lr_factor(100, "step")
+
+
+def test_quest_list_names_every_domain_its_commands_and_the_variants(capsys):
+    from common.attention import VARIANTS
+
+    assert cli(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "language" in out and "quest generate" in out and "quest imagenet" in out
+    assert all(v in out for v in VARIANTS)
+
+
+def test_a_reader_that_leaves_is_a_quiet_sigpipe():
+    """`quest list | head`: the reader closes the pipe; the command ends as a shell's SIGPIPE would, 128 + 13,
+    without a traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "runners.cli", "list"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()
+    assert process.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert process.stderr.read() == b""

@@ -1,4 +1,4 @@
-"""`quest list`: the domains with their primary metric and datasets, the attention variants and the
+"""`quest list`: the domains with their primary metric, datasets and commands, the attention variants and the
 ablations, read from the plugin registry without importing any domain's data or model code."""
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def main(argv: list[str]) -> int:
         except Exception as err:  # one broken plugin must not hide the others
             print(f"  {name:14s} (cannot load: {type(err).__name__}: {err})")
             continue
-        print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}")
+        commands = f"  commands: {', '.join(f'quest {c}' for c in d.commands)}" if d.commands else ""
+        print(f"  {name:14s} metric {d.metric} ({d.mode})  datasets: {', '.join(d.datasets)}{commands}")
     print("variants:", ", ".join(VARIANTS))
     print("ablations:", ", ".join(ABLATIONS))
     return 0
