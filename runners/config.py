@@ -13,6 +13,7 @@ environment into the config and the run's record.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import operator
 from pathlib import Path
@@ -109,7 +110,9 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: D
         where = ".".join(parts[:depth]) or "top level"
         if not isinstance(node, DictConfig) or part not in node:
             valid = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else "(not a section)"
-            raise ConfigError(f"unknown config key {key!r} ({source}); valid keys at {where}: {valid}")
+            near = closest_key(key, schema)
+            raise ConfigError(f"unknown config key {key!r} ({source}); valid keys at {where}: {valid}"
+                              + (f"; did you mean {near}?" if near else ""))
         if depth < len(parts) - 1:
             node = node[part]
     default = OmegaConf.to_container(node, resolve=False)[parts[-1]] if isinstance(node, DictConfig) else None
@@ -124,6 +127,24 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: D
     if not _type_ok(default, value):
         raise ConfigError(f"config key {key!r} ({source}) expects {type(default).__name__} like {default!r}, got {value!r}")
     OmegaConf.update(cfg, key, value, merge=False)
+
+
+def closest_key(key: str, schema: DictConfig) -> str | None:
+    """The schema's key nearest to an unknown ``key``: among the keys ending in the same name, else among all,
+    the most alike (``difflib``); None when nothing is close."""
+    keys = [path for path, _ in _leaves(OmegaConf.to_container(schema, resolve=False))]
+    same_name = [path for path in keys if path.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    found = difflib.get_close_matches(key, same_name, n=1, cutoff=0) or difflib.get_close_matches(key, keys, n=1)
+    return found[0] if found else None
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for name, value in tree.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{path}.")
+        else:
+            yield path, value
 
 
 def _apply(cfg: DictConfig, update: dict, source: str, schema: DictConfig) -> None:

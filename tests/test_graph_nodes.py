@@ -94,6 +94,13 @@ def test_planetoid_errors_are_one_line(tmp_path):
         GraphDataModule(data_cfg(dataset="pubmed", root=str(tmp_path)), tmp_path / "cache").setup()
     with pytest.raises(DataError, match="needs data.root"):  # cora alone is shipped with the domain
         GraphDataModule(data_cfg(dataset="citeseer"), tmp_path / "cache").setup()
+    (tmp_path / "ind.pubmed.graph").write_bytes(b"")  # an empty or missing file is named, not PyG's EOFError
+    with pytest.raises(DataError, match=r"ind\.pubmed\.graph: empty; the Planetoid files are"):
+        GraphDataModule(data_cfg(dataset="pubmed", root=str(tmp_path)), tmp_path / "cache").setup()
+    write_planetoid(tmp_path, "pubmed")
+    (tmp_path / "ind.pubmed.test.index").unlink()
+    with pytest.raises(DataError, match=r"ind\.pubmed\.test\.index: missing"):
+        GraphDataModule(data_cfg(dataset="pubmed", root=str(tmp_path)), tmp_path / "cache").setup()
 
 
 def test_a_planetoid_file_that_would_run_code_is_refused(tmp_path):

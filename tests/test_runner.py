@@ -42,6 +42,13 @@ def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
     assert "unknown domain 'nope'; choose from" in capsys.readouterr().err
 
 
+def test_an_unknown_key_names_the_closest_one():
+    with pytest.raises(ConfigError, match=r"did you mean task\.perturbations\.severities\?$"):
+        compose(["domain=segmentation", "data.robustness.severities=[1]"])
+    with pytest.raises(ConfigError, match=r"did you mean optim\.lr\?$"):
+        compose(["domain=segmentation", "optim.lrr=0.1"])
+
+
 def test_composition_order_and_print_config(toy_domain, run_args, capsys):
     cfg = compose(["domain=toy", "preset=demo", "attention=standard", "optim.lr=0.5", "trainer.max_epochs=7", *run_args])
     assert cfg.trainer.max_epochs == 7 and cfg.optim.lr == 0.5 and cfg.attention.variant == "standard"

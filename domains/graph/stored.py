@@ -140,11 +140,15 @@ def unpickle(path: Path, allowed: dict[tuple[str, str], object]):
 
 
 def check_planetoid_files(folder: Path, name: str) -> None:
-    """Read each pickled ``ind.<name>.*`` file with ``RestrictedUnpickler`` before PyG unpickles it; a missing
-    one is left for PyG's reading to name."""
-    for part in PLANETOID_FILES[:-1]:  # test.index is text
-        if (folder / f"ind.{name}.{part}").exists():
-            unpickle(folder / f"ind.{name}.{part}", PLANETOID_GLOBALS)
+    """Every ``ind.<name>.*`` file there and not empty, each named in the one line if not, and each pickled
+    one read with ``RestrictedUnpickler`` before PyG unpickles it."""
+    for part in PLANETOID_FILES:
+        path = folder / f"ind.{name}.{part}"
+        if not path.is_file() or not path.stat().st_size:
+            raise DataError(f"{path}: {'empty' if path.is_file() else 'missing'}; the Planetoid files are "
+                            f"ind.{name}.{{{','.join(PLANETOID_FILES)}}}")
+        if part != "test.index":  # text
+            unpickle(path, PLANETOID_GLOBALS)
 
 
 def planetoid_splits(data: dict) -> LoadedGraphs:

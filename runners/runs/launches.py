@@ -1,0 +1,56 @@
+"""The launch log of an output directory (``launches.jsonl``): one line per sweep launch into it, so that
+results aggregated from the folder can say how they were made."""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_dir (``log_launch``)
+
+
+def log_launch(folder: Path, command: list[str], started: float, workers: int, ran: dict[str, int],
+               finished: bool = True) -> None:
+    """Append a launch to ``<folder>/launches.jsonl``: its ``command``, when it started, its wall time, its
+    workers, how many of the runs it ran ended in each way (``ran``), whether it finished or was stopped, the
+    machine and the commit (a sweep finished over several launches has several lines)."""
+    from runners.runs.provenance import git_commit, hardware  # torch: only for a launch that ran
+
+    entry = {"command": shlex.join(command), "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+             "wall_s": round(time.time() - started, 1), "finished": finished, "workers": workers, "ran": ran,
+             "hardware": hardware(), "git_commit": git_commit()}
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LAUNCH_LOG, "a") as log_file:
+        log_file.write(json.dumps(entry) + "\n")
+
+
+def read_launches(*roots: str | Path) -> list[dict]:
+    """The sweep launches logged in each of ``roots`` (``log_launch``), oldest first."""
+    launches = []
+    for root in roots:
+        path = Path(root) / LAUNCH_LOG
+        if path.is_file():
+            launches += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(launches, key=lambda launch: launch["started"])
+
+
+def describe_launches(launches: Sequence[dict]) -> list[str]:
+    """How the runs were made: each launch's command, start, wall time, workers and outcome counts, the machine
+    and commit; and the wall time of all of them together."""
+    if not launches:
+        return []
+    minutes = sum(launch["wall_s"] for launch in launches) / 60
+    lines = [f"How these runs were made ({len(launches)} sweep launch{'es' if len(launches) > 1 else ''}, "
+             f"{minutes:.0f} min of wall time in all):", ""]
+    for launch in launches:
+        machine = launch["hardware"]
+        gpus = f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ""
+        ran = ", ".join(f"{n} {status}" for status, n in launch["ran"].items() if n) or "nothing (every run was recorded)"
+        lines.append(f"- `{launch['command']}` started {launch['started']}"
+                     f"{'' if launch['finished'] else ' (stopped before the end)'}: {launch['wall_s'] / 60:.1f} min "
+                     f"with {launch['workers']} worker(s), ran {ran}; {machine.get('cpu', '?')} × {machine['cpus']} "
+                     f"CPUs, {machine['platform']}{gpus}, commit {launch['git_commit'] or 'unknown'}")
+    return [*lines, ""]

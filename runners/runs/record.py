@@ -1,0 +1,135 @@
+"""A run's record and the directory it is built in: the record's first fields, the values read back from the
+run's CSV log, and writing it all out so that the run takes its directory's place (``runners.runs.rundir``).
+Both trainers (``quest train`` and ``quest ensemble``) write their runs through these functions."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from common.errors import ConfigError
+from common.records import SCHEMA_VERSION, write_record
+from common.registry import get_domain
+from runners.config import run_directory
+from runners.runs.provenance import git_commit, hardware, versions
+from runners.runs.rundir import build_path, final_path, publish
+
+
+def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> dict:
+    record = {
+        "schema": SCHEMA_VERSION,
+        "domain": cfg.domain,
+        "dataset": str(cfg.get("data", {}).get("dataset", "default")),
+        "variant": cfg.attention.variant,
+        "seed": int(cfg.seed),
+        "preset": cfg.preset,
+        "status": "ok",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "metrics": {},
+        "primary_metric": domain.metric,
+        "mode": domain.mode,
+        "best_val": {"value": None, "epoch": None},
+        "divergence": None,
+        "error": None,
+        "probes": {},
+        "wall_time_s": 0.0,
+        "params": 0,
+        "hardware": hardware(),
+        "versions": versions(),
+        "git_commit": git_commit(),
+    }
+    if batch is not None:
+        record["batch"] = batch
+    return record
+
+
+def fresh_run_directory(cfg: DictConfig) -> Path:
+    """The directory the run is built in (``runners.runs.rundir``), emptied of any earlier attempt by rank 0 (the
+    launcher's environment says which rank this is); ``save_record`` puts it in the run directory's place.
+    An output directory that cannot be written is the user's to fix."""
+    run_dir = run_directory(cfg)
+    build_dir = build_path(run_dir)
+    try:
+        if rank_zero_only.rank == 0:
+            if build_dir.exists():
+                shutil.rmtree(build_dir)
+            build_dir.mkdir(parents=True)
+            (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        else:
+            build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot write the run directory {run_dir}: {err.strerror or err}") from None
+    return build_dir
+
+
+def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
+    """Best validation value and its epoch, read back from the CSV log."""
+    if not metrics_csv.exists():
+        return {"value": None, "epoch": None}
+    log = pd.read_csv(metrics_csv)
+    if monitor not in log:
+        return {"value": None, "epoch": None}
+    rows = log.dropna(subset=[monitor])
+    if rows.empty:
+        return {"value": None, "epoch": None}
+    best = rows[monitor].idxmin() if mode == "min" else rows[monitor].idxmax()
+    return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"])}
+
+
+def logged(metrics_csv: Path, monitor: str, mode: str, train_losses: dict[str, float]) -> dict:
+    """The record's fields read back from a run's CSV log: its best validation value (``best_val``), and its
+    ``losses``: ``train_losses`` (``common.rules.LossWatch.losses``) with the last and best validation loss."""
+    return {"best_val": best_validation(metrics_csv, monitor, mode),
+            "losses": {**train_losses, **validation_losses(metrics_csv)}}
+
+
+def validation_losses(metrics_csv: Path) -> dict[str, float]:
+    """The validation loss of the last and of the best validation epoch (for learning-rate sensitivity)."""
+    if not metrics_csv.exists():
+        return {}
+    log = pd.read_csv(metrics_csv)
+    values = log["val/loss"].dropna() if "val/loss" in log else pd.Series(dtype=float)
+    return {"val_final": float(values.iloc[-1]), "val_best": float(values.min())} if len(values) else {}
+
+
+def record_killed(cfg: DictConfig, error: str) -> None:
+    """Record as failed, with ``error``, a run whose process was killed before it could (a native crash);
+    what it had built becomes the run directory, as a failed run's does."""
+    build_dir = build_path(run_directory(cfg))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    record = new_record(cfg, get_domain(cfg.domain), None)
+    record.update(status="failed", error=error)
+    save_record(build_dir, record)
+
+
+def save_record(build_dir: Path, record: dict) -> None:
+    """Write the record into the build directory and put the run in its directory's place (``publish``).
+    Where that fails the outcome is lost, so the run has failed: ``record`` says so and why, stderr too
+    (where a person or scheduler looks), and the build directory is removed (its checkpoints may be what
+    filled the disk), so the earlier result, if any, stays."""
+    run_dir = final_path(build_dir)
+    try:
+        write_record(build_dir, record)
+        publish(build_dir, run_dir)
+    except OSError as err:
+        remove(build_dir)
+        lost = f"record not written to {run_dir}: {err.strerror or err}"
+        record.update(status="failed", error=f"{record['error']}; {lost}" if record["error"] else lost)
+        print(f"quest: {record['error']}", file=sys.stderr)
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        print(f"quest: could not write {path}: {err.strerror or err}\n{text}", file=sys.stderr)
+
+
+def remove(run_dir: Path) -> None:
+    if rank_zero_only.rank == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)

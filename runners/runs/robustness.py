@@ -1,0 +1,46 @@
+"""Robust accuracy of a finished classifier run, stored in its record (``quest robustness``, and sweeps with
+``robustness: true``): the run rebuilt from its ``config.yaml`` and checkpoint (``common.restore``), its test
+split evaluated by ``common.robustness.evaluate_robustness`` under the config's ``robustness`` section."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from common.checkpoint import run_config
+from common.errors import ConfigError
+from common.records import read_record, write_record
+from common.restore import restore
+from common.robustness import evaluate_robustness
+from common.task import ClassificationTask
+from runners.config import apply_override, parse_overrides
+from runners.runs.training import torch_threads
+
+
+def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, DictConfig]:
+    """The run at ``path`` (``common.checkpoint.run_config``) with this evaluation's ``overrides`` applied."""
+    run_dir, checkpoint, cfg = run_config(path, key="run")
+    if "robustness" not in cfg:
+        raise ConfigError(f"domain {cfg.domain!r} has no robustness section: robustness evaluation does not apply")
+    groups, dotted = parse_overrides(overrides)
+    if groups:
+        raise ConfigError(f"{', '.join(groups)} cannot change for an existing run")
+    for key, value in dotted:  # lists and mappings arrive as OmegaConf containers
+        apply_override(cfg, key, value, "command line")
+    return run_dir, checkpoint, cfg
+
+
+def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float]:
+    """Evaluate one run and write the result into its record; returns the result."""
+    run_dir, checkpoint, cfg = load_config(path, list(overrides))
+    record = read_record(run_dir)
+    with torch_threads(cfg.get("threads")):  # a sweep worker's share of the threads
+        run = restore(run_dir, checkpoint, cfg)
+        if not isinstance(run.task, ClassificationTask):
+            raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
+        run.datamodule.setup("test")
+        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
+    record["robustness"] = results
+    record["robustness_config"] = OmegaConf.to_container(cfg.robustness, resolve=True)
+    write_record(run_dir, record)
+    return results
