@@ -58,6 +58,11 @@ class Domain:
     config: dict | Path | None  # default config; None: configs/domain/<name>.yaml
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
+    def primary_of(self, task) -> tuple[str, str]:
+        """(metric, mode) a run of this domain is judged on: its task's, where the task names one (graph: values
+        or classes), else the domain's."""
+        return task.primary or (self.metric, self.mode)
+
 
 _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []

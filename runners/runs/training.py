@@ -62,7 +62,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
         except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
-        record["primary_metric"], record["mode"] = task.primary or (domain.metric, domain.mode)
+        record["primary_metric"], record["mode"] = domain.primary_of(task)
         run_dir = run_directory(cfg)
         # DDP's other ranks follow rank 0, which holds the lock for them
         with claimed(run_dir, wait) if lock and rank_zero_only.rank == 0 else nullcontext(True) as mine:

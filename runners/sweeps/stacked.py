@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from common.errors import ConfigError, DataError, error_line
+from common.registry import get_domain
 from common.rules import LossWatch, improves, logit_breach
 from runners.config import compose, config_hash, run_directory
 from runners.runs.rundir import claimed
@@ -210,10 +211,7 @@ class Chunk:
         self.buffers = buffers
         self.decayed = self.template.decayed()
         self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
-        from common.registry import get_domain
-
-        self.metric, self.mode = self.template.primary or (get_domain(self.cfg.domain).metric,
-                                                           get_domain(self.cfg.domain).mode)
+        self.metric, self.mode = get_domain(self.cfg.domain).primary_of(self.template)
         self._data()
         self._functions()
 
@@ -477,7 +475,6 @@ def train_chunk(members: list[Member]) -> list[dict]:
 def _prepare(members: list[Member]) -> tuple[Chunk, dict]:
     """The chunk, built and checked as ``quest train`` checks a run before its directory exists, and the
     record template its runs share."""
-    from common.registry import get_domain
     from runners import console
     from runners.runs.record import new_record
     from runners.runs.training import check_settings
