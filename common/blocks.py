@@ -1,10 +1,12 @@
 """Pre-norm Transformer encoder on ``common.attention``: one ``AttentionState`` per forward pass carries
 what each layer leaves for the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per
 layer (``Encoder.new_cache``) lets a causal stack decode one token at a time. Modules start with
-PyTorch's initialisation; ``trunc_normal_init`` re-initialises a model as timm's ViT / DeiT do."""
+PyTorch's initialisation; ``trunc_normal_init`` re-initialises a model as timm's ViT / DeiT do. Stochastic
+depth and the truncated normal are timm's own (``timm.layers``); ``common.attention`` stays torch only."""
 from __future__ import annotations
 
 import torch
+from timm.layers import DropPath, trunc_normal_
 from torch import Tensor, nn
 
 from common.attention import AttentionState, KVCache, MultiheadAttention
@@ -12,17 +14,17 @@ from common.attention import AttentionState, KVCache, MultiheadAttention
 
 def trunc_normal_init(model: nn.Module, std: float = 0.02) -> None:
     """timm's ViT initialisation (DeiT, DeiT-III) of every module in ``model``: Linear weights and the fused
-    q/k/v projection of ``MultiheadAttention`` from a normal of standard deviation ``std`` truncated at ±2
-    (absolute bounds, as timm's ``trunc_normal_``: at std 0.02 in effect untruncated), their biases zero,
-    LayerNorms weight 1 and bias 0. Convolutions (a ViT's patch embedding), embeddings, LayerScale and the
+    q/k/v projection of ``MultiheadAttention`` by timm's ``trunc_normal_``, a normal of standard deviation
+    ``std`` truncated at the absolute bounds a=-2, b=2 (its defaults, as torch's; at std 0.02 in effect
+    untruncated), their biases zero, LayerNorms weight 1 and bias 0. Convolutions (a ViT's patch embedding), embeddings, LayerScale and the
     attention variants' learnable scales keep their own initialisation, as in timm."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            nn.init.trunc_normal_(module.weight, std=std)
+            trunc_normal_(module.weight, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, MultiheadAttention):  # its q/k/v projection is one parameter, not a Linear
-            nn.init.trunc_normal_(module.in_proj_weight, std=std)
+            trunc_normal_(module.in_proj_weight, std=std)
             if module.in_proj_bias is not None:
                 nn.init.zeros_(module.in_proj_bias)
         elif isinstance(module, nn.LayerNorm):
@@ -50,24 +52,11 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
-class DropPath(nn.Module):
-    """Stochastic depth (Huang et al. 2016): drop a sample's whole residual branch with probability p."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - self.p)
-        return x * keep / (1 - self.p)
-
-
 class EncoderLayer(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x)). Extra keyword arguments (``variant``, ``seq_len``,
     ``qk_gain_init``) go to the attention module. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by
-    default; timm's ViT and DeiT use 1e-6)."""
+    default; timm's ViT and DeiT use 1e-6). ``drop_path``: the rate of timm's ``DropPath`` (stochastic depth,
+    Huang et al. 2016: a sample's whole residual branch dropped), kept as its ``drop_prob``."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
                  attn_dropout: float = 0.0, layer_scale: float | None = None, drop_path: float = 0.0,

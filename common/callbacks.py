@@ -1,7 +1,12 @@
 """Lightning callbacks of the training layer, each applying a rule of ``common.rules``: ``ProbeCallback``
 reads the attention probes of ``common.probes`` while a model trains (and watches the logit bound),
-``DivergenceCallback`` watches the training loss, ``BestCheckpoint`` keeps the best validation epoch."""
+``DivergenceCallback`` watches the training loss, ``BestCheckpoint`` keeps the best validation epoch;
+``ProgressLines`` is the progress of a run whose output is not a terminal."""
 from __future__ import annotations
+
+import math
+import sys
+import time
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -91,3 +96,68 @@ class BestCheckpoint(ModelCheckpoint):
         kept = self.best_k_models.get(self.kth_best_model_path)
         better = improves(float(current), None if kept is None else float(kept), self.mode)
         return trainer.strategy.reduce_boolean_decision(better)
+
+
+class ProgressLines(pl.Callback):
+    """Progress for a log file or a pipe, where a bar would write a line per refresh: one line every
+    ``every_n_steps`` training steps (0: none between) and one when training ends,
+
+        step 400/2000 · loss 2.31 · val loss 2.35 · 38 it/s · eta 1 min
+
+    the loss averaged over the steps since the last line, ``val`` the last validation's loss and ``monitor``,
+    the rate over those steps' training time (validation left out), the eta from their wall time. A line falls due at its step and is
+    printed after that step's validation, if one follows, so that it carries it. Losses are summed on
+    their device and read only when a line is printed, so a GPU is not made to wait every step."""
+
+    def __init__(self, every_n_steps: int, monitor: str, stream=None):
+        self.every_n_steps, self.monitor, self.stream = every_n_steps, monitor, stream
+        self._sum, self._count, self._train_s, self._due = 0.0, 0, 0.0, False
+        self._since = self._last_line = 0.0
+
+    def on_train_start(self, trainer, pl_module):
+        self._last_line = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._print_if_due(trainer)
+        self._since = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._train_s += time.perf_counter() - self._since
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # {} or None: a step skipped
+        if loss is not None:
+            self._sum, self._count = self._sum + loss.detach(), self._count + 1
+        self._due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._print_if_due(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        if self._count:  # steps since the last line
+            self._print(trainer)
+
+    def _print_if_due(self, trainer) -> None:
+        if self._due:
+            self._print(trainer)
+
+    def _print(self, trainer) -> None:
+        total = trainer.estimated_stepping_batches
+        parts = [f"step {trainer.global_step}/{total}" if math.isfinite(total) else f"step {trainer.global_step}"]
+        if self._count:
+            parts.append(f"loss {float(self._sum) / self._count:.4g}")
+        for name in dict.fromkeys(("val/loss", self.monitor)):
+            if name in trainer.callback_metrics:
+                parts.append(f"{name.replace('/', ' ')} {float(trainer.callback_metrics[name]):.4g}")
+        if self._count:
+            now = time.perf_counter()
+            parts.append(f"{self._count / max(self._train_s, 1e-9):.3g} it/s")
+            if math.isfinite(total) and total > trainer.global_step:
+                step_s = (now - self._last_line) / self._count
+                parts.append(f"eta {_duration((total - trainer.global_step) * step_s)}")
+            self._last_line = now
+        print(" · ".join(parts), file=self.stream or sys.stdout, flush=True)
+        self._sum, self._count, self._train_s, self._due = 0.0, 0, 0.0, False
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

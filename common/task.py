@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from functools import partial
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from timm.optim import Lamb
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
@@ -28,9 +30,14 @@ from torchmetrics.classification import MulticlassAccuracy
 from common.data import SPLITS
 from common.errors import ConfigError
 from common.metrics import MajorityClassAccuracy
-from common.optim import Lamb
 
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": Lamb}
+# ``lamb``: timm's Lamb (You et al. 2020), DeiT-III's optimiser: Adam's bias-corrected step plus weight decay,
+# rescaled per tensor by the trust ratio ‖w‖ / ‖step‖. Groups without weight decay (biases, norms, LayerScale:
+# see ``Task.decayed``) take the plain Adam step (``always_adapt=False``): a trust ratio would freeze a
+# LayerScale started at 1e-4. timm's own global gradient-norm clip (1.0 by default) is off: clipping is
+# ``trainer.gradient_clip_val``'s. eps 1e-8 is what DeiT-III passes (timm's ``--opt-eps``).
+LAMB = partial(Lamb, eps=1e-8, max_grad_norm=None, bias_correction=True, trust_clip=False, always_adapt=False)
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": LAMB}
 SCHEDULES = ("cosine", "poly", "constant")
 
 
@@ -184,6 +191,22 @@ class Task(pl.LightningModule):
         """What each trivial baseline among the metrics predicts (its ``description``), by metric name."""
         return {name: metric.description for name, metric in self.test_metrics.items(keep_base=True)
                 if hasattr(metric, "description")}
+
+    def metric_notes(self, primary: str) -> dict:
+        """What a record says of its test metrics beside their values: ``directions``, ``baselines`` and
+        ``headline`` (``primary``: the run's primary metric)."""
+        return {"directions": self.directions(), "baselines": self.baselines(),
+                "headline": self.headline_metrics(primary)}
+
+    def headline_metrics(self, primary: str) -> list[str]:
+        """The test metrics a run's summary line shows: the primary one, its trivial baseline where the task
+        has one, and the robustness summary; per-class and per-condition scores stay in the record."""
+        baseline = f"{primary}_baseline"
+        return [primary, *([baseline] if baseline in self.baselines() else []), *self.robustness_summary()]
+
+    def robustness_summary(self) -> list[str]:
+        """The perturbed scores that summarise robustness: by default each one logged (a condition each)."""
+        return sorted(self.perturbed_names)
 
     def mark_diverged(self, reason: str) -> None:
         """End training now and remember why; the runner records ``status: diverged``."""

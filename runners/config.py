@@ -30,7 +30,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
 # Keys that change where or how loudly a run goes, not what it computes (``attention.l2norm_kernel``: the same map,
 # another kernel, equal to float rounding): left out of the run's hash.
-UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "trainer.enable_progress_bar", "logging")
+UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "trainer.enable_progress_bar", "logging",
+            "progress")
 
 
 def _load(path: Path, what: str) -> DictConfig:
@@ -116,6 +117,8 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: D
         if depth < len(parts) - 1:
             node = node[part]
     default = OmegaConf.to_container(node, resolve=False)[parts[-1]] if isinstance(node, DictConfig) else None
+    if isinstance(default, str) and default.startswith("${"):  # a config file's reference to another key
+        default = None  # typed as YAML reads it, as a null default
     if isinstance(value, Text):
         value = read_text(key, value, default)
     if isinstance(default, dict):

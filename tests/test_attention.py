@@ -372,16 +372,18 @@ def test_unknown_variant_is_a_clear_error():
 
 
 def test_drop_path_is_identity_in_eval_and_drops_whole_samples_in_training():
-    from common.blocks import DropPath
+    from timm.layers import DropPath
 
-    layer = DropPath(0.5)
+    enc = Encoder(8, 3, 2, drop_path=0.2)
+    assert all(type(layer.drop_path) is DropPath for layer in enc.layers)  # timm's stochastic depth
+    assert [layer.drop_path.drop_prob for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])
+    layer = enc.layers[-1].drop_path
+    layer.drop_prob = 0.5
     x = torch.ones(1000, 3, 4)
     assert torch.equal(layer.eval()(x), x)
     y = layer.train()(x)
     kept = y[:, 0, 0] != 0
     assert torch.all(y[kept] == 2.0) and torch.all(y[~kept] == 0.0) and 400 < int(kept.sum()) < 600
-    enc = Encoder(8, 3, 2, drop_path=0.2)
-    assert [layer.drop_path.p for layer in enc.layers] == pytest.approx([0.0, 0.1, 0.2])
 
 
 def test_bench_times_every_variant_against_sdpa_and_memory_above_the_start(tmp_path, capsys):

@@ -121,7 +121,10 @@ def test_the_console_carries_no_known_noise(tmp_path):
     noise = ("GPU available", "TPU available", "litlogger", "LeafSpec", "does not have many workers",
              "Loading `train_dataloader`", "Restoring states", "`Trainer.fit` stopped")
     assert not [line for line in (out.stdout + out.stderr).splitlines() if any(n in line for n in noise)]
-    assert out.stdout.startswith("ok: retrieval/quest")
+    # a pipe: one progress line (4 steps, fewer than progress.every_n_steps), then the summary and the record's path
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("step 4/4 · loss ") and lines[1].startswith("ok: retrieval/quest")
+    assert lines[2].endswith("record.json")
 
 
 @pytest.mark.parametrize("override, message", [

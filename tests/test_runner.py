@@ -14,14 +14,48 @@ from runners.sweeps.spec import expand
 
 def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
     assert cli(["train", "domain=toy", "preset=smoke", "attention=qknorm", *run_args]) == 0
-    assert capsys.readouterr().out.startswith("ok: toy/qknorm seed 0 test/mse=")
     cfg = compose(["domain=toy", "preset=smoke", "attention=qknorm", *run_args])
     record = read_record(run_directory(cfg))
+    # the summary: status and headline metrics, then where the record is
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"ok: toy/qknorm seed 0 · test mse {record['metrics']['test/mse']:.4g}", f"  {run_directory(cfg) / 'record.json'}"]
     assert record["status"] == "ok" and record["variant"] == "qknorm" and record["params"] > 0
     assert math.isfinite(record["metrics"]["test/mse"]) and record["best_val"]["epoch"] in (0, 1)
     assert set(record["probes"]) >= {"max_logit", "k_norm_max", "q_norm_mean", "entropy"}
     assert (run_directory(cfg) / "checkpoints" / "best.ckpt").exists()
     assert (run_directory(cfg) / "metrics.csv").exists()
+
+
+def test_a_log_file_or_pipe_gets_progress_lines_at_the_interval_and_no_bar(toy_domain, run_args, capsys):
+    """capsys is no terminal: ``progress.style=auto`` prints lines, one per 3 steps and one at the end."""
+    assert cli(["train", "domain=toy", "preset=smoke", "progress.every_n_steps=3", *run_args[:2]]) == 0  # 2 x 4 steps
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split(" · ")[0] for line in lines] == ["step 3/8", "step 6/8", "step 8/8"]
+    assert all(" · loss " in line and " it/s" in line for line in lines) and "val mse" in lines[-1]
+    assert "eta " in lines[0] and "eta " not in lines[-1]
+    assert "Epoch 0" not in out + err  # no bar
+    assert cli(["train", "domain=toy", "preset=smoke", "progress.style=bar", "seed=1", *run_args[:2]]) == 0
+    out, err = capsys.readouterr()
+    assert "Epoch 1" in out + err and not any(line.startswith("step ") for line in out.splitlines())
+    assert cli(["train", "domain=toy", "progress.style=fancy", *run_args]) == 2
+    assert "unknown progress.style='fancy'; choose from auto, bar, lines, none" in capsys.readouterr().err
+
+
+def test_summary_headline_is_primary_baseline_and_robustness_summary(tmp_path):
+    """Segmentation's line shows mIoU, its baseline and the corruption mean, not per-class or per-corruption
+    scores, which stay in the record; a diverged run says where and why."""
+    from runners.commands.train import summary
+
+    metrics = {"test/miou": 0.41, "test/miou_baseline": 0.05, "test/miou_corrupt": 0.3, "test/iou_0": 0.9,
+               "test/miou_brightness": 0.35}
+    record = {"status": "ok", "domain": "segmentation", "variant": "quest", "seed": 2, "metrics": metrics,
+              "headline": ["miou", "miou_baseline", "miou_corrupt"], "divergence": None, "error": None}
+    assert summary(record, tmp_path) == (f"ok: segmentation/quest seed 2 · test miou 0.41 · test miou_baseline 0.05 · "
+                                         f"test miou_corrupt 0.3\n  {tmp_path / 'record.json'}")
+    record.update(status="diverged", metrics={}, divergence={"step": 7, "reason": "non-finite training loss"})
+    assert summary(record, tmp_path).startswith("diverged: segmentation/quest seed 2 · diverged at step 7 "
+                                                "(non-finite training loss)\n")
 
 
 def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):

@@ -207,18 +207,19 @@ def test_wrong_ignore_index_stops_quest_train_before_training(tmp_path, run_args
     assert cli([*args, "data.ignore_index=11"]) == 0
 
 
-def test_eval_resize_null_evaluates_at_native_resolution(tmp_path):
+def test_evaluation_follows_the_training_resize_unless_set_and_null_is_native(tmp_path):
     for stem in ("a", "b", "c", "d"):
         write_pair(tmp_path / "images", tmp_path / "masks", stem, np.zeros((30, 40)), suffix=".png")
     args = ("data.dataset=folder", f"data.root={tmp_path}", "data.num_classes=2", "data.split=[0.5,0.25,0.25]")
-    native = SegmentationDataModule(config(*args).data, tmp_path)
-    native.setup()
-    image, mask = native.datasets["test"][0]
-    assert image.shape == (3, 30, 40) and mask.shape == (30, 40)
-    resized = SegmentationDataModule(config(*args, "data.eval_resize=15").data, tmp_path)
-    resized.setup()
-    image, mask = resized.datasets["test"][0]
-    assert image.shape == (3, 15, 20) and mask.shape == (15, 20)
+    for overrides, shape in [((), (30, 40)), (("data.resize=15",), (15, 20)), (("data.eval_resize=15",), (15, 20)),
+                             (("data.resize=15", "data.eval_resize=null"), (30, 40)),
+                             (("data.resize=15", "data.eval_resize=24"), (24, 32))]:
+        cfg = config(*args, *overrides)
+        assert cfg.data["eval_resize"] == (shape[0] if shape != (30, 40) else None)  # as the record's config says
+        datamodule = SegmentationDataModule(cfg.data, tmp_path)
+        datamodule.setup()
+        image, mask = datamodule.datasets["test"][0]
+        assert image.shape == (3, *shape) and mask.shape == shape, overrides
 
 
 @pytest.mark.parametrize("decoder", ["mask", "linear"])

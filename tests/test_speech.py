@@ -160,12 +160,21 @@ def test_folder_grouped_by_speaker_keeps_each_speaker_in_one_split(tmp_path):
     assert random.split_info["source"] == "random"
     assert speakers_by_split(random)["test"] & speakers_by_split(random)["train"]  # at random, speakers straddle
 
-    grouped = SpeechDataModule(config(*args, "data.group_pattern='_(?P<group>[^_/]+)_\\d+\\.wav$'").data,
-                               tmp_path / "cache")
+    # the documented speaker pattern at the default fractions (0.1 / 0.1 of six speakers' clips) works as written
+    speaker = "data.group_pattern='_(?P<group>[^_/]+)_\\d+\\.wav$'"
+    grouped = SpeechDataModule(config("data.dataset=folder", f"data.root={tmp_path}", speaker).data, tmp_path / "cache")
     speakers = speakers_by_split(grouped)
     assert {split: len(found) for split, found in speakers.items()} == {"train": 4, "val": 1, "test": 1}
     assert sum(map(len, speakers.values())) == len(set().union(*speakers.values()))  # no speaker in two splits
     assert grouped.split_info["source"] == "grouped" and "(?P<group>" in grouped.split_info["rule"]
+    # asked for in speakers: a count each, or which
+    counted = SpeechDataModule(config(*args, speaker, "data.val_groups=2", "data.test_groups=1").data, tmp_path / "cache")
+    assert {split: len(found) for split, found in speakers_by_split(counted).items()} == {"train": 3, "val": 2, "test": 1}
+    assert "val: 2 groups, test: 1 group" in counted.split_info["rule"]
+    listed = SpeechDataModule(config(*args, speaker, "data.val_groups=[theo]", "data.test_groups=[lucas,george]").data,
+                              tmp_path / "cache")
+    assert speakers_by_split(listed) == {"train": {"jackson", "nicolas", "yweweler"}, "val": {"theo"},
+                                         "test": {"lucas", "george"}}
 
 
 def test_folder_split_folders_are_used_as_shipped(tmp_path):

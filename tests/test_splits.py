@@ -8,6 +8,7 @@ import pytest
 from common.data import (
     SPLITS,
     DataError,
+    Grouping,
     Split,
     SplitDataModule,
     carve_validation,
@@ -28,19 +29,20 @@ def clips(speakers: int = 12, seed: int = 0) -> list[str]:
 
 
 SPEAKER = r"_(?P<group>spk\d+)_\d+\.wav$"
+BY_SPEAKER = Grouping(SPEAKER)
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_grouped_split_never_puts_one_group_in_two_splits(seed):
     names = clips(speakers=30, seed=seed)
-    split = split_names(names, (0.7, 0.15, 0.15), seed, SPEAKER)
+    split = split_names(names, (0.7, 0.15, 0.15), seed, BY_SPEAKER)
     speakers = {s: {name.split("_")[1] for name in split.members[s]} for s in SPLITS}
     assert sum(map(len, speakers.values())) == len(set().union(*speakers.values()))  # no speaker in two splits
     assert sorted(sum(split.members.values(), [])) == sorted(names)  # a partition: every clip once
     assert split.source == "grouped" and SPEAKER in split.rule
     share = len(split.members["train"]) / len(names)
     assert 0.55 < share < 0.85  # about the fraction asked for, in whole speakers
-    assert split_names(names, (0.7, 0.15, 0.15), seed, SPEAKER) == split  # the split seed alone decides
+    assert split_names(names, (0.7, 0.15, 0.15), seed, BY_SPEAKER) == split  # the split seed alone decides
 
 
 def test_grouped_split_assigns_whole_groups_by_their_middle_item():
@@ -53,6 +55,59 @@ def test_grouped_split_assigns_whole_groups_by_their_middle_item():
     with pytest.raises(DataError, match="a grouped split of 2 groups leaves the val split empty"):
         grouped_split(["a", "a", "b"], (0.5, 0.25, 0.25), seed=0)
     assert grouped_split(groups, (0.75, 0.0, 0.25), seed=0)[1] == []  # a zero fraction may stay empty
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_few_large_groups_give_every_split_with_a_fraction_at_least_one(seed):
+    """Six speakers at 80/10/10: no speaker's middle clip may fall in val or test; each then takes one."""
+    names = clips(speakers=6, seed=seed)
+    split = split_names(names, (0.8, 0.1, 0.1), seed, BY_SPEAKER)
+    speakers = speakers_of(split)
+    assert all(speakers.values()) and len(speakers["val"]) == len(speakers["test"]) == 1
+    assert sorted(sum(split.members.values(), [])) == sorted(names)
+
+
+def speakers_of(split: Split) -> dict[str, set[str]]:
+    return {s: {name.split("_")[1] for name in split.members[s]} for s in SPLITS}
+
+
+def test_a_grouped_split_asked_for_in_groups_by_count_or_by_name():
+    names = clips(speakers=8)
+    counted = split_names(names, (0.8, 0.1, 0.1), 0, Grouping(SPEAKER, val=2, test=3))
+    assert [len(speakers_of(counted)[s]) for s in SPLITS] == [3, 2, 3]
+    assert counted == split_names(names, (0.8, 0.1, 0.1), 0, Grouping(SPEAKER, val=2, test=3))  # the split seed decides
+    assert counted.rule == f"grouped by '{SPEAKER}', val: 2 groups, test: 3 groups, split seed 0"
+    listed = split_names(names, (0.8, 0.1, 0.1), 0, Grouping(SPEAKER, val=["spk1"], test=["spk2", "spk5"]))
+    assert speakers_of(listed) == {"train": {"spk0", "spk3", "spk4", "spk6", "spk7"}, "val": {"spk1"},
+                                   "test": {"spk2", "spk5"}}
+    mixed = speakers_of(split_names(names, (0.8, 0.1, 0.1), 0, Grouping(SPEAKER, val=1, test=["spk0"])))
+    assert mixed["test"] == {"spk0"} and len(mixed["val"]) == 1 and "spk0" not in mixed["val"] | mixed["train"]
+    asked = Grouping(SPEAKER, val=2, test=1)  # test held out first, val carved from train afterwards
+    carved = carve_validation(split_names(names, (0.8, 0.0, 0.2), 0, asked.test_only()), 0.1, 0, asked)
+    assert [len(speakers_of(carved)[s]) for s in SPLITS] == [5, 2, 1]
+
+
+@pytest.mark.parametrize("groups, message", [
+    (Grouping(SPEAKER, val=["spk9"], test=1), r"data.val_groups names spk9, which no sample's group is \(groups: spk0"),
+    (Grouping(SPEAKER, val=["spk1"], test=["spk1"]), "groups spk1 are asked for in both"),
+    (Grouping(SPEAKER, val=5, test=4), r"data.val_groups=5 asks for more groups than the 4 left \(of 8\)"),
+    (Grouping(SPEAKER, val=2, test=None), "data.test_groups is not set while data.val_groups is"),
+    (Grouping(SPEAKER, val=4, test=4), "leaves no group to train on"),
+])
+def test_groups_asked_for_wrongly_are_one_line_data_errors(groups, message):
+    with pytest.raises(DataError, match=message):
+        split_names(clips(speakers=8), (0.8, 0.1, 0.1), 0, groups)
+
+
+def test_groups_without_a_pattern_or_of_the_wrong_kind_are_data_errors():
+    from common.data import grouping
+
+    assert grouping({"group_pattern": None}) is None
+    assert grouping({"group_pattern": SPEAKER, "val_groups": [1], "test_groups": 2}) == Grouping(SPEAKER, ["1"], 2)
+    with pytest.raises(DataError, match="need data.group_pattern"):
+        grouping({"group_pattern": None, "val_groups": 2})
+    with pytest.raises(DataError, match="data.test_groups must be a number of groups or a list"):
+        grouping({"group_pattern": SPEAKER, "test_groups": -1})
 
 
 def test_a_random_split_is_the_seeded_split_of_the_names():
@@ -88,8 +143,8 @@ def test_shipped_split_completes_what_the_dataset_lacks():
 
 def test_carving_validation_keeps_test_and_groups():
     names = clips(speakers=20)
-    held_out = split_names(names, (0.8, 0.0, 0.2), 1, SPEAKER)
-    carved = carve_validation(held_out, 0.25, 1, SPEAKER)
+    held_out = split_names(names, (0.8, 0.0, 0.2), 1, BY_SPEAKER)
+    carved = carve_validation(held_out, 0.25, 1, BY_SPEAKER)
     assert carved.members["test"] == held_out.members["test"] and carved.source == "grouped"
     speakers = {s: {name.split("_")[1] for name in carved.members[s]} for s in SPLITS}
     assert not speakers["train"] & speakers["val"]

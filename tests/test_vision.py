@@ -1,8 +1,8 @@
 """Vision domain: MNIST and ImageFolder data, their splits (shipped split folders, random, grouped; never
-following the training seed), input gradients for attacks, mixup/cutmix targets; the DeiT / DeiT-III
-recipe: truncated-normal init and LayerNorm eps, RandAugment, 3-Augment, repeated augmentation (also under
-two-process DDP), binary cross-entropy, LAMB, and the paper presets. Training every variant is the shared
-contract test's job (tests/test_domains.py)."""
+following the training seed), input gradients for attacks, mixup/cutmix targets (timm's Mixup); the DeiT /
+DeiT-III recipe: truncated-normal init and LayerNorm eps, timm's RandAugment and random erasing, 3-Augment,
+repeated augmentation (also under two-process DDP), binary cross-entropy, timm's LAMB, and the paper presets.
+Training every variant is the shared contract test's job (tests/test_domains.py)."""
 import json
 import math
 import os
@@ -15,9 +15,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from timm.data import Mixup
+from timm.data.auto_augment import RandAugment
+from timm.data.random_erasing import RandomErasing
+from timm.optim import Lamb
 from torch import nn
 from torchvision.transforms import v2
 
@@ -25,8 +30,8 @@ from common.attention import MultiheadAttention
 from common.blocks import Encoder
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
-from common.optim import Lamb
 from common.registry import build_config
+from common.task import build_optimizer
 from domains.vision import build
 from domains.vision.data import (
     ImageFiles,
@@ -36,7 +41,7 @@ from domains.vision.data import (
     three_augment,
     train_transform,
 )
-from domains.vision.model import binary_targets, mix_batch
+from domains.vision.model import binary_targets
 from runners.cli import main as cli
 from runners.config import compose
 
@@ -184,13 +189,36 @@ def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def test_mix_batch_soft_targets():
-    torch.manual_seed(0)
-    images, labels = torch.rand(6, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
-    for mixup, cutmix in ((0.8, 0.0), (0.0, 1.0)):
-        mixed, targets = mix_batch(images, labels, 3, mixup=mixup, cutmix=cutmix, switch_prob=0.5, label_smoothing=0.1)
-        assert mixed.shape == images.shape and mixed.min() >= 0 and mixed.max() <= 1
-        assert torch.allclose(targets.sum(-1), torch.ones(6)) and targets.min() > 0
+@pytest.mark.parametrize("mixup, cutmix", [(0.8, 0.0), (0.0, 1.0)])
+def test_mixup_soft_targets_odd_batches_and_seeding(cache_dir, mixup, cutmix):
+    """timm's Mixup on training batches: each image mixed with its mirror in the batch, by the share its soft
+    target (label smoothing folded in) gives it; the loader's batch left as it is; an odd batch mixes all but
+    its last image; the same seed (numpy's, which seed_everything sets) mixes the same way."""
+    _, task = build(config(cache_dir, f"task.mixup={mixup}", f"task.cutmix={cutmix}", "task.label_smoothing=0.1"))
+    task.train()
+    images, labels = torch.rand(7, 1, 28, 28), torch.tensor([0, 1, 2, 0, 1, 2, 3])
+    original = images.clone()
+    pl.seed_everything(0, verbose=False)
+    mixed, targets = task.unpack((images, labels))
+    assert torch.equal(images, original)  # mixed on a copy
+    assert mixed.shape == images.shape and mixed.min() >= 0 and mixed.max() <= 1
+    assert torch.allclose(targets.sum(-1), torch.ones(7)) and targets.min() > 0
+    lam = (targets[0, 0].item() - 0.01) / 0.9  # image 0 (label 0) is mixed with image 5 (label 2)
+    assert 0 < lam < 1 and targets[0, 2].item() == pytest.approx(0.01 + 0.9 * (1 - lam), abs=1e-6)
+    even, mirror = images[:6], images[:6].flip(0)
+    if mixup:
+        assert torch.allclose(mixed[:6], lam * even + (1 - lam) * mirror, atol=1e-6)
+    else:  # a box cut from the mirror image, its area the share 1 - λ
+        kept = mixed[:6] == even
+        assert torch.equal(kept | (mixed[:6] == mirror), torch.ones_like(kept))
+        assert kept[0].float().mean().item() == pytest.approx(lam, abs=1e-6)
+    assert torch.equal(mixed[6], images[6])  # the odd one out keeps its image and its smoothed label
+    assert torch.allclose(targets[6], 0.9 * F.one_hot(labels[6], 10).float() + 0.01)
+    pl.seed_everything(0, verbose=False)
+    again = task.unpack((images, labels))
+    assert torch.equal(again[0], mixed) and torch.equal(again[1], targets)
+    task.eval()
+    assert task.unpack((images, labels))[0] is images
 
 
 # ------------------------------------------------------------------------------------ the DeiT / DeiT-III recipe
@@ -230,23 +258,32 @@ def rgb_data(cache_dir, *overrides):
     return config(cache_dir, "data.image_size=32", *RGB, *overrides).data
 
 
+RANDAUGMENT = "data.augment.randaugment={num_ops: 2, magnitude: 9, mstd: 0.5, inc: 1}"
+
+
 def test_randaugment_and_three_augment_in_the_training_transform(cache_dir):
     plain = train_transform(rgb_data(cache_dir))
-    assert not any(isinstance(t, v2.RandAugment) for t in plain.transforms)
-    data = rgb_data(cache_dir, "data.augment.randaugment={num_ops: 2, magnitude: 9}")
-    augment = next(t for t in train_transform(data).transforms if isinstance(t, v2.RandAugment))
-    assert (augment.num_ops, augment.magnitude, augment.num_magnitude_bins) == (2, 9, 11)  # timm's m9 of 10
+    assert not any(isinstance(t, RandAugment) for t in plain.transforms)
+    assert any(isinstance(t, RandomErasing) for t in plain.transforms)  # the default erase 0.25
+    data = rgb_data(cache_dir, RANDAUGMENT, "data.augment.erase=0.0")
+    augment = next(t for t in train_transform(data).transforms if isinstance(t, RandAugment))
+    assert augment.num_layers == 2 and {(op.magnitude, op.magnitude_std) for op in augment.ops} == {(9, 0.5)}
     deit3 = train_transform(rgb_data(cache_dir, "data.augment.crop=src", "data.augment.three_augment=true",
                                      "data.augment.color_jitter=0.3", "data.augment.erase=0.0"))
     kinds = [type(t) for t in deit3.transforms]
-    assert v2.RandomCrop in kinds and v2.RandomResizedCrop not in kinds and v2.RandomErasing not in kinds
+    assert v2.RandomCrop in kinds and v2.RandomResizedCrop not in kinds and RandomErasing not in kinds
     assert v2.RandomChoice in kinds and v2.ColorJitter in kinds
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8))
-    torch.manual_seed(0)
+    pl.seed_everything(0, verbose=False)  # timm's augmentations draw from Python's and numpy's generators
     for transform in (train_transform(data), deit3):
         out = transform(image)
         assert out.shape == (3, 32, 32) and out.min() >= 0 and out.max() <= 1
-    for bad in ("{num_ops: 2}", "{num_ops: 2, magnitude: 12}"):
+    gray = config(cache_dir, "data.image_size=32", RANDAUGMENT, "data.augment.erase=0.0").data  # 'L' images
+    for _ in range(20):
+        out = train_transform(gray)(image.convert("L"))
+        assert out.shape == (1, 32, 32) and out.min() >= 0 and out.max() <= 1
+    for bad in ("{num_ops: 2}", "{num_ops: 2, magnitude: 9}", "{num_ops: 2, magnitude: 12, mstd: 0.5, inc: 1}",
+                "{num_ops: 2, magnitude: 9.5, mstd: 0.5, inc: 1}", "{num_ops: 2, magnitude: 9, mstd: 0.5, inc: 2}"):
         with pytest.raises(ConfigError, match="randaugment"):
             build(config(cache_dir, f"data.augment.randaugment={bad}"))
     with pytest.raises(ConfigError, match="crop"):
@@ -354,12 +391,19 @@ def test_bce_loss_on_binarised_mixed_targets(cache_dir):
         build(config(cache_dir, "task.loss=focal"))
 
 
-def test_lamb_step_by_hand():
-    """One step on a toy of two decayed tensors and one without decay, against LAMB's formula by hand."""
+def test_lamb_is_timms_without_its_clip_and_steps_by_hand(cache_dir):
+    """optim.name=lamb builds timm's Lamb, its own gradient clip off (the trainer's gradient_clip_val clips);
+    one step on a toy of two decayed tensors and one without decay, against LAMB's formula by hand."""
     lr, decay, eps = 0.1, 0.1, 1e-8
     w, z, b = nn.Parameter(torch.tensor([3.0, 4.0])), nn.Parameter(torch.zeros(2)), nn.Parameter(torch.tensor([0.5]))
     w.grad, z.grad, b.grad = torch.tensor([0.5, -1.0]), torch.tensor([1.0, 1.0]), torch.tensor([2.0])
-    Lamb([{"params": [w, z], "weight_decay": decay}, {"params": [b], "weight_decay": 0.0}], lr=lr, eps=eps).step()
+    optim = config(cache_dir, "optim.name=lamb", f"optim.lr={lr}", f"optim.weight_decay={decay}").optim
+    optimizer, _ = build_optimizer([("w", w), ("z", z), ("b", b)], {"w", "z"}, optim, total=10)
+    assert type(optimizer) is Lamb
+    assert [(g["max_grad_norm"], g["eps"], g["always_adapt"], g["trust_clip"], g["bias_correction"], g["lr"])
+            for g in optimizer.param_groups] == [(None, eps, False, False, True, lr)] * 2
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [decay, 0.0]
+    optimizer.step()
     # step 1: bias-corrected moments are g and g², so Adam's step is g / (|g| + eps)
     adam = [0.5 / (0.5 + eps), -1.0 / (1.0 + eps)]
     update = [adam[0] + decay * 3.0, adam[1] + decay * 4.0]
@@ -380,26 +424,6 @@ def test_position_embedding_and_cls_token_take_no_weight_decay(cache_dir):
         trainer=SimpleNamespace(estimated_stepping_batches=10)))["optimizer"]
     decay_group = {id(p) for p in optimizer.param_groups[0]["params"]}
     assert id(task.net.pos_embed) not in decay_group and id(task.net.head.weight) in decay_group
-
-
-def test_lamb_matches_timm_over_several_steps():
-    from timm.optim import Lamb as TimmLamb
-
-    torch.manual_seed(0)
-    ours, theirs = nn.Linear(6, 4), nn.Linear(6, 4)
-    theirs.load_state_dict(ours.state_dict())
-
-    def groups(net):
-        return [{"params": [net.weight], "weight_decay": 0.05}, {"params": [net.bias], "weight_decay": 0.0}]
-
-    optimizers = [Lamb(groups(ours), lr=0.01), TimmLamb(groups(theirs), lr=0.01, eps=1e-8, max_grad_norm=None)]
-    for _ in range(5):
-        x = torch.randn(8, 6)
-        for net, optimizer in zip((ours, theirs), optimizers):
-            optimizer.zero_grad()
-            net(x).pow(2).mean().backward()
-            optimizer.step()
-    assert torch.allclose(ours.weight, theirs.weight, atol=1e-6) and torch.allclose(ours.bias, theirs.bias, atol=1e-6)
 
 
 SHRINK = ["model.depth=1", "data.dataset=mnist", "data.image_size=32", "data.channels=1", "data.mean=[0.5]",
@@ -423,7 +447,7 @@ def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
     else:
         assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("adamw", 1e-3, 0.05)
         assert cfg.data.batch_size == 1024
-        assert dict(cfg.data.augment.randaugment) == {"num_ops": 2, "magnitude": 9}
+        assert dict(cfg.data.augment.randaugment) == {"num_ops": 2, "magnitude": 9, "mstd": 0.5, "inc": 1}
         assert (cfg.task.loss, cfg.task.label_smoothing, cfg.optim.warmup_steps) == ("ce", 0.1, 5 * 1252)
     datamodule, task = build(build_config(compose(["domain=vision", f"preset={preset}", f"cache_dir={cache_dir}",
                                                    *SHRINK])))
@@ -431,6 +455,30 @@ def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
     task.train()
     inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
     assert torch.isfinite(task.loss(task(inputs), target, "train"))
+
+
+def test_paper_preset_takes_timms_randaugment_erasing_and_mixup_with_deits_settings(cache_dir):
+    """DeiT's rand-m9-mstd0.5-inc1 with the settings timm's transforms_imagenet_train gives it, random
+    erasing 0.25 in 'pixel' mode, and Mixup in batch mode: mixup 0.8, cutmix 1.0, switch 0.5, smoothing 0.1."""
+    data = build_config(compose(["domain=vision", "preset=paper", "data.root=/imagenet", f"cache_dir={cache_dir}"])).data
+    steps = train_transform(data).transforms
+    augment = next(t for t in steps if isinstance(t, RandAugment))
+    assert augment.num_layers == 2 and len(augment.ops) == 15
+    assert {(op.magnitude, op.magnitude_std, op.prob) for op in augment.ops} == {(9, 0.5, 0.5)}
+    names = {op.name for op in augment.ops}  # inc1: the operations whose severity rises with the magnitude
+    assert {"PosterizeIncreasing", "SolarizeIncreasing", "ColorIncreasing"} <= names and "Solarize" not in names
+    assert {(op.hparams["translate_const"], op.hparams["img_mean"], op.kwargs["resample"]) for op in augment.ops} == {
+        (100, (124, 116, 104), Image.Resampling.BICUBIC)}  # int(224 x 0.45), the ImageNet mean in 0-255
+    erasing = next(t for t in steps if isinstance(t, RandomErasing))
+    assert (erasing.probability, erasing.mode, erasing.per_pixel) == (0.25, "pixel", True)
+    assert [type(t) for t in steps[-4:]] == [v2.ToDtype, v2.Normalize, RandomErasing, v2.Normalize]
+    _, task = build(build_config(compose(["domain=vision", "preset=paper", f"cache_dir={cache_dir}", *SHRINK])))
+    mix = task.mixup
+    assert type(mix) is Mixup
+    assert (mix.mixup_alpha, mix.cutmix_alpha, mix.switch_prob, mix.label_smoothing, mix.mode, mix.mix_prob,
+            mix.num_classes, mix.cutmix_minmax, mix.correct_lam) == (0.8, 1.0, 0.5, 0.1, "batch", 1.0, 10, None, True)
+    _, plain = build(config(cache_dir))
+    assert plain.mixup is None  # off unless task.mixup or task.cutmix is set
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -33,6 +33,7 @@ from common.data import (
     class_folder_files,
     class_folder_splits,
     data_root,
+    grouping,
     named,
     shipped_split,
     short_hash,
@@ -239,7 +240,7 @@ def modelnet_splits(data: dict, cache_dir: Path) -> Splits:
     clouds, row = _sampled(data, cache_dir, root, files)
     members = {split: [name for name in row if _modelnet_split(name) == split] for split in ("train", "test")}
     shipped = Split("shipped", "ModelNet <class>/train/ and <class>/test/ folders", {**members, "val": []})
-    split = carve_validation(shipped, data["val_fraction"], data["split_seed"], data["group_pattern"])
+    split = carve_validation(shipped, data["val_fraction"], data["split_seed"], grouping(data))
     return _datasets(clouds, row, split), classes, split
 
 
@@ -247,17 +248,17 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
     """Any class-per-folder tree: split folders used as shipped, or a ``test_fraction`` of the files held
     out (at random, or grouped by ``group_pattern``, from ``split_seed``); validation is a ``val_fraction``
     of the training files."""
-    root, seed, pattern, share = _root(data), data["split_seed"], data["group_pattern"], data["val_fraction"]
+    root, seed, groups, share = _root(data), data["split_seed"], grouping(data), data["val_fraction"]
     if split_folders(root):
         found, classes = class_folder_splits(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         clouds, row = _sampled(data, cache_dir, root, [item for items in found.values() for item in items])
         members = {split: [name for name in named(items, root) if name in row] for split, items in found.items()}
-        split = shipped_split(members, None, (1 - share, share, 0.0), seed, pattern)
+        split = shipped_split(members, None, (1 - share, share, 0.0), seed, groups)
     else:
         files, classes = class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         clouds, row = _sampled(data, cache_dir, root, files)
-        held_out = split_names(list(row), (1 - data["test_fraction"], 0.0, data["test_fraction"]), seed, pattern)
-        split = carve_validation(held_out, share, seed, pattern)
+        held_out = split_names(list(row), (1 - data["test_fraction"], 0.0, data["test_fraction"]), seed, groups and groups.test_only())
+        split = carve_validation(held_out, share, seed, groups)
     return _datasets(clouds, row, split), classes, split
 
 

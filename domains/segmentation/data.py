@@ -33,6 +33,7 @@ from common.data import (
     Split,
     SplitDataModule,
     cached,
+    grouping,
     load_mnist,
     named,
     require_path,
@@ -375,10 +376,10 @@ class FolderPairs:
         data, shipped = self.data, self.split_pairs(root)
         if shipped:
             members = {split: list(named(pairs, root)) for split, pairs in shipped.items()}
-            split = shipped_split(members, None, data["split"], data["split_seed"], data["group_pattern"])
+            split = shipped_split(members, None, data["split"], data["split_seed"], grouping(data))
             return split, {name: pair for pairs in shipped.values() for name, pair in named(pairs, root).items()}
         pair_of = named(image_mask_pairs(root / data["image_dir"], root / data["mask_dir"]), root)
-        return split_names(list(pair_of), data["split"], data["split_seed"], data["group_pattern"]), pair_of
+        return split_names(list(pair_of), data["split"], data["split_seed"], grouping(data)), pair_of
 
     def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
         if self.data["root"] is None:

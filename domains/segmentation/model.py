@@ -210,6 +210,9 @@ class SegmentationTask(Task):
         summary.update({f"{self.headline}_{name}": torch.stack(group).mean() for name, group in by_corruption.items()})
         return summary
 
+    def robustness_summary(self) -> list[str]:
+        return [f"{self.headline}_corrupt"] if self.perturbations else []
+
     def directions(self) -> dict[str, str]:
         return super().directions() | {f"iou_{name}": "max" for name in self.class_names}
 

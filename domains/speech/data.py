@@ -32,6 +32,7 @@ from common.data import (
     class_folder_files,
     class_folder_splits,
     data_root,
+    grouping,
     named,
     require_path,
     shipped_split,
@@ -140,18 +141,18 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
     ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
     root = data_root(data, "a folder of class folders of audio files", folder=True)
     fractions = (1.0 - data["val_fraction"] - data["test_fraction"], data["val_fraction"], data["test_fraction"])
-    seed, pattern, wanted = data["split_seed"], data["group_pattern"], _words(data, "classes")
+    seed, groups, wanted = data["split_seed"], grouping(data), _words(data, "classes")
     if split_folders(root):
         found, names = class_folder_splits(root, AUDIO_EXTENSIONS)
         items, classes = _keep_classes([item for files in found.values() for item in files], names, wanted,
                                        "classes", root)
         by_name = named(items, root)
         members = {split: [name for name in named(files, root) if name in by_name] for split, files in found.items()}
-        return shipped_split(members, None, fractions, seed, pattern), by_name, classes
+        return shipped_split(members, None, fractions, seed, groups), by_name, classes
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
     items, classes = _keep_classes(items, names, wanted, "classes", root)
     by_name = named(items, root)
-    return split_names(list(by_name), fractions, seed, pattern), by_name, classes
+    return split_names(list(by_name), fractions, seed, groups), by_name, classes
 
 
 # ------------------------------------------------------------------------------------------ eSpeak NG data

@@ -7,11 +7,11 @@ beside ``val/`` and/or ``test/``, e.g. ImageNet's train/ and val/) is used as sh
 tree is split by ``data.split`` from ``data.split_seed``, at random or, with ``data.group_pattern``, by
 groups (e.g. the video a frame comes from) that never straddle two splits. MNIST is split at random.
 
-ImageFolder training images get DeiT's augmentations from ``torchvision.transforms.v2`` (random resized
-crop, horizontal flip, RandAugment, random erasing) or DeiT-III's (its simple random crop, 3-Augment,
-colour jitter), as ``data.augment`` picks them; mixup/cutmix act on whole batches in the task. Evaluation
-images are resized and centre-cropped with DeiT's crop ratio. Repeated augmentation
-(``RepeatedAugmentationSampler``) works on any training set."""
+ImageFolder training images get DeiT's augmentations (random resized crop and horizontal flip from
+``torchvision.transforms.v2``, timm's own RandAugment and random erasing) or DeiT-III's (its simple random
+crop, 3-Augment, colour jitter), as ``data.augment`` picks them; mixup/cutmix (timm's) act on whole batches
+in the task. Evaluation images are resized and centre-cropped with DeiT's crop ratio. Repeated
+augmentation (``RepeatedAugmentationSampler``) works on any training set."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.random_erasing import RandomErasing
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 from torchvision.transforms import InterpolationMode, v2
@@ -31,6 +33,7 @@ from common.data import (
     class_folder_files,
     class_folder_splits,
     data_root,
+    grouping,
     load_mnist,
     named,
     shipped_split,
@@ -45,6 +48,7 @@ from . import DATASETS
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 Splits = tuple[dict[str, Dataset], list[str], Split]  # datasets per split, class names, how they were split
 CROPS = ("rrc", "src")  # random resized crop (DeiT) | simple random crop (DeiT-III)
+RANDAUGMENT = ("num_ops", "magnitude", "mstd", "inc")  # the keys of data.augment.randaugment
 
 
 def check_augment(aug: dict) -> None:
@@ -52,10 +56,14 @@ def check_augment(aug: dict) -> None:
     if aug["crop"] not in CROPS:
         raise ConfigError(f"unknown data.augment.crop {aug['crop']!r}; choose from {', '.join(CROPS)}")
     settings = aug["randaugment"]
-    if settings is not None and not (isinstance(settings, dict) and set(settings) == {"num_ops", "magnitude"}
-                                     and settings["num_ops"] >= 0 and 0 <= settings["magnitude"] <= 10):
-        raise ConfigError("data.augment.randaugment must be null or {num_ops: <n >= 0>, magnitude: <0 to 10>}, "
-                          f"got {settings!r}")
+    if settings is not None and not (
+            isinstance(settings, dict) and set(settings) == set(RANDAUGMENT)
+            and all(isinstance(settings[key], int) for key in ("num_ops", "magnitude", "inc"))
+            and isinstance(settings["mstd"], (int, float))
+            and settings["num_ops"] >= 0 and 0 <= settings["magnitude"] <= 10 and settings["mstd"] >= 0
+            and settings["inc"] in (0, 1)):
+        raise ConfigError("data.augment.randaugment must be null or {num_ops: <integer >= 0>, magnitude: <integer 0 "
+                          f"to 10>, mstd: <number >= 0>, inc: <0 or 1>}}, got {settings!r}")
     if aug["repeats"] < 1:
         raise ConfigError(f"data.augment.repeats must be at least 1, got {aug['repeats']}")
 
@@ -71,14 +79,19 @@ def crop(data: dict) -> list:
                                  interpolation=InterpolationMode.BICUBIC)]
 
 
-def rand_augment(settings: dict, mean: list[float]) -> v2.RandAugment:
-    """timm's ``rand-m<magnitude>-n<num_ops>`` (DeiT: rand-m9-mstd0.5-inc1) on torchvision's RandAugment: 11
-    magnitude bins make its scale timm's 0-10 (m9: 90 % of each operation's range, not 30 % as with
-    torchvision's 31 bins), bicubic, filling with the mean pixel as timm does. torchvision's operations and
-    ranges differ from timm's in detail; timm's magnitude noise (mstd0.5) and per-operation probability of
-    0.5 are not reproduced."""
-    return v2.RandAugment(settings["num_ops"], settings["magnitude"], num_magnitude_bins=11,
-                          interpolation=InterpolationMode.BICUBIC, fill=tuple(round(255 * m) for m in mean))
+def rand_augment(settings: dict, data: dict) -> RandAugment:
+    """timm's RandAugment ``rand-m<magnitude>-n<num_ops>-mstd<mstd>-inc<inc>`` (DeiT: rand-m9-mstd0.5-inc1),
+    with the settings timm's ``transforms_imagenet_train`` gives it: translations up to 45 % of
+    ``image_size``, the mean pixel as fill, bicubic (DeiT's ``--train-interpolation``). Each of its
+    ``num_ops`` operations applies with probability 0.5, at a magnitude drawn around ``magnitude`` with std
+    ``mstd``; ``inc`` 1 takes the operations whose severity rises with the magnitude. On PIL images, RGB or
+    grayscale ('L': the colour operations leave it as it is)."""
+    mstd = f"{float(settings['mstd']):f}".rstrip("0").rstrip(".")  # positional: an exponent's '-' would split it
+    name = f"rand-m{settings['magnitude']}-n{settings['num_ops']}-mstd{mstd}-inc{int(settings['inc'])}"
+    hparams = {"translate_const": int(data["image_size"] * 0.45),
+               "img_mean": tuple(min(255, round(255 * m)) for m in data["mean"]),
+               "interpolation": Image.Resampling.BICUBIC}
+    return rand_augment_transform(name, hparams)
 
 
 def three_augment(channels: int) -> v2.RandomChoice:
@@ -90,13 +103,14 @@ def three_augment(channels: int) -> v2.RandomChoice:
 
 def train_transform(data: dict) -> v2.Compose:
     """DeiT's or DeiT-III's training augmentation, as ``data.augment`` sets it: crop and flip, then
-    RandAugment, 3-Augment and colour jitter where on, all on the PIL image (as timm), then random erasing.
-    Random erasing fills its box with standard normal noise in the *normalised* space, as timm's 'pixel'
-    mode does, so it runs between a normalisation and its inverse."""
+    RandAugment, 3-Augment and colour jitter where on, all on the PIL image (as timm), then timm's random
+    erasing in its 'pixel' mode, where timm applies it: on the normalised tensor, its box filled with
+    standard normal noise. The model normalises its input itself (``ViT.forward``) and takes pixels in
+    [0, 1], so the erasing runs between a normalisation and its inverse."""
     aug, mean, std = data["augment"], torch.tensor(data["mean"]), torch.tensor(data["std"])
     steps = [*crop(data), v2.RandomHorizontalFlip(aug["hflip"])]
     if aug["randaugment"]:
-        steps.append(rand_augment(aug["randaugment"], data["mean"]))
+        steps.append(rand_augment(aug["randaugment"], data))
     if aug["three_augment"]:
         steps.append(three_augment(data["channels"]))
     if aug["color_jitter"]:
@@ -104,7 +118,7 @@ def train_transform(data: dict) -> v2.Compose:
                                     saturation=aug["color_jitter"]))
     steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
     if aug["erase"]:
-        steps += [v2.Normalize(mean.tolist(), std.tolist()), v2.RandomErasing(aug["erase"], value="random"),
+        steps += [v2.Normalize(mean.tolist(), std.tolist()), RandomErasing(aug["erase"], mode="pixel", device="cpu"),
                   v2.Normalize((-mean / std).tolist(), (1 / std).tolist())]
     return v2.Compose(steps)
 
@@ -157,16 +171,16 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
     tree split by ``data.split`` (random, or grouped by ``data.group_pattern``) from ``data.split_seed``.
     Members are the image paths relative to the root."""
     root = data_root(data, "a folder of class folders, or with train/ and val/", folder=True)
-    seed, pattern = data["split_seed"], data["group_pattern"]
+    seed, groups = data["split_seed"], grouping(data)
     if split_folders(root):
         found, classes = class_folder_splits(root, IMAGE_EXTENSIONS)
         split = shipped_split({s: list(named(files, root)) for s, files in found.items()}, None, data["split"], seed,
-                              pattern)
+                              groups)
         by_name = {name: item for files in found.values() for name, item in named(files, root).items()}
     else:
         files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
         by_name = named(files, root)
-        split = split_names(list(by_name), data["split"], seed, pattern)
+        split = split_names(list(by_name), data["split"], seed, groups)
     train, evaluate = train_transform(data), eval_transform(data)
     datasets = {name: ImageFiles([by_name[member] for member in split.members[name]], data["channels"],
                                  train if name == "train" else evaluate) for name in SPLITS}

@@ -1,7 +1,7 @@
 """ViT/DeiT classifier: patch embedding, cls token, learned positions, the shared encoder, a linear head
 on the cls token. It takes images in [0, 1] and normalises them itself, so adversarial attacks and
-corruptions act in pixel space. The task adds DeiT's batch-level mixup/cutmix to training and, as an
-option, DeiT-III's binary cross-entropy.
+corruptions act in pixel space. The task adds DeiT's batch-level mixup/cutmix (timm's ``Mixup``) to
+training and, as an option, DeiT-III's binary cross-entropy.
 
 Initialisation (``init``) matters more for QUEST than for standard attention: QUEST's logit is
 ‖q‖·cos(q, k̂) with no 1/√d, so each query's initial sharpness *is* its initial norm, set by the q/k/v
@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.data import Mixup
+from timm.data.mixup import mixup_target
+from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from common.blocks import Encoder, trunc_normal_init
@@ -25,8 +28,8 @@ LOSSES = ("ce", "bce")
 class ViT(nn.Module):
     """``init``: one of ``INITS``; ``trunc_normal`` is DeiT's (``common.blocks.trunc_normal_init``: Linear and
     q/k/v weights N(0, 0.02²), biases 0; the patch embedding keeps PyTorch's Conv2d init, as in timm).
-    Position embedding and cls token start at N(0, 0.02²) either way (DeiT). ``norm_eps``: every
-    LayerNorm's epsilon (DeiT: 1e-6)."""
+    Position embedding and cls token start at N(0, 0.02²) either way (DeiT; timm's ``trunc_normal_``).
+    ``norm_eps``: every LayerNorm's epsilon (DeiT: 1e-6)."""
 
     def __init__(self, num_classes: int, *, image_size: int, channels: int, mean: list[float], std: list[float],
                  patch_size: int, dim: int, depth: int, heads: int, mlp_ratio: float, dropout: float,
@@ -52,8 +55,8 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, num_classes)
         if init == "trunc_normal":
             trunc_normal_init(self)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        trunc_normal_(self.pos_embed, std=0.02)
+        trunc_normal_(self.cls_token, std=0.02)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters DeiT trains without weight decay besides the 1-D ones (``Task.decayed``)."""
@@ -64,30 +67,6 @@ class ViT(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.encoder(self.pos_drop(x + self.pos_embed))
         return self.head(x[:, 0])
-
-
-def mix_batch(images: Tensor, labels: Tensor, num_classes: int, *, mixup: float, cutmix: float,
-              switch_prob: float, label_smoothing: float) -> tuple[Tensor, Tensor]:
-    """timm's Mixup in batch mode: each batch is mixed with its reverse, by mixup (Beta(mixup)) or, with
-    probability ``switch_prob`` when both are on, cutmix (a box of area 1 - λ, λ then taken from the
-    box actually cut). Returns the images and soft targets (label smoothing folded in)."""
-    use_cutmix = cutmix > 0 and (mixup <= 0 or torch.rand(()).item() < switch_prob)
-    alpha = cutmix if use_cutmix else mixup
-    lam = torch.distributions.Beta(alpha, alpha).sample().item()
-    if use_cutmix:
-        height, width = images.shape[-2:]
-        cut_h, cut_w = int(height * (1 - lam) ** 0.5), int(width * (1 - lam) ** 0.5)
-        cy, cx = torch.randint(height, ()).item(), torch.randint(width, ()).item()
-        top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, height)
-        left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, width)
-        images = images.clone()
-        images[..., top:bottom, left:right] = images.flip(0)[..., top:bottom, left:right]
-        lam = 1 - (bottom - top) * (right - left) / (height * width)
-    else:
-        images = lam * images + (1 - lam) * images.flip(0)
-    off = label_smoothing / num_classes
-    onehot = F.one_hot(labels, num_classes).to(images.dtype) * (1 - label_smoothing) + off
-    return images, lam * onehot + (1 - lam) * onehot.flip(0)
 
 
 def binary_targets(target: Tensor, num_classes: int) -> Tensor:
@@ -102,7 +81,12 @@ class VisionTask(ClassificationTask):
     """ClassificationTask with optional mixup/cutmix on training batches (train accuracy is then
     measured against each image's dominant label). ``loss``: ``ce`` (softmax cross-entropy, DeiT) or
     ``bce`` (DeiT-III: a sigmoid per class against ``binary_targets``, averaged over images and classes).
-    Evaluation losses are cross-entropy either way, as DeiT-III evaluates."""
+    Evaluation losses are cross-entropy either way, as DeiT-III evaluates.
+
+    Mixing is timm's ``Mixup`` in batch mode, as DeiT sets it up: every training batch is mixed with its
+    reverse, by mixup (λ ~ Beta(``mixup``)) or, with probability ``mix_switch_prob`` when both are on,
+    cutmix (Beta(``cutmix``), λ then the area actually kept), into soft targets with the label smoothing
+    folded in. timm draws from numpy's global generator, which the runner's ``seed_everything`` seeds."""
 
     def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, loss: str, label_smoothing: float,
                  mixup: float, cutmix: float, mix_switch_prob: float, seed: int = 0):
@@ -112,13 +96,24 @@ class VisionTask(ClassificationTask):
             raise ValueError("task.loss=bce takes no label smoothing (DeiT-III: task.label_smoothing=0)")
         super().__init__(net, num_classes, optim, label_smoothing=label_smoothing, seed=seed)
         self.binary = loss == "bce"
-        self.mix = {"mixup": mixup, "cutmix": cutmix, "switch_prob": mix_switch_prob}
+        self.mixup = None
+        if mixup > 0 or cutmix > 0:
+            self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=1.0, switch_prob=mix_switch_prob,
+                               mode="batch", label_smoothing=label_smoothing, num_classes=num_classes)
 
     def unpack(self, batch):
         images, labels = batch
-        if not self.training or (self.mix["mixup"] <= 0 and self.mix["cutmix"] <= 0):
+        if not self.training or self.mixup is None:
             return images, labels
-        return mix_batch(images, labels, self.num_classes, label_smoothing=self.label_smoothing, **self.mix)
+        # timm's Mixup pairs image i with image B-1-i and takes only even batches. An odd batch (the epoch's
+        # last, partial one: the training loader has no drop_last, unlike DeiT's; or an odd per-device batch)
+        # mixes its first B-1 images, the last keeping its own (smoothed) label. Mixup works in place: a copy.
+        even = len(images) - len(images) % 2
+        mixed, target = self.mixup(images[:even].clone(), labels[:even])
+        if even < len(images):
+            mixed = torch.cat([mixed, images[even:]])
+            target = torch.cat([target, mixup_target(labels[even:], self.num_classes, smoothing=self.label_smoothing)])
+        return mixed, target
 
     def loss(self, logits: Tensor, target: Tensor, stage: str) -> Tensor:
         if self.binary and stage == "train":

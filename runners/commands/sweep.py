@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         raise stopped from None
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
         log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), ["quest", "sweep", *argv], started,
-                   progress.workers, progress.ran(), finished=code is not None)
+                   progress.workers, progress.ran(), finished=code is not None, runs=pending)
     if args.aggregate:
         runs = write_results([args.output_dir or spec.get("output_dir", "runs")], Path(args.aggregate))[0]
         print(f"sweep: {runs} runs aggregated -> {args.aggregate}")

@@ -1,15 +1,17 @@
 """`quest train domain=<name> [preset=<p>] [attention=<variant>] [seed=<n>] [key.sub=value ...]`: one run.
 
 Composes the config (``runners.config``), trains and tests the run (``runners.runs.training``), and prints
-one line: its status and its test metrics, the primary one first.
+its summary: the status and headline test metrics, and the path of its record.
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from runners.config import compose
+from common.records import RECORD_NAME
+from runners.config import compose, run_directory
 
 
 def main(argv: list[str]) -> int:
@@ -29,13 +31,20 @@ def main(argv: list[str]) -> int:
     from runners.runs.training import run  # Lightning: only once the config is good
 
     record = run(cfg, wait=args.wait)
-    failed = int(record["status"] == "failed")
-    if rank_zero_only.rank != 0:
-        return failed
-    primary = f"test/{record['primary_metric']}"
-    shown = sorted(record["metrics"], key=lambda k: (k != primary, k))[:8]  # per-class metrics can run to hundreds
-    print(f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']} "
-          + " ".join(f"{k}={record['metrics'][k]:.4g}" for k in shown)
-          + (f" ({record['error']})" if record["error"] else "")
-          + (f" diverged at step {record['divergence']['step']}" if record["divergence"] else ""))
-    return failed
+    if rank_zero_only.rank == 0:
+        print(summary(record, run_directory(cfg)))
+    return int(record["status"] == "failed")
+
+
+def summary(record: dict, run_dir: Path) -> str:
+    """Two lines: the run's status and headline test metrics (``Task.headline_metrics``: the primary one, its
+    baseline, the robustness summary), then where its record is."""
+    metrics = record["metrics"]
+    shown = [f"test {name} {metrics[f'test/{name}']:.4g}" for name in record.get("headline", []) if f"test/{name}" in metrics]
+    outcome = [f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']}", *shown]
+    if record["divergence"]:
+        outcome.append(f"diverged at step {record['divergence']['step']} ({record['divergence']['reason']})")
+    if record["error"]:
+        outcome.append(record["error"])
+    where = run_dir / ("error.log" if record["status"] == "failed" else RECORD_NAME)
+    return " · ".join(outcome) + f"\n  {where}"

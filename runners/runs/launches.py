@@ -13,15 +13,20 @@ LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_
 
 
 def log_launch(folder: Path, command: list[str], started: float, workers: int, ran: dict[str, int],
-               finished: bool = True) -> None:
+               finished: bool = True, runs: Sequence[Sequence[str]] = ()) -> None:
     """Append a launch to ``<folder>/launches.jsonl``: its ``command``, when it started, its wall time, its
     workers, how many of the runs it ran ended in each way (``ran``), whether it finished or was stopped, the
-    machine and the commit (a sweep finished over several launches has several lines)."""
+    machine and the commit (a sweep finished over several launches has several lines); and, when the ``runs``
+    it sent (their ``quest train`` arguments) log to experiment trackers, where (``trackers``)."""
     from runners.runs.provenance import git_commit, hardware  # torch: only for a launch that ran
+    from runners.runs.trackers import sweep_destinations
 
     entry = {"command": shlex.join(command), "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
              "wall_s": round(time.time() - started, 1), "finished": finished, "workers": workers, "ran": ran,
              "hardware": hardware(), "git_commit": git_commit()}
+    trackers = sweep_destinations(runs)
+    if trackers:
+        entry["trackers"] = trackers
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LAUNCH_LOG, "a") as log_file:
         log_file.write(json.dumps(entry) + "\n")
@@ -39,7 +44,7 @@ def read_launches(*roots: str | Path) -> list[dict]:
 
 def describe_launches(launches: Sequence[dict]) -> list[str]:
     """How the runs were made: each launch's command, start, wall time, workers and outcome counts, the machine
-    and commit; and the wall time of all of them together."""
+    and commit, where its runs were tracked (if they were); and the wall time of all of them together."""
     if not launches:
         return []
     minutes = sum(launch["wall_s"] for launch in launches) / 60
@@ -52,5 +57,15 @@ def describe_launches(launches: Sequence[dict]) -> list[str]:
         lines.append(f"- `{launch['command']}` started {launch['started']}"
                      f"{'' if launch['finished'] else ' (stopped before the end)'}: {launch['wall_s'] / 60:.1f} min "
                      f"with {launch['workers']} worker(s), ran {ran}; {machine.get('cpu', '?')} × {machine['cpus']} "
-                     f"CPUs, {machine['platform']}{gpus}, commit {launch['git_commit'] or 'unknown'}")
+                     f"CPUs, {machine['platform']}{gpus}, commit {launch['git_commit'] or 'unknown'}"
+                     + _tracked(launch.get("trackers")))
     return [*lines, ""]
+
+
+TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
+
+
+def _tracked(trackers: dict[str, str] | None) -> str:
+    if not trackers:
+        return ""
+    return "; tracked in " + ", ".join(f"{TRACKER_NAMES.get(name, name)} {where}" for name, where in trackers.items())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import sys
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,17 +26,19 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback
+from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines
 from common.errors import ConfigError, DataError, Stopped
 from common.records import RECORD_NAME
 from common.registry import build_config, get_domain
 from runners import console
 from runners.config import compose, run_directory
+from runners.runs import trackers
 from runners.runs.record import fresh_run_directory, logged, new_record, remove, save_record, write_text
 from runners.runs.rundir import claimed, final_path, lock_path
+
+PROGRESS_STYLES = ("auto", "bar", "lines", "none")
 
 
 def train(args: list[str]) -> dict:
@@ -53,6 +56,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         settings = build_config(cfg)  # reads and checks the optimiser settings
         batch = check_settings(cfg)
+        trackers.check(cfg)  # a tracker turned on can log (its package imports)
         record = new_record(cfg, domain, batch)
         start = time.perf_counter()
         if batch is not None:
@@ -77,17 +81,21 @@ def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> Non
     """Fit and test in a fresh build directory, and put it in the run directory's place with its record
     (``start``: when the run began, for its wall time)."""
     build_dir = fresh_run_directory(cfg)
+    loggers = []  # Lightning's, made by _fit_and_test; the trackers among them are given the record at the end
     try:
-        writes = _fit_and_test(cfg, build_dir, datamodule, task, record)
+        writes = _fit_and_test(cfg, build_dir, datamodule, task, record, loggers)
     except (ConfigError, DataError):
         remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
+        trackers.finish(loggers, None)
         raise
     except Stopped as stop:
         stop.detail = _keep_or_record_stopped(build_dir, record)
+        trackers.finish(loggers, record)
         raise
     record["wall_time_s"] = round(time.perf_counter() - start, 3)
     if writes:
         save_record(build_dir, record)
+    trackers.finish(loggers, record)
 
 
 def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
@@ -117,16 +125,33 @@ def torch_threads(count: int | None):
 
 
 def check_settings(cfg: DictConfig) -> dict[str, int] | None:
-    """The settings neither the domain nor ``build_config`` checks: Lightning's trainer. Returns
+    """The settings neither the domain nor ``build_config`` checks: Lightning's trainer and the progress style.
+    Returns
     how ``data.batch_size`` splits over the trainer's devices (``device_batch``); None for a domain
     without one."""
     try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
         trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
     except Exception as err:
         raise ConfigError(f"trainer settings: {_first_line(err)}") from None
+    progress_display(cfg, "")
     if "batch_size" not in cfg.get("data", {}):
         return None
     return device_batch(cfg.data.batch_size, trainer.world_size, trainer.accumulate_grad_batches)
+
+
+def progress_display(cfg: DictConfig, monitor: str) -> tuple[bool, list[ProgressLines]]:
+    """Whether the run shows Lightning's progress bar, and the ``ProgressLines`` it prints instead. One rule
+    for every domain (``progress.style``): ``auto`` is the bar on an interactive terminal and lines on a log
+    file or a pipe, where each refresh of a bar would be a line of its own. ``trainer.enable_progress_bar=false``
+    turns the bar off whatever the style."""
+    style = cfg.progress.style
+    if style not in PROGRESS_STYLES:
+        raise ConfigError(f"unknown progress.style={style!r}; choose from {', '.join(PROGRESS_STYLES)}")
+    if style == "auto":
+        style = "bar" if sys.stdout.isatty() else "lines"
+    bar = style == "bar" and cfg.trainer.get("enable_progress_bar", True) is not False
+    lines = [ProgressLines(cfg.progress.every_n_steps, monitor)] if style == "lines" else []
+    return bar, lines
 
 
 def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[str, int]:
@@ -141,7 +166,7 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
     return {"global": global_batch, "per_device": per_device, "world_size": world_size, "accumulate": accumulate}
 
 
-def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict) -> bool:
+def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict, loggers: list) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
     trainer = None
@@ -151,12 +176,11 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
         checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor,
                                      mode=record["mode"], save_last=True, enable_version_counter=False)
         probes = ProbeCallback(**cfg.probes)
-        loggers = [CSVLogger(build_dir, name="", version="")]
-        if cfg.logging.tensorboard:
-            loggers.append(TensorBoardLogger(build_dir, name="", version="tensorboard"))
+        loggers += trackers.loggers(cfg, build_dir)  # the caller's list: it gives the trackers the record
         watch = DivergenceCallback(**cfg.divergence)
-        trainer = pl.Trainer(**cfg.trainer, default_root_dir=build_dir, logger=loggers, enable_model_summary=False,
-                             callbacks=[checkpoint, probes, watch])
+        bar, lines = progress_display(cfg, monitor)
+        trainer = pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar}, default_root_dir=build_dir, logger=loggers,
+                             enable_model_summary=False, callbacks=[checkpoint, probes, watch, *lines])
         trainer.fit(task, datamodule=datamodule)
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
@@ -171,7 +195,7 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
             best = checkpoint.best_model_path or None
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
-        record.update(directions=task.directions(), baselines=task.baselines())
+        record.update(task.metric_notes(record["primary_metric"]))
     except (ConfigError, DataError):
         raise
     except Stopped as stop:

@@ -437,7 +437,7 @@ def _write_run(member: Member, template: dict, chunk_size: int, wall_s: float) -
                   **logged(build_dir / "metrics.csv", f"val/{record['primary_metric']}", record["mode"],
                            member.watch.losses))
     record["hardware"].update(world_size=1, ensemble_members=chunk_size)
-    record.update(directions=member.task.directions(), baselines=member.task.baselines())
+    record.update(member.task.metric_notes(record["primary_metric"]))
     if member.divergence is not None:
         record.update(status="diverged", divergence=member.divergence)
     else:

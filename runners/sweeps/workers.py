@@ -49,7 +49,7 @@ def run_all(runs: list[list[str]], robustness: bool = False,
 
 def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dict], None]) -> dict:
     try:
-        cfg = compose(args)
+        cfg = compose([*args, "progress.style=none"])  # the sweep's own line is its progress
     except ConfigError as err:
         return run_outcome(index, "invalid", error_line(err))
     run_dir = run_directory(cfg)

@@ -1,0 +1,40 @@
+"""`quest select <runs dir> ... [--by variant] [-o SELECTION.md] [--json selection.json]`: the settings a grid's
+runs chose on validation data.
+
+The runs' candidates (each combination of the settings that vary over them, seed excepted) ranked by their
+mean validation score, best first, per domain, dataset and preset, and per variant with ``--by variant``
+(each variant at its own best settings). The rule is ``runners.results.selection``'s: mean of the records'
+``best_val`` over seeds, a run that diverged or failed counting as the worst score, ties to the smaller model.
+Test metrics are not read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from runners.results.selection import overrides, select, selection_table
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest select", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="directories of runs (searched recursively for record.json)")
+    parser.add_argument("--by", action="append", default=[], choices=["variant"],
+                        help="choose separately for each value of this record field")
+    parser.add_argument("-o", "--output", type=Path, help="also write the tables to this markdown file")
+    parser.add_argument("--json", type=Path, help="write every candidate, ranked, as JSON")
+    args = parser.parse_args(argv)
+    ranked = select(*args.runs, by=tuple(args.by))
+    table = "\n".join(selection_table(ranked)).strip() + "\n"
+    print(table, end="")
+    seen = set()
+    for row in ranked:
+        if row["group"] not in seen:
+            seen.add(row["group"])
+            print(f"select: {' / '.join(map(str, row['group']))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}")
+    if args.output:
+        args.output.write_text(table)
+    if args.json:
+        args.json.write_text(json.dumps(ranked, indent=1, default=str) + "\n")
+    return 0

@@ -1,0 +1,112 @@
+"""Choosing settings on validation data: the runs of a grid, grouped by the settings they differ in, ranked by
+their validation score averaged over seeds (``quest select``).
+
+A run's validation score is its record's ``best_val``: the primary metric on the validation split at the
+epoch its checkpoint was kept (the one it is tested at). Test metrics are never read here, so a choice made
+from this table cannot lean on the test set. The rule is the same wherever it is used:
+
+1. a candidate is one combination of the settings that vary over the runs (seed excepted), within one domain,
+   dataset, preset and, with ``by=variant``, one variant;
+2. its score is the mean of its runs' validation scores; a run that diverged or failed scores as the worst
+   value there is (it is counted, never dropped, so an unstable setting cannot win on its lucky seeds);
+3. the best mean wins; a tie (equal to the printed precision, 1e-4) goes to the candidate with fewer parameters,
+   then to the earlier in the runs' order of settings.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from statistics import fmean, stdev
+
+from common.records import read_records
+from runners.config import UNHASHED
+
+IGNORED = ("seed", *UNHASHED)  # what never makes two runs different candidates
+TIE = 1e-4
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    found = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            found.update(_leaves(value, f"{path}."))
+        else:
+            found[path] = value if not isinstance(value, list) else tuple(value)
+    return found
+
+
+def _ignored(key: str) -> bool:
+    return any(key == skip or key.startswith(f"{skip}.") for skip in IGNORED)
+
+
+def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
+    """The candidates of a grid (see the module's rule), best first within each group of ``by`` (and of domain,
+    dataset and preset): ``{"group", "settings", "runs", "seeds", "mean", "std", "params", "failed"}``."""
+    records = list(records)
+    leaves = [{k: v for k, v in _leaves(rec["config"]).items() if not _ignored(k)} for rec in records]
+    groups: dict[tuple, list[int]] = {}
+    for index, rec in enumerate(records):
+        key = tuple(rec[field] for field in ("domain", "dataset", "preset", *by))
+        groups.setdefault(key, []).append(index)
+    ranked = []
+    for group, members in groups.items():
+        varying = sorted({k for i in members for k in leaves[i]
+                          if len({repr(leaves[j].get(k)) for j in members}) > 1 and k not in by and k != "attention.variant"})
+        if "attention.variant" not in by and len({records[i]["variant"] for i in members}) > 1:
+            varying = ["attention.variant", *varying]
+        pool: dict[tuple, list[int]] = {}
+        for i in members:
+            pool.setdefault(tuple(repr(leaves[i].get(k)) for k in varying), []).append(i)
+        mode = records[members[0]]["mode"]
+        rows = [_candidate(group, varying, [records[i] for i in runs], [leaves[i] for i in runs], mode)
+                for runs in pool.values()]
+        order = {id(row): n for n, row in enumerate(rows)}
+        sign = -1 if mode == "max" else 1
+        rows.sort(key=lambda row: (round(sign * row["mean"] / TIE), row["params"], order[id(row)]))
+        ranked += rows
+    return ranked
+
+
+def _candidate(group: tuple, varying: list[str], runs: list[dict], leaves: list[dict], mode: str) -> dict:
+    worst = -math.inf if mode == "max" else math.inf
+    scores = [rec["best_val"]["value"] if rec["status"] == "ok" and rec["best_val"]["value"] is not None
+              and math.isfinite(rec["best_val"]["value"]) else worst for rec in runs]
+    return {"group": group, "settings": {k: leaves[0].get(k) for k in varying},
+            "runs": len(runs), "seeds": sorted(rec["seed"] for rec in runs),
+            "mean": fmean(scores), "std": stdev(scores) if len(scores) > 1 and all(map(math.isfinite, scores)) else 0.0,
+            "params": runs[0]["params"], "failed": sum(rec["status"] != "ok" for rec in runs),
+            "metric": f"val/{runs[0]['primary_metric']}"}
+
+
+def select(*roots: str | Path, by: tuple[str, ...] = ()) -> list[dict]:
+    """The ranked candidates of the runs under ``roots`` (malformed records are left out, as in aggregation)."""
+    records, _ = read_records(*roots)
+    if not records:
+        raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))}")
+    return candidates([rec for _, rec in sorted(records, key=lambda item: str(item[0]))], by)
+
+
+def overrides(settings: dict) -> list[str]:
+    """A candidate's settings as ``key=value`` overrides (what a preset or a sweep file takes)."""
+    def text(value):
+        return "[" + ",".join(map(str, value)) + "]" if isinstance(value, tuple) else "null" if value is None else value
+    return [f"{key}={text(value)}" for key, value in settings.items() if key != "attention.variant"]
+
+
+def selection_table(ranked: list[dict]) -> list[str]:
+    """Markdown: one table per group, the chosen candidate first and marked."""
+    lines, seen = [], set()
+    for row in ranked:
+        if row["group"] not in seen:
+            seen.add(row["group"])
+            lines += ["", f"**{' / '.join(map(str, row['group']))}** (ranked by mean {row['metric']} over seeds)", "",
+                      "| | settings | mean | sd | runs | not ok | params |", "|---|---|---|---|---|---|---|"]
+            mark = "chosen"
+        else:
+            mark = ""
+        shown = " ".join(f"{k}={v}" for k, v in row["settings"].items()) or "(one candidate)"
+        lines.append(f"| {mark} | {shown} | {row['mean']:.4f} | {row['std']:.4f} | {row['runs']} | {row['failed']} "
+                     f"| {row['params']} |")
+    return lines

@@ -1,0 +1,236 @@
+"""Where a run's metrics go besides its record: Lightning's loggers, and what each experiment tracker is told
+once the record is complete.
+
+The CSV log is always written (the record reads its best validation value back from it), TensorBoard's with
+``logging.tensorboard``, both in the run directory. MLflow (``logging.mlflow``) and Weights & Biases
+(``logging.wandb``) are off by default and, when on, log offline: MLflow to a local file store
+(``tracking_uri``, ``file:./mlruns``), W&B in offline mode under ``<dir>/wandb`` (``wandb sync`` uploads it
+later; ``mode=online`` logs live). Their stores lie outside the run directory, which is built under another
+name and renamed when the run ends (``runners.runs.rundir``). Each tracker run is named
+``<domain>/<variant>/<run directory name>`` and tagged with the run directory, so that it and its record can be
+matched.
+
+mlflow and wandb are imported only for a run that turns them on: ``check`` imports them before the run
+directory is created, so a tracker turned on without its package is a one-line ``ConfigError``. Once the
+record is complete, ``finish`` gives each tracker the flattened config, the headline metrics (test metrics,
+best validation value, wall time; status and primary metric as tags or summary) and the record itself, as
+``quest-record.json`` (not ``record.json``: a store kept under an output directory must not hold records that
+``quest aggregate`` would count twice), and ends the tracker run as finished, failed or killed.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from common.errors import ConfigError, error_line
+from runners.runs.rundir import final_path
+
+log = logging.getLogger(__name__)
+
+TRACKERS = ("mlflow", "wandb")  # the sections of ``logging`` that turn a tracker on, each its package's name
+INSTALL = "pip install 'quest-study[tracking]'"
+WANDB_MODES = ("offline", "online")
+ARTIFACT = "quest-record.json"  # the record, as each tracker stores it
+# a record's status -> how the tracker run ends: MLflow's run status, W&B's exit code
+MLFLOW_STATUS = {"ok": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
+
+
+def enabled(cfg: DictConfig) -> list[str]:
+    """The trackers ``cfg`` turns on."""
+    return [name for name in TRACKERS if OmegaConf.select(cfg, f"logging.{name}.enabled", default=False)]
+
+
+def check(cfg: DictConfig) -> None:
+    """A ``ConfigError`` for a tracker turned on that cannot log: its package missing, a W&B mode other than
+    offline or online, an empty name. Imports the package (only that of a tracker turned on)."""
+    for name in enabled(cfg):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"logging.{name}.enabled=true needs {name}, which cannot be imported "
+                              f"({error_line(err)}); install it with {INSTALL}") from None
+    if "mlflow" in enabled(cfg):
+        for key in ("tracking_uri", "experiment"):
+            if not str(cfg.logging.mlflow[key] or "").strip():
+                raise ConfigError(f"logging.mlflow.{key} is empty; name where MLflow logs")
+    if "wandb" in enabled(cfg):
+        if cfg.logging.wandb.mode not in WANDB_MODES:
+            raise ConfigError(f"unknown logging.wandb.mode={cfg.logging.wandb.mode!r}; choose from {', '.join(WANDB_MODES)}")
+        for key in ("project", "dir"):
+            if not str(cfg.logging.wandb[key] or "").strip():
+                raise ConfigError(f"logging.wandb.{key} is empty; name where W&B logs")
+
+
+def mlflow_uri(uri: str) -> str:
+    """``uri`` with a local file store's path made absolute (``file:./mlruns`` -> ``file:/abs/mlruns``), so
+    that the run and the launch log name the same store whatever directory reads them later."""
+    if ":" in uri and not uri.startswith("file:"):
+        return uri  # a server, a database, Databricks
+    path = uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:")
+    return f"file:{Path(path).expanduser().resolve()}"
+
+
+def wandb_root(cfg: DictConfig) -> Path:
+    """The folder W&B writes its runs under (``<dir>/wandb/<mode>-run-*``)."""
+    return Path(cfg.logging.wandb.dir).expanduser().resolve() / "wandb"
+
+
+def destinations(cfg: DictConfig) -> dict[str, str]:
+    """Where the trackers ``cfg`` turns on log, in words: ``{"mlflow": "<tracking uri> / <experiment>",
+    "wandb": "<project> (<mode>, <folder>)"}``."""
+    where = {}
+    if "mlflow" in enabled(cfg):
+        where["mlflow"] = f"{mlflow_uri(cfg.logging.mlflow.tracking_uri)} / {cfg.logging.mlflow.experiment}"
+    if "wandb" in enabled(cfg):
+        where["wandb"] = f"{cfg.logging.wandb.project} ({cfg.logging.wandb.mode}, {wandb_root(cfg)})"
+    return where
+
+
+def sweep_destinations(runs: Iterable[Sequence[str]]) -> dict[str, str]:
+    """Where the runs of a sweep (their ``quest train`` arguments) log, each tracker's places joined by ``; ``
+    (a grid may send runs to several); runs whose config does not compose are left out."""
+    from runners.config import compose
+
+    found: dict[str, list[str]] = {}
+    for args in runs:
+        try:
+            cfg = compose(list(args))
+        except ConfigError:
+            continue
+        for name, where in destinations(cfg).items():
+            if where not in found.setdefault(name, []):
+                found[name].append(where)
+    return {name: "; ".join(places) for name, places in found.items()}
+
+
+def run_name(cfg: DictConfig, build_dir: Path) -> str:
+    """``<domain>/<variant>/<run directory name>``: the tracker run's name, the run directory's last three parts."""
+    return f"{cfg.domain}/{cfg.attention.variant}/{final_path(build_dir).name}"
+
+
+def loggers(cfg: DictConfig, build_dir: Path) -> list[Logger]:
+    """Lightning's loggers of the run built in ``build_dir``: CSV, TensorBoard, MLflow and W&B as ``cfg.logging``
+    says (``check`` has checked the trackers)."""
+    found: list[Logger] = [CSVLogger(build_dir, name="", version="")]
+    if cfg.logging.tensorboard:
+        found.append(TensorBoardLogger(build_dir, name="", version="tensorboard"))
+    name, run_dir = run_name(cfg, build_dir), os.path.abspath(final_path(build_dir))
+    if "mlflow" in enabled(cfg):
+        from pytorch_lightning.loggers import MLFlowLogger
+
+        uri = mlflow_uri(cfg.logging.mlflow.tracking_uri)
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store for those who ask for it
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        tags = {"quest.run_dir": run_dir, "quest.domain": cfg.domain, "quest.variant": cfg.attention.variant,
+                "quest.seed": str(cfg.seed), "quest.preset": cfg.preset}
+        found.append(MLFlowLogger(experiment_name=cfg.logging.mlflow.experiment, run_name=name, tracking_uri=uri,
+                                  tags=tags))
+    if "wandb" in enabled(cfg):
+        from pytorch_lightning.loggers import WandbLogger
+
+        root = wandb_root(cfg).parent
+        root.mkdir(parents=True, exist_ok=True)
+        # mode passed to wandb.init: `offline=True` would set WANDB_MODE for every later run of the process
+        wandb = WandbLogger(name=name, project=cfg.logging.wandb.project, save_dir=str(root),
+                            mode=cfg.logging.wandb.mode, job_type="train", notes=run_dir,
+                            tags=[cfg.domain, cfg.attention.variant, final_path(build_dir).name])
+        if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:  # W&B warns of the setting, even unset
+            del wandb._wandb_init["anonymous"]
+        found.append(wandb)
+    return found
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, object]:
+    """The config as dotted keys (``optim.lr``), as the command line sets them; empty sections left out."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def numbers(record: dict) -> dict[str, float]:
+    """The record's numbers a tracker shows: its test metrics, best validation value and wall time."""
+    found = {key: float(value) for key, value in record.get("metrics", {}).items()
+             if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    best = (record.get("best_val") or {}).get("value")
+    if best is not None:
+        found["best_val"] = float(best)
+    found["wall_time_s"] = float(record.get("wall_time_s") or 0.0)
+    return found
+
+
+def notes(record: dict) -> dict[str, str]:
+    """The record's words a tracker shows: status, primary metric and its direction, the error if any."""
+    words = {"status": record["status"], "primary_metric": record["primary_metric"], "mode": record["mode"]}
+    if record.get("error"):
+        words["error"] = str(record["error"])[:5000]
+    return words
+
+
+def finish(run_loggers: Sequence[Logger], record: dict | None) -> None:
+    """Give each tracker of ``run_loggers`` the completed ``record`` (config, headline numbers, the record) and
+    end its run as the record's status says; ``record`` None (the run was given up as the user's to fix) ends
+    any tracker run already begun as failed. Rank 0 only. A tracker that fails here is a warning: the run's
+    record is what counts, and it is written."""
+    if rank_zero_only.rank != 0:
+        return
+    from pytorch_lightning.loggers import MLFlowLogger, WandbLogger
+
+    if record is not None:  # as record.json holds it
+        record = json.loads(json.dumps(record, sort_keys=True, default=float))
+
+    for logger in run_loggers:
+        kind = "mlflow" if isinstance(logger, MLFlowLogger) else "wandb" if isinstance(logger, WandbLogger) else None
+        if kind is None:
+            continue
+        try:
+            (_finish_mlflow if kind == "mlflow" else _finish_wandb)(logger, record)
+        except Exception as err:
+            log.warning("%s could not log the run: %s", kind, error_line(err))
+
+
+def _finish_mlflow(logger, record: dict | None) -> None:
+    if record is None:
+        if logger._initialized:  # else MLflow has no run to end
+            logger.experiment.set_terminated(logger.run_id, "FAILED")
+        return
+    client, run_id = logger.experiment, logger.run_id  # begins the run if training never reached the logger
+    try:
+        logger.log_hyperparams(flat_config(record["config"]))  # in batches, overlong values cut, as Lightning does
+        latest = client.get_run(run_id).data.metrics  # Lightning logged the test metrics: not again, unless changed
+        for key, value in numbers(record).items():
+            if latest.get(key) != value:  # at the last step it was logged at, so that it is the run's latest value
+                steps = [metric.step for metric in client.get_metric_history(run_id, key)]
+                client.log_metric(run_id, key, value, step=max(steps, default=0))
+        for key, value in notes(record).items():
+            client.set_tag(run_id, f"quest.{key}", value)
+        client.log_dict(run_id, record, ARTIFACT)
+    finally:
+        client.set_terminated(run_id, MLFLOW_STATUS.get(record["status"], "FAILED"))
+
+
+def _finish_wandb(logger, record: dict | None) -> None:
+    if record is None:
+        if logger._experiment is not None:  # else W&B has no run to end
+            logger.experiment.finish(exit_code=1)
+        return
+    run = logger.experiment
+    try:
+        run.config.update(flat_config(record["config"]), allow_val_change=True)
+        run.summary.update({**numbers(record), **notes(record)})
+        path = Path(run.dir) / ARTIFACT
+        path.write_text(json.dumps(record, indent=2, sort_keys=True))
+        run.save(str(path), base_path=run.dir, policy="now")
+    finally:  # an unfinished W&B run would be taken up by the next run of the process (a sweep's worker)
+        run.finish(exit_code=0 if MLFLOW_STATUS.get(record["status"]) == "FINISHED" else 1)
