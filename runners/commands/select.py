@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from runners.results.selection import overrides, select, selection_table
+from runners.results.selection import chosen, overrides, select, selection_table
 
 
 def main(argv: list[str]) -> int:
@@ -28,11 +28,8 @@ def main(argv: list[str]) -> int:
     ranked = select(*args.runs, by=tuple(args.by))
     table = "\n".join(selection_table(ranked)).strip() + "\n"
     print(table, end="")
-    seen = set()
-    for row in ranked:
-        if row["group"] not in seen:
-            seen.add(row["group"])
-            print(f"select: {' / '.join(map(str, row['group']))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}")
+    for group, row in chosen(ranked).items():
+        print(f"select: {' / '.join(map(str, group))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}")
     if args.output:
         args.output.write_text(table)
     if args.json:

@@ -64,9 +64,14 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
                 for runs in pool.values()]
         order = {id(row): n for n, row in enumerate(rows)}
         sign = -1 if mode == "max" else 1
-        rows.sort(key=lambda row: (round(sign * row["mean"] / TIE), row["params"], order[id(row)]))
+        rows.sort(key=lambda row: (_bucket(sign * row["mean"]), row["params"], order[id(row)]))
         ranked += rows
     return ranked
+
+
+def _bucket(score: float) -> float:
+    """Scores equal to ``TIE`` share a bucket; a worst score (infinite) stays last."""
+    return round(score / TIE) if math.isfinite(score) else score
 
 
 def _candidate(group: tuple, varying: list[str], runs: list[dict], leaves: list[dict], mode: str) -> dict:
@@ -86,6 +91,14 @@ def select(*roots: str | Path, by: tuple[str, ...] = ()) -> list[dict]:
     if not records:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))}")
     return candidates([rec for _, rec in sorted(records, key=lambda item: str(item[0]))], by)
+
+
+def chosen(ranked: list[dict]) -> dict[tuple, dict]:
+    """The winning candidate of each group, by group."""
+    found: dict[tuple, dict] = {}
+    for row in ranked:
+        found.setdefault(row["group"], row)
+    return found
 
 
 def overrides(settings: dict) -> list[str]:

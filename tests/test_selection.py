@@ -1,0 +1,53 @@
+"""`quest select`: the candidates of a grid ranked on validation, never on test; a diverged or failed run
+counts as the worst score; ties to the smaller model; one choice per variant with --by variant."""
+import json
+
+from common.records import write_record
+from runners.cli import main as cli
+from runners.results.selection import candidates, chosen, overrides
+from tests.conftest import make_record
+
+
+def grid_record(variant, seed, lr, depth, val, test, status="ok", params=100, mode="max"):
+    config = {"seed": seed, "output_dir": "runs", "optim": {"lr": lr, "name": "adamw"}, "model": {"depth": depth},
+              "attention": {"variant": variant, "l2norm_kernel": "fused"}}
+    return make_record(variant, seed, {"acc": test}, status=status, config=config, params=params,
+                       best_val={"value": val, "epoch": 3}, primary_metric="acc", mode=mode)
+
+
+def test_the_best_mean_validation_score_wins_and_test_scores_are_not_read():
+    records = [grid_record("standard", seed, lr, 2, val, test) for seed, lr, val, test in [
+        (0, 1e-3, 0.80, 0.99), (1, 1e-3, 0.70, 0.99),  # mean val 0.75, the best test
+        (0, 3e-3, 0.78, 0.50), (1, 3e-3, 0.78, 0.50),  # mean val 0.78: chosen
+    ]]
+    ranked = candidates(records)
+    assert [row["settings"] for row in ranked] == [{"optim.lr": 3e-3}, {"optim.lr": 1e-3}]  # seed, kernel: not settings
+    assert ranked[0]["mean"] == 0.78 and ranked[0]["runs"] == 2 and ranked[1]["std"] > 0
+    assert overrides(ranked[0]["settings"]) == ["optim.lr=0.003"]
+
+
+def test_a_diverged_run_counts_as_the_worst_score_and_ties_go_to_the_smaller_model():
+    lucky = [grid_record("standard", 0, 1e-2, 2, 0.95, 0.9), grid_record("standard", 1, 1e-2, 2, None, 0.0, "diverged")]
+    steady = [grid_record("standard", s, 1e-3, 2, 0.70, 0.7) for s in (0, 1)]
+    assert [row["settings"]["optim.lr"] for row in candidates(lucky + steady)] == [1e-3, 1e-2]
+    assert candidates(lucky + steady)[1]["failed"] == 1
+    big = [grid_record("standard", s, 1e-3, 4, 0.70, 0.7, params=400) for s in (0, 1)]
+    assert candidates(big + steady)[0]["settings"] == {"model.depth": 2}  # equal means: fewer parameters
+    low = [grid_record("standard", s, lr, 2, val, 1.0, mode="min") for s, (lr, val) in enumerate([(1e-3, 0.5), (3e-3, 0.2)])]
+    assert candidates(low)[0]["settings"] == {"optim.lr": 3e-3}  # a loss: lower is better
+
+
+def test_by_variant_each_variant_gets_its_own_choice(tmp_path):
+    scores = {("standard", 1e-3): 0.8, ("standard", 3e-3): 0.7, ("quest", 1e-3): 0.6, ("quest", 3e-3): 0.9}
+    for (variant, lr), val in scores.items():
+        for seed in (0, 1):
+            write_record(tmp_path / f"{variant}-{lr}-{seed}", grid_record(variant, seed, lr, 2, val, 0.5))
+    ranked = candidates([json.loads(p.read_text()) for p in tmp_path.rglob("record.json")], by=("variant",))
+    assert {group[-1]: row["settings"] for group, row in chosen(ranked).items()} == {
+        "standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}}
+    out = tmp_path / "SELECTION.md"
+    assert cli(["select", str(tmp_path), "--by", "variant", "-o", str(out), "--json", str(tmp_path / "s.json")]) == 0
+    text = out.read_text()
+    assert "| chosen | optim.lr=0.001 | 0.8000 |" in text and "| chosen | optim.lr=0.003 | 0.9000 |" in text
+    assert len(json.loads((tmp_path / "s.json").read_text())) == 4
+    assert cli(["select", str(tmp_path / "nothing")]) == 2
