@@ -2,6 +2,7 @@ import math
 import os
 
 import pytest
+import torch
 
 from common.records import RecordError, read_record, write_record
 from common.task import lr_factor
@@ -230,3 +231,24 @@ def test_a_reader_that_leaves_is_a_quiet_sigpipe():
     process.stdout.close()
     assert process.wait(timeout=60) == 128 + signal.SIGPIPE
     assert process.stderr.read() == b""
+
+
+def test_model_bench_times_every_variant_and_the_loop_on_the_same_batches(toy_domain, capsys, tmp_path):
+    """``quest bench --model``: each variant's bare step over standard's, the Lightning loop over the bare one;
+    the bare loop trains (its parameters move) and the loop fits the in-memory batches it was given."""
+    from runners.runs import stepbench
+
+    args = ["domain=toy", "preset=smoke", f"output_dir={tmp_path}", f"cache_dir={tmp_path}"]
+    cfg, datamodule, task = stepbench.build([*args, "attention=quest"])
+    batches = stepbench.train_batches(datamodule, 6)  # the loader holds 4: it cycles
+    assert len(batches) == 6 and torch.equal(batches[4][0], batches[0][0])
+    before = [p.detach().clone() for p in task.parameters()]
+    stepbench.bare_loop(cfg, task, batches)()
+    assert all(not torch.equal(a, b) for a, b in zip(before, task.parameters()))
+    loop, timed = stepbench.lightning_loop(cfg, stepbench.build(args)[2], batches, skip=1, folder=tmp_path / "loop")
+    loop()
+    assert len(timed) == 1 and timed[0] > 0
+    result = stepbench.measure(args, ["standard", "quest"], steps=2, rounds=2)
+    assert result["ratio"]["standard"] == 1.0 and result["ratio"]["quest"] > 0 and result["loop_overhead"] > 0
+    assert cli(["bench", "--model", *args, "--steps", "2", "--repeats", "1", "--json", str(tmp_path / "b.json")]) == 0
+    assert "domain=toy preset=smoke" in capsys.readouterr().out

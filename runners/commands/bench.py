@@ -19,6 +19,7 @@ import torch
 
 from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
+from runners.commands import positive_int
 
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 
@@ -35,7 +36,13 @@ def main(argv: list[str]) -> int:
                         help="of q, k, v: views of one fused projection, as the models give them, or contiguous tensors")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--model", nargs="+", action="append", metavar="KEY=VALUE",
+                        help="time a domain's own training step instead (domain=<d> preset=<p> ...; repeatable): "
+                        "every variant's bare step as a ratio to standard's, and quest train's loop beside the bare one")
+    parser.add_argument("--steps", type=positive_int, default=10, help="--model: training steps per round")
     args = parser.parse_args(argv)
+    if args.model:
+        return model_bench(args)
     shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
     long = tuple(int(x) for x in args.long.split(","))
     names = [SDPA, *VARIANTS]
@@ -71,3 +78,20 @@ def main(argv: list[str]) -> int:
             json.dump(result, f, indent=2)
     return 0
 
+
+
+def model_bench(args) -> int:
+    """``--model``: per model, every variant's bare training step over standard's, and the loop overhead."""
+    from runners.runs.stepbench import measure  # Lightning and the domains: only for --model
+
+    results = [measure(model, list(VARIANTS), args.steps, args.repeats) for model in args.model]
+    print(f"training step on cpu (threads: the run's), median of {args.repeats} rounds of {args.steps} steps: each "
+          "variant's bare step over standard's; loop: quest train's Lightning loop over the bare loop (standard)")
+    print(f"{'model':36s}{'standard ms':>12s}" + "".join(f"{v:>17s}" for v in VARIANTS) + f"{'loop':>8s}")
+    for result in results:
+        print(f"{' '.join(result['config']):36s}{result['bare_ms']['standard']:12.2f}"
+              + "".join(f"{result['ratio'][v]:17.3f}" for v in VARIANTS) + f"{result['loop_overhead']:8.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0

@@ -166,6 +166,23 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
     return {"global": global_batch, "per_device": per_device, "world_size": world_size, "accumulate": accumulate}
 
 
+def run_trainer(cfg: DictConfig, build_dir: Path, loggers: list, monitor: str | None, mode: str,
+                **trainer) -> pl.Trainer:
+    """The Lightning trainer of a run, with what it records by: the best checkpoint on ``monitor``, the attention
+    probes, the divergence watch and the progress display (``trainer``: settings over ``cfg.trainer``, for
+    ``quest bench --model``, which times this loop)."""
+    checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor, mode=mode,
+                                save_last=True, enable_version_counter=False)
+    bar, lines = progress_display(cfg, monitor)
+    return pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar, **trainer}, default_root_dir=build_dir,
+                      logger=loggers, enable_model_summary=False,
+                      callbacks=[checkpoint, ProbeCallback(**cfg.probes), DivergenceCallback(**cfg.divergence), *lines])
+
+
+def _one(trainer: pl.Trainer, kind: type):
+    return next(callback for callback in trainer.callbacks if isinstance(callback, kind))
+
+
 def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict, loggers: list) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
@@ -173,14 +190,9 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
     try:
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{record['primary_metric']}"
-        checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor,
-                                     mode=record["mode"], save_last=True, enable_version_counter=False)
-        probes = ProbeCallback(**cfg.probes)
         loggers += trackers.loggers(cfg, build_dir)  # the caller's list: it gives the trackers the record
-        watch = DivergenceCallback(**cfg.divergence)
-        bar, lines = progress_display(cfg, monitor)
-        trainer = pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar}, default_root_dir=build_dir, logger=loggers,
-                             enable_model_summary=False, callbacks=[checkpoint, probes, watch, *lines])
+        trainer = run_trainer(cfg, build_dir, loggers, monitor, record["mode"])
+        checkpoint, probes, watch = (_one(trainer, kind) for kind in (BestCheckpoint, ProbeCallback, DivergenceCallback))
         trainer.fit(task, datamodule=datamodule)
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest

@@ -1,0 +1,148 @@
+"""A domain's own training step, timed (``quest bench --model``): what each variant costs inside the model, and
+what the training loop of ``quest train`` costs beside a bare PyTorch loop on the same batches.
+
+Everything is built as ``quest train`` builds it (config, domain, datamodule, task), then ``steps`` training
+batches are drawn once and kept in memory, so data loading is not timed. Three kinds of job, interleaved in
+rounds in one process (``common.timing.interleaved_seconds``), the median round counting:
+
+- ``bare`` per variant: the task's own forward and loss (``unpack``, ``forward``, ``loss``), backward,
+  gradient clipping where the config clips, ``torch.optim.AdamW`` over all parameters; no Lightning, no
+  metrics, no logging. Variants are compared on this step: the model's cost, nothing else.
+- ``loop`` (the baseline variant only): the run's own Lightning trainer (``runners.runs.training.run_trainer``:
+  its checkpoint callback, probes, divergence watch, loggers, metric updates and ``self.log`` calls) fitting
+  the same batches with validation off; a callback reads the clock at the first timed step and after the
+  last, so the trainer's start and end (setup, the final checkpoint write) are left out: those belong to the
+  per-run fixed cost, which ``fixed_costs`` reports separately.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig
+from pytorch_lightning.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from common.registry import build_config, get_domain
+from common.timing import interleaved_seconds
+from runners import console
+from runners.config import compose
+from runners.runs.training import run_trainer, torch_threads
+
+
+def build(args: list[str]):
+    """(config, datamodule, task) of the run ``args`` describe, seeded as ``quest train`` seeds it."""
+    cfg = compose(args)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    return cfg, datamodule, task
+
+
+def train_batches(datamodule, count: int) -> list:
+    """The first ``count`` training batches (cycling through the loader if it holds fewer)."""
+    datamodule.setup("fit")
+    batches = []
+    while len(batches) < count:
+        before = len(batches)
+        for batch in datamodule.train_dataloader():
+            batches.append(batch)
+            if len(batches) == count:
+                break
+        if len(batches) == before:
+            raise ValueError("the training loader yields no batches")
+    return batches
+
+
+def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
+    """One pass of a plain PyTorch loop over ``batches``: the task's forward and loss, backward, the config's
+    gradient clipping, ``torch.optim.AdamW`` (the config's lr and weight decay on every parameter)."""
+    task.train()
+    optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    clip = cfg.trainer.get("gradient_clip_val")
+
+    def run() -> None:
+        for batch in batches:
+            inputs, target = task.unpack(batch)
+            task.loss(task(inputs), target, "train").backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(task.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+class _Clock(pl.Callback):
+    """The seconds from the start of training step ``skip`` to the end of the last one."""
+
+    def __init__(self, skip: int):
+        self.skip, self.start, self.seconds = skip, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.skip:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.start is not None:
+            self.seconds = time.perf_counter() - self.start
+
+
+def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path) -> tuple[Callable[[], None], list]:
+    """One fit of the run's Lightning trainer over ``skip`` + ``len(batches)`` steps (the first ``skip`` untimed),
+    validation off; returns the job and the list each fit appends its timed seconds to."""
+    timed: list[float] = []
+    loader = DataLoader(batches, batch_size=None, shuffle=False)
+    steps = skip + len(batches)
+
+    def run() -> None:
+        clock = _Clock(skip)
+        trainer = run_trainer(cfg, folder, [CSVLogger(folder, name="", version="")], None, "min",
+                              max_steps=steps, max_epochs=-1, limit_val_batches=0, enable_progress_bar=False,
+                              num_sanity_val_steps=0)
+        trainer.callbacks.append(clock)
+        with warnings.catch_warnings():  # no validation and a reused folder, on purpose
+            warnings.filterwarnings("ignore", message=".*(val_dataloader|exists and is not empty).*")
+            trainer.fit(task, train_dataloaders=_cycle(loader, steps))
+        timed.append(clock.seconds)
+
+    return run, timed
+
+
+def _cycle(loader: DataLoader, steps: int) -> DataLoader:
+    """``loader``'s batches repeated to ``steps`` batches: the fit's warm-up steps reuse the timed ones."""
+    batches = list(loader)
+    return DataLoader([batches[i % len(batches)] for i in range(steps)], batch_size=None, shuffle=False)
+
+
+def measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str = "standard") -> dict:
+    """Per variant, the bare loop's median seconds per step; for ``baseline`` also the Lightning loop's. Every
+    variant's task is built from the same seed and trains on the same batches, at the run's ``threads``."""
+    console.quiet()
+    with torch_threads(compose(args).threads):
+        return _measure(args, variants, steps, rounds, baseline)
+
+
+def _measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str) -> dict:
+    tasks = {}
+    for variant in variants:
+        cfg, datamodule, task = build([*args, f"attention={variant}", "progress.style=none"])
+        tasks[variant] = (cfg, task)
+    batches = train_batches(datamodule, steps)
+    device = torch.device("cpu")
+    jobs = {variant: bare_loop(cfg, task, batches) for variant, (cfg, task) in tasks.items()}
+    with tempfile.TemporaryDirectory(prefix="quest-bench-") as folder:
+        cfg, _ = tasks[baseline]
+        *_, loop_task = build([*args, f"attention={baseline}", "progress.style=none"])
+        loop, timed = lightning_loop(cfg, loop_task, batches, skip=2, folder=Path(folder))
+        seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, device)
+    per_step = {variant: seconds[variant] / steps for variant in variants}
+    loop_s = sorted(timed[1:])[len(timed[1:]) // 2] / steps  # the warm-up round's fit is not counted
+    return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(), "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
+            "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
+            "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
+            "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}
