@@ -88,7 +88,15 @@ class DivergenceCallback(pl.Callback):
 
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint``, keeping the validation epoch that ``common.rules.improves`` picks (the
-    rule ``quest ensemble`` follows too) as its one best checkpoint."""
+    rule ``quest ensemble`` follows too) as its one best checkpoint. ``save_s``: the seconds spent writing
+    checkpoints, part of a run's fixed cost."""
+
+    save_s = 0.0
+
+    def _save_checkpoint(self, trainer, filepath) -> None:
+        start = time.perf_counter()
+        super()._save_checkpoint(trainer, filepath)
+        self.save_s += time.perf_counter() - start
 
     def check_monitor_top_k(self, trainer, current=None) -> bool:
         if current is None:
@@ -105,9 +113,10 @@ class ProgressLines(pl.Callback):
         step 400/2000 · loss 2.31 · val loss 2.35 · 38 it/s · eta 1 min
 
     the loss averaged over the steps since the last line, ``val`` the last validation's loss and ``monitor``,
-    the rate over those steps' training time (validation left out), the eta from their wall time. A line falls due at its step and is
-    printed after that step's validation, if one follows, so that it carries it. Losses are summed on
-    their device and read only when a line is printed, so a GPU is not made to wait every step."""
+    the rate over those steps' training time (validation left out), the eta from their wall time. A line
+    falls due at its step and is printed after that step's validation, if one follows, so that it carries
+    it. Losses are summed on their device and read only when a line is printed, so a GPU is not made to
+    wait every step."""
 
     def __init__(self, every_n_steps: int, monitor: str, stream=None):
         self.every_n_steps, self.monitor, self.stream = every_n_steps, monitor, stream

@@ -51,6 +51,7 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "stopped": (dict,),           # a run stopped by a signal: {"signal": "SIGTERM", "step": 40}
     "directions": (dict,),        # which way each test metric is better: {"acc": "max", "loss": "min", ...}
     "baselines": (dict,),         # what each trivial baseline predicts: {"acc_baseline": "always the most ..."}
+    "timing": (dict,),            # where the wall time went: {"build_s", "fit_s", "checkpoint_s", "steps", "test_s"}
     "headline": (list,),          # the test metrics a summary shows: ["miou", "miou_baseline", "miou_corrupt"]
 }
 # Fields mapping names to numbers, which aggregation averages.

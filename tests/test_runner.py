@@ -25,6 +25,9 @@ def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
     assert set(record["probes"]) >= {"max_logit", "k_norm_max", "q_norm_mean", "entropy"}
     assert (run_directory(cfg) / "checkpoints" / "best.ckpt").exists()
     assert (run_directory(cfg) / "metrics.csv").exists()
+    timing = record["timing"]  # where the wall time went
+    assert timing["steps"] == 8 and 0 < timing["checkpoint_s"] < timing["fit_s"] and timing["test_s"] > 0
+    assert timing["build_s"] + timing["fit_s"] + timing["test_s"] <= record["wall_time_s"]
 
 
 def test_a_log_file_or_pipe_gets_progress_lines_at_the_interval_and_no_bar(toy_domain, run_args, capsys):
@@ -252,3 +255,13 @@ def test_model_bench_times_every_variant_and_the_loop_on_the_same_batches(toy_do
     assert result["ratio"]["standard"] == 1.0 and result["ratio"]["quest"] > 0 and result["loop_overhead"] > 0
     assert cli(["bench", "--model", *args, "--steps", "2", "--repeats", "1", "--json", str(tmp_path / "b.json")]) == 0
     assert "domain=toy preset=smoke" in capsys.readouterr().out
+
+
+def test_fixed_cost_splits_a_fresh_process_run_into_its_parts():
+    from runners.runs.stepbench import fixed_cost
+
+    result = fixed_cost(["domain=retrieval", "preset=smoke"])
+    parts = result["parts_s"]
+    assert list(parts) == ["start and imports", "build", "fit (train + validate)", "checkpoints", "test", "record and exit"]
+    assert sum(parts.values()) == pytest.approx(result["wall_s"]) and min(parts.values()) >= 0
+    assert 0 < result["fixed_share"] < 1 and result["steps"] > 0

@@ -40,8 +40,11 @@ def main(argv: list[str]) -> int:
                         help="time a domain's own training step instead (domain=<d> preset=<p> ...; repeatable): "
                         "every variant's bare step as a ratio to standard's, and quest train's loop beside the bare one")
     parser.add_argument("--steps", type=positive_int, default=10, help="--model: training steps per round")
+    parser.add_argument("--fixed-cost", nargs="+", action="append", metavar="KEY=VALUE",
+                        help="where one whole quest train run's time goes (a fresh process; repeatable): start and "
+                        "imports, data and model, fit, checkpoint writes, test")
     args = parser.parse_args(argv)
-    if args.model:
+    if args.model or args.fixed_cost:
         return model_bench(args)
     shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
     long = tuple(int(x) for x in args.long.split(","))
@@ -84,6 +87,8 @@ def model_bench(args) -> int:
     """``--model``: per model, every variant's bare training step over standard's, and the loop overhead."""
     from runners.runs.stepbench import measure  # Lightning and the domains: only for --model
 
+    if args.fixed_cost:
+        return fixed_cost_bench(args)
     results = [measure(model, list(VARIANTS), args.steps, args.repeats) for model in args.model]
     print(f"training step on cpu (threads: the run's), median of {args.repeats} rounds of {args.steps} steps: each "
           "variant's bare step over standard's; loop: quest train's Lightning loop over the bare loop (standard)")
@@ -91,6 +96,23 @@ def model_bench(args) -> int:
     for result in results:
         print(f"{' '.join(result['config']):36s}{result['bare_ms']['standard']:12.2f}"
               + "".join(f"{result['ratio'][v]:17.3f}" for v in VARIANTS) + f"{result['loop_overhead']:8.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def fixed_cost_bench(args) -> int:
+    from runners.runs.stepbench import fixed_cost
+
+    results = [fixed_cost(run) for run in args.fixed_cost]
+    names = list(results[0]["parts_s"])
+    print("one quest train run from a fresh process: seconds per part, and the fixed share (all but the fit's "
+          "training and validation)")
+    print(f"{'run':36s}{'wall s':>8s}" + "".join(f"{n:>24s}" for n in names) + f"{'fixed':>8s}")
+    for result in results:
+        print(f"{' '.join(result['config']):36s}{result['wall_s']:8.1f}"
+              + "".join(f"{result['parts_s'][n]:24.2f}" for n in names) + f"{result['fixed_share']:8.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

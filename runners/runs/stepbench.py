@@ -12,10 +12,12 @@ rounds in one process (``common.timing.interleaved_seconds``), the median round 
   its checkpoint callback, probes, divergence watch, loggers, metric updates and ``self.log`` calls) fitting
   the same batches with validation off; a callback reads the clock at the first timed step and after the
   last, so the trainer's start and end (setup, the final checkpoint write) are left out: those belong to the
-  per-run fixed cost, which ``fixed_costs`` reports separately.
+  per-run fixed cost, which ``fixed_cost`` measures on a whole ``quest train`` process.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -28,6 +30,7 @@ from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from common.records import find_records, read_record
 from common.registry import build_config, get_domain
 from common.timing import interleaved_seconds
 from runners import console
@@ -146,3 +149,26 @@ def _measure(args: list[str], variants: list[str], steps: int, rounds: int, base
             "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
             "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
             "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}
+
+
+def fixed_cost(args: list[str]) -> dict:
+    """Where one ``quest train`` run's wall time goes, from a fresh process (its record's ``timing``): process
+    start and imports to the run's start (the process's wall time less the record's), building data and model,
+    the fit less its checkpoint writes (training and validation: what grows with the run), the checkpoint
+    writes, the final test, and the rest (writing the record, exiting). ``fixed_share``: all but the fit's
+    training and validation, as a share of the process's wall time."""
+    with tempfile.TemporaryDirectory(prefix="quest-fixed-") as folder:
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "runners.cli", "train", *args, f"output_dir={folder}",
+                               "progress.style=none"], capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"quest train {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        (record,) = [read_record(path) for path in find_records(folder)]
+    timing = record["timing"]
+    parts = {"start and imports": wall - record["wall_time_s"], "build": timing["build_s"],
+             "fit (train + validate)": timing["fit_s"] - timing["checkpoint_s"], "checkpoints": timing["checkpoint_s"],
+             "test": timing.get("test_s", 0.0)}
+    parts["record and exit"] = wall - sum(parts.values())
+    return {"config": args, "wall_s": wall, "steps": timing["steps"], "parts_s": parts,
+            "fixed_share": 1 - parts["fit (train + validate)"] / wall}

@@ -82,6 +82,7 @@ def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> Non
     (``start``: when the run began, for its wall time)."""
     build_dir = fresh_run_directory(cfg)
     loggers = []  # Lightning's, made by _fit_and_test; the trackers among them are given the record at the end
+    record["timing"] = {"build_s": round(time.perf_counter() - start, 3)}  # config, data and model, before fitting
     try:
         writes = _fit_and_test(cfg, build_dir, datamodule, task, record, loggers)
     except (ConfigError, DataError):
@@ -193,7 +194,10 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
         loggers += trackers.loggers(cfg, build_dir)  # the caller's list: it gives the trackers the record
         trainer = run_trainer(cfg, build_dir, loggers, monitor, record["mode"])
         checkpoint, probes, watch = (_one(trainer, kind) for kind in (BestCheckpoint, ProbeCallback, DivergenceCallback))
+        began = time.perf_counter()
         trainer.fit(task, datamodule=datamodule)
+        record["timing"].update(fit_s=round(time.perf_counter() - began, 3), checkpoint_s=round(checkpoint.save_s, 3),
+                                steps=trainer.global_step)
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
         record["trajectory"] = probes.trajectory
@@ -205,7 +209,9 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
             record.update(status="diverged", divergence=task.divergence)
         else:
             best = checkpoint.best_model_path or None
+            began = time.perf_counter()
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
+            record["timing"]["test_s"] = round(time.perf_counter() - began, 3)
             record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
         record.update(task.metric_notes(record["primary_metric"]))
     except (ConfigError, DataError):
