@@ -17,7 +17,8 @@ def test_the_step_trains_the_model(toy_domain, run_args):
     from common.registry import build_config, get_domain
     from runners.config import compose
 
-    datamodule, task = get_domain("toy").build(build_config(compose(["domain=toy", *run_args])))
+    cfg = compose(["domain=toy", *run_args])
+    datamodule, task = get_domain("toy").build(build_config(cfg))
     before = [p.detach().clone() for p in task.parameters()]
-    assert feed.step_rate(datamodule, task, 2, feed.torch.device("cpu")) > 0
+    assert feed.step_rate(cfg, datamodule, task, 2, feed.torch.device("cpu")) > 0
     assert any(not b.equal(p) for b, p in zip(before, task.parameters()))

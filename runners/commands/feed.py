@@ -35,21 +35,13 @@ def data_rate(datamodule, task, batches: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def step_rate(datamodule, task, batches: int, device: torch.device) -> float:
-    """Samples/s of training steps on ``device`` over batches held in memory (one warm-up step first)."""
+def step_rate(cfg, datamodule, task, batches: int, device: torch.device) -> float:
+    """Samples/s of training steps (``runners.runs.stepbench.bare_step``, with the datamodule's augmentation on
+    the device) over batches held in memory on ``device``, one warm-up step first."""
+    from runners.runs.stepbench import bare_step
+
     held = [move_data_to_device(b, device) for b in itertools.islice(iter(datamodule.train_dataloader()), batches + 1)]
-    task.to(device).train()
-    optimizer = torch.optim.AdamW(task.parameters(), lr=1e-4)
-
-    augment = getattr(datamodule, "augment_batch", lambda batch: batch)  # common.data.SplitDataModule's
-
-    def step(batch) -> None:
-        batch = augment(batch)  # augmentation on the device is part of the step
-        inputs, target = task.unpack(batch)
-        task.loss(task(inputs), target, "train").backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = bare_step(cfg, task.to(device), getattr(datamodule, "augment_batch", lambda batch: batch))
     step(held[0])
     sync(device)
     start = time.perf_counter()
@@ -76,7 +68,7 @@ def main(argv: list[str]) -> int:
     datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
     datamodule.setup("fit")
     data = data_rate(datamodule, task, args.batches)
-    model = step_rate(datamodule, task, args.batches, torch.device(args.device))
+    model = step_rate(cfg, datamodule, task, args.batches, torch.device(args.device))
     workers = getattr(datamodule, "num_workers", "?")
     print(f"{cfg.domain} ({cfg.preset}): data pipeline {data:,.0f} samples/s (num_workers={workers}); "
           f"training step on {args.device} {model:,.0f} samples/s; data / step = {data / model:.2f}")

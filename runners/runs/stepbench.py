@@ -61,21 +61,32 @@ def train_batches(datamodule, count: int) -> list:
     return batches
 
 
-def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
-    """One pass of a plain PyTorch loop over ``batches``: the task's forward and loss, backward, the config's
-    gradient clipping, ``torch.optim.AdamW`` (the config's lr and weight decay on every parameter)."""
+def bare_step(cfg: DictConfig, task, augment: Callable = lambda batch: batch) -> Callable[[object], None]:
+    """One step of a plain PyTorch loop: ``augment`` (a datamodule's augmentation on the device, part of the
+    step), the task's forward and loss, backward, the config's gradient clipping, ``torch.optim.AdamW`` (the
+    config's lr and weight decay on every parameter)."""
     task.train()
     optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     clip = cfg.trainer.get("gradient_clip_val")
 
+    def step(batch) -> None:
+        inputs, target = task.unpack(augment(batch))
+        task.loss(task(inputs), target, "train").backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(task.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
+    """One pass of ``bare_step`` over ``batches``."""
+    step = bare_step(cfg, task)
+
     def run() -> None:
         for batch in batches:
-            inputs, target = task.unpack(batch)
-            task.loss(task(inputs), target, "train").backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(task.parameters(), clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            step(batch)
 
     return run
 
