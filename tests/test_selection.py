@@ -4,7 +4,7 @@ import json
 
 from common.records import write_record
 from runners.cli import main as cli
-from runners.results.selection import candidates, chosen, overrides
+from runners.results.selection import candidates, chosen, main_effects, overrides
 from tests.conftest import make_record
 
 
@@ -24,6 +24,8 @@ def test_the_best_mean_validation_score_wins_and_test_scores_are_not_read():
     assert [row["settings"] for row in ranked] == [{"optim.lr": 3e-3}, {"optim.lr": 1e-3}]  # seed, kernel: not settings
     assert ranked[0]["mean"] == 0.78 and ranked[0]["runs"] == 2 and ranked[1]["std"] > 0
     assert overrides(ranked[0]["settings"]) == ["optim.lr=0.003"]
+    (effects,) = main_effects(ranked).values()
+    assert effects == {"optim.lr": {"0.003": 0.78, "0.001": 0.75}}
 
 
 def test_a_diverged_run_counts_as_the_worst_score_and_ties_go_to_the_smaller_model():

@@ -3,7 +3,8 @@ runs chose on validation data.
 
 The runs' candidates (each combination of the settings that vary over them, seed excepted) ranked by their
 mean validation score, best first, per domain, dataset and preset, and per variant with ``--by variant``
-(each variant at its own best settings). The rule is ``runners.results.selection``'s: mean of the records'
+(each variant at its own best settings); then each setting's main effect (the mean score at each of its
+values, over the candidates). The rule is ``runners.results.selection``'s: mean of the records'
 ``best_val`` over seeds, a run that diverged or failed counting as the worst score, ties to the smaller model.
 Test metrics are not read.
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from runners.results.selection import chosen, overrides, select, selection_table
+from runners.results.selection import chosen, effects_table, overrides, select, selection_table
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +28,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="write every candidate, ranked, as JSON")
     args = parser.parse_args(argv)
     ranked = select(*args.runs, by=tuple(args.by))
-    table = "\n".join(selection_table(ranked)).strip() + "\n"
+    table = "\n".join(selection_table(ranked) + effects_table(ranked)).strip() + "\n"
     print(table, end="")
+    counts = {row["runs"] for row in ranked}
+    if len(counts) > 1:  # a grid still running, or runs lost: a choice among unequal evidence
+        print(f"select: candidates have {min(counts)} to {max(counts)} runs each; the grid is incomplete", file=sys.stderr)
     for group, row in chosen(ranked).items():
         print(f"select: {' / '.join(map(str, group))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}")
     if args.output:

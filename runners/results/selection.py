@@ -82,7 +82,7 @@ def _candidate(group: tuple, varying: list[str], runs: list[dict], leaves: list[
             "runs": len(runs), "seeds": sorted(rec["seed"] for rec in runs),
             "mean": fmean(scores), "std": stdev(scores) if len(scores) > 1 and all(map(math.isfinite, scores)) else 0.0,
             "params": runs[0]["params"], "failed": sum(rec["status"] != "ok" for rec in runs),
-            "metric": f"val/{runs[0]['primary_metric']}"}
+            "metric": f"val/{runs[0]['primary_metric']}", "mode": mode}
 
 
 def select(*roots: str | Path, by: tuple[str, ...] = ()) -> list[dict]:
@@ -101,11 +101,35 @@ def chosen(ranked: list[dict]) -> dict[tuple, dict]:
     return found
 
 
+def main_effects(ranked: list[dict]) -> dict[tuple, dict[str, dict[str, float]]]:
+    """Per group, each setting's main effect over its candidates: the mean score at each of its values
+    (over every candidate with that value; a full grid makes this the factorial main effect)."""
+    effects: dict[tuple, dict[str, dict[str, list[float]]]] = {}
+    for row in ranked:
+        for key, value in row["settings"].items():
+            effects.setdefault(row["group"], {}).setdefault(key, {}).setdefault(str(value), []).append(row["mean"])
+    return {group: {key: {value: fmean(means) for value, means in values.items()} for key, values in keys.items()}
+            for group, keys in effects.items()}
+
+
 def overrides(settings: dict) -> list[str]:
     """A candidate's settings as ``key=value`` overrides (what a preset or a sweep file takes)."""
     def text(value):
         return "[" + ",".join(map(str, value)) + "]" if isinstance(value, tuple) else "null" if value is None else value
     return [f"{key}={text(value)}" for key, value in settings.items() if key != "attention.variant"]
+
+
+def effects_table(ranked: list[dict]) -> list[str]:
+    """Markdown: per group, each setting's main effect (``main_effects``), its values best first."""
+    lines = []
+    for group, keys in main_effects(ranked).items():
+        mode = next(row["mode"] for row in ranked if row["group"] == group)
+        lines += ["", f"**{' / '.join(map(str, group))}**: mean score at each value of a setting, over the candidates",
+                  "", "| setting | values (mean score) |", "|---|---|"]
+        for key, values in keys.items():
+            order = sorted(values.items(), key=lambda item: item[1], reverse=mode == "max")
+            lines.append(f"| {key} | " + " · ".join(f"{value} {mean:.4f}" for value, mean in order) + " |")
+    return lines
 
 
 def selection_table(ranked: list[dict]) -> list[str]:
