@@ -170,3 +170,49 @@ def test_the_report_counts_successes_with_wilson_intervals_and_draws_its_figures
     assert "| standard | 33.3% [" in text and "≡ standard (not run)" in text
     figures = ("success_heatmaps.png", "success_rates.png", "key_norms.png")
     assert all((tmp_path / "report" / f).exists() for f in figures)
+
+
+@pytest.mark.parametrize("variant", ["standard", "quest", "qnorm", "qknorm", "qknorm_ds"])
+def test_the_faithful_model_reads_labels_only_through_where_attention_goes(variant):
+    """q and k come from x^k alone (no bias), the values are the one-hot labels, the prediction is the tokens'
+    mean attention output: a distribution over labels, so its exponent sums to 1. With the answer's key far
+    out and q = k along it, standard attention (whose logit grows with both norms) reads the answer."""
+    cfg, (datamodule, task) = build("model.form=faithful", f"attention={variant}")
+    net = task.net
+    assert not any("bias" in name for name, _ in net.named_parameters())
+    assert net.q_proj.in_features == cfg.data.key_dim == net.k_proj.in_features
+    datamodule.setup("fit")
+    x, labels, _, answer = next(iter(datamodule.train_dataloader()))
+    scores = net(x)
+    assert scores.shape == (len(x), cfg.data.num_classes)
+    assert torch.allclose(scores.exp().sum(1), torch.ones(len(x)), atol=1e-4)
+    # the labels reach the output only through the values: permuting the one-hot part permutes the scores
+    perm = torch.randperm(cfg.data.num_classes, generator=torch.Generator().manual_seed(0))
+    moved = torch.cat([x[..., :cfg.data.key_dim], x[..., cfg.data.key_dim:][..., perm]], dim=-1)
+    assert torch.allclose(net(moved), scores[:, perm], atol=1e-5)
+    keys = net.keys(x)
+    assert torch.allclose(keys, x[..., :cfg.data.key_dim] @ net.k_proj.weight.T)
+
+
+def test_faithful_ablations_project_the_whole_token_or_add_biases_and_reject_unknown_inputs():
+    _, (_, task) = build("model.form=faithful", "model.qk_input=token", "model.qk_bias=true")
+    assert task.net.q_proj.in_features == 8 + 8 and task.net.k_proj.bias is not None
+    with pytest.raises(ValueError, match="unknown model.qk_input 'values'"):
+        build("model.form=faithful", "model.qk_input=values")
+    with pytest.raises(ValueError, match="unknown model.form 'paper'"):
+        build("model.form=paper")
+
+
+def test_standard_attention_finds_a_far_out_answer_in_the_faithful_model():
+    """A hand-set model: q = k = x^k. The answer's key is 10x the others', so its self-logit ‖k‖²/√d wins
+    every row under standard attention, and every token's output is the answer's label."""
+    _, (_, task) = build("model.form=faithful", "attention=standard")
+    net = task.net
+    with torch.no_grad():
+        net.q_proj.weight.copy_(torch.eye(8))
+        net.k_proj.weight.copy_(torch.eye(8))
+    x = torch.zeros(1, 8, 16)
+    x[0, :, :8] = 0.3 * torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+    x[0, 3, :8] = torch.full((8,), 3.0)
+    x[0, torch.arange(8), 8 + torch.arange(8)] = 1.0  # token i carries label i
+    assert net(x).argmax(1).item() == 3

@@ -38,9 +38,12 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchmetrics.classification import MulticlassAccuracy
 
-from common.attention import MultiheadAttention
+from common import probes
+from common.attention import MultiheadAttention, attend_folded, make_fold
 from common.task import Optim, Task
 
+FORMS = ("full_token", "faithful")  # RetrievalNet (the design RESULTS.md's study ran) | FaithfulRetrievalNet (the paper's)
+QK_INPUTS = ("key", "token")  # what the faithful model's q and k are projected from: x^k, or the whole token
 # variant -> the variant it computes in this one-layer model (the per-head gain only with one head)
 EQUIVALENT = {"elliptical": "standard", "elliptical_quest": "quest", "qknorm_hs": "qknorm"}
 
@@ -78,6 +81,47 @@ class RetrievalNet(nn.Module):
         with sdpa_kernel(SDPBackend.MATH):
             out, _ = self.attn(x)
         return self.readout(out).mean(1)
+
+
+class FaithfulRetrievalNet(nn.Module):
+    """The task as the paper describes it: queries and keys are linear maps of the real-valued part x^k of each
+    token (``qk_input="key"``; ``"token"``: of the whole token [x^k ; x^v], an ablation), without biases unless
+    ``qk_bias``; the values are the one-hot parts x^v themselves. Each token's attention output is then a
+    distribution over the labels, and the prediction is their mean over the tokens (its log as the class
+    scores): no readout weights, so all the model learns is where attention goes, and an answer is read
+    only if the tokens' attention finds it. What the paper leaves open and is chosen here: values as the
+    identity map of x^v (a learned map would let the readout re-weight labels, which the task does not
+    need), the mean over tokens as the readout (every token's query asks; none is singled out), one head,
+    q and k of ``qk_dim`` channels. The variant's fold and SDPA are the shared core's (``common.attention``).
+    """
+
+    def __init__(self, key_dim: int, num_classes: int, *, seq_len: int, qk_dim: int, qk_input: str, qk_bias: bool,
+                 attention):
+        super().__init__()
+        if qk_input not in QK_INPUTS:
+            raise ValueError(f"unknown model.qk_input {qk_input!r}; choose from {', '.join(QK_INPUTS)}")
+        self.key_dim, self.qk_input = key_dim, qk_input
+        width = key_dim if qk_input == "key" else key_dim + num_classes
+        self.q_proj, self.k_proj = nn.Linear(width, qk_dim, bias=qk_bias), nn.Linear(width, qk_dim, bias=qk_bias)
+        settings = {k: v for k, v in attention.items() if k in ("qk_gain_init",)}
+        self.qk = make_fold(attention["variant"], 1, qk_dim, seq_len=seq_len, l2norm_kernel="formula", **settings)
+        self.probe = probes.Probe()  # ``attention_probes`` finds it: max logit, q/k norms, entropy
+
+    def _qk_input(self, x: Tensor) -> Tensor:
+        return x[..., :self.key_dim] if self.qk_input == "key" else x
+
+    def keys(self, x: Tensor) -> Tensor:
+        """The attention keys [B, N, qk_dim] before any normalisation (what the shortcut inflates)."""
+        return self.k_proj(self._qk_input(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        source = self._qk_input(x)
+        q, k = (proj(source)[:, None] for proj in (self.q_proj, self.k_proj))  # [B, 1 head, N, qk_dim]
+        values = x[:, None, :, self.key_dim:]  # the one-hot labels
+        qf, kf, scale = self.qk(q, k)
+        with sdpa_kernel(SDPBackend.MATH):  # see RetrievalNet.forward
+            out = attend_folded(qf, kf, values, scale, probe=self.probe, raw_qk=(q, k))
+        return out[:, 0].mean(1).clamp_min(1e-6).log()
 
 
 class SubsetAccuracy(MulticlassAccuracy):
