@@ -2,6 +2,8 @@
 biased/unbiased accuracies and success, the answer-key-norm statistics (also under vmap), the variants
 this one-layer model makes equivalent, the query norm that QUEST keeps and QKNorm drops, and the report."""
 import math
+import tempfile
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -10,7 +12,7 @@ import torch
 from common.records import write_record
 from common.registry import build_config, get_domain
 from domains.retrieval import report
-from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval
+from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval, shortcut_oracles
 from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
 from runners.config import compose, run_directory
 from runners.runs.record import new_record
@@ -216,3 +218,13 @@ def test_standard_attention_finds_a_far_out_answer_in_the_faithful_model():
     x[0, 3, :8] = torch.full((8,), 3.0)
     x[0, torch.arange(8), 8 + torch.arange(8)] = 1.0  # token i carries label i
     assert net(x).argmax(1).item() == 3
+
+
+def test_the_shortcut_oracles_conflict_for_a_weak_bias_and_agree_for_a_strong_one():
+    data = {**SPEC, "bias_seed": 7}
+    weak, strong = (shortcut_oracles(data, norm, n=4000) for norm in (1.0, 8.0))
+    assert weak["nearest_b_acc"] > 0.95 and strong["nearest_b_acc"] > 0.95  # the shortcut always finds a biased answer
+    assert weak["largest_norm_acc"] < 0.05 and weak["disagree"] > 0.95  # a weak b: the norm rule misses it
+    assert strong["largest_norm_acc"] > 0.95 and strong["disagree"] < 0.05  # a strong b: the two rules agree
+    text = report.shortcut(Path(tempfile.mkdtemp()))
+    assert "Chosen: data.bias_norm = 3.5." in text and "| 4 | 0.75" in text

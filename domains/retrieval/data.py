@@ -80,3 +80,19 @@ class RetrievalDataModule(SplitDataModule):
         order = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/train-order".encode()))
         train = self.datasets["train"]
         return DataLoader(train, batch_size=self.batch_size, sampler=RandomSampler(train, generator=order))
+
+
+def shortcut_oracles(data: dict, bias_norm: float, n: int = 20000, seed: int = 0) -> dict[str, float]:
+    """How strongly a shortcut of norm ``bias_norm`` conflicts with the robust rule, on ``n`` biased samples
+    drawn as the task draws them: the accuracy of the "largest-norm token" oracle (the robust rule: the answer
+    is the token whose key is out of distribution), of the "nearest-to-b" oracle (the shortcut: the token
+    whose key is nearest b), and the share of samples on which they pick different tokens. Where they
+    mostly agree, taking the shortcut costs nothing the norm rule would not also give."""
+    spec = {key: data[key] for key in ("num_tokens", "key_dim", "num_classes", "answer_std", "bias_std")}
+    bias = bias_vector(data["key_dim"], bias_norm, data["bias_seed"])
+    x, _, _, answer = make_retrieval(n, p_bias=1.0, bias=bias, generator=torch.Generator().manual_seed(seed), **spec)
+    keys = x[..., :data["key_dim"]]
+    largest, nearest = keys.norm(dim=-1).argmax(1), (keys - bias).norm(dim=-1).argmin(1)
+    return {"bias_norm": bias_norm, "largest_norm_acc": (largest == answer).float().mean().item(),
+            "nearest_b_acc": (nearest == answer).float().mean().item(),
+            "disagree": (largest != nearest).float().mean().item()}

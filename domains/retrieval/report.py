@@ -13,6 +13,9 @@ such rather than run.
 ``python -m domains.retrieval.report design runs/retrieval_design`` applies the design rule of
 ``configs/sweep/retrieval_design.yaml``: for each candidate width, the success rate of standard attention
 without the shortcut, and the smallest candidate reaching ``RULE_RATE``.
+
+``python -m domains.retrieval.report shortcut`` applies the rule for the shortcut's strength (``SHORTCUT_RULE``),
+which reads no run: for each candidate ‖b‖, how often the robust rule's oracle and the shortcut's disagree.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from common.records import RecordError, find_records, read_record  # noqa: E402
+from domains.retrieval.data import shortcut_oracles  # noqa: E402
 from domains.retrieval.model import EQUIVALENT  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "domain" / "retrieval.yaml"
@@ -37,6 +41,10 @@ RULE_RATE = 0.9  # the design rule: standard attention succeeds in at least this
 # The paper's success rates over its learning-rate x weight-decay range (its QKNorm: about 0).
 PAPER = {"standard": 0.25, "qnorm": 0.49, "qknorm": 0.0, "quest": 0.58}
 NORMS = ("probe/answer_key_norm_biased", "probe/answer_key_norm_unbiased")
+# The shortcut-strength rule (``shortcut``): candidate norms of b, and the share of biased samples on which the
+# robust rule's oracle and the shortcut's must disagree.
+SHORTCUT_NORMS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
+SHORTCUT_RULE = 0.5
 
 
 def load(root: str | Path) -> pd.DataFrame:
@@ -226,16 +234,44 @@ def design(root: Path, out: Path) -> str:
     return text
 
 
+def shortcut(out: Path) -> str:
+    """The rule for the shortcut's strength (``SHORTCUT_RULE``) applied to the task as configured: for each
+    candidate ‖b‖, the two oracles of ``shortcut_oracles`` on biased samples, and the norm chosen."""
+    data = dict(OmegaConf.to_container(OmegaConf.load(CONFIG).data))
+    table = [shortcut_oracles(data, norm) for norm in SHORTCUT_NORMS]
+    conflicting = [row["bias_norm"] for row in table if row["disagree"] >= SHORTCUT_RULE]
+    chosen = max(conflicting) if conflicting else None
+    lines = ["# Mechanism study: the shortcut's strength", "",
+             f"Rule, fixed before any variant is compared: the largest ‖b‖ among {', '.join(map(str, SHORTCUT_NORMS))} "
+             f"at which the largest-norm-token oracle and the nearest-to-b oracle pick different tokens on at least "
+             f"{SHORTCUT_RULE:.0%} of biased samples (the strongest shortcut that still conflicts with the robust rule "
+             f"on most of them). {data['num_tokens']} tokens, {data['key_dim']} key dimensions, answer std "
+             f"{data['answer_std']}, bias std {data['bias_std']}; 20,000 biased samples per row.", "",
+             "| ‖b‖ | largest-norm oracle acc | nearest-to-b oracle acc | oracles disagree |", "|---|---|---|---|"]
+    lines += [f"| {row['bias_norm']:g} | {row['largest_norm_acc']:.3f} | {row['nearest_b_acc']:.3f} | "
+              f"{row['disagree']:.3f} |" for row in table]
+    lines += ["", f"Chosen: data.bias_norm = {chosen:g}." if chosen is not None else "No candidate passes.", ""]
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "shortcut.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = OmegaConf.load(CONFIG).optim
     parser = argparse.ArgumentParser(prog="python -m domains.retrieval.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("study", "design"))
-    parser.add_argument("runs", type=Path, help="the sweep's output directory")
+    parser.add_argument("what", choices=("study", "design", "shortcut"))
+    parser.add_argument("runs", type=Path, nargs="?", help="the sweep's output directory (study, design)")
     parser.add_argument("-o", "--output", type=Path, help="where the report goes (default <runs>/report)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="the cell of the key-norm curves")
     parser.add_argument("--wd", type=float, default=defaults.weight_decay, help="the cell of the key-norm curves")
     args = parser.parse_args(argv)
+    if args.what == "shortcut":
+        print(shortcut(args.output or Path("runs/retrieval_shortcut")))
+        return 0
+    if args.runs is None:
+        parser.error(f"{args.what} needs the sweep's output directory")
     out = args.output or args.runs / "report"
     print(study(args.runs, out, args.lr, args.wd) if args.what == "study" else design(args.runs, out))
     return 0
