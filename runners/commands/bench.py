@@ -84,35 +84,31 @@ def main(argv: list[str]) -> int:
 
 
 def model_bench(args) -> int:
-    """``--model``: per model, every variant's bare training step over standard's, and the loop overhead."""
-    from runners.runs.stepbench import measure  # Lightning and the domains: only for --model
+    """``--model``: per model, every variant's bare training step over standard's, and the loop overhead;
+    ``--fixed-cost``: where one whole run's time goes."""
+    from runners.runs.stepbench import fixed_cost, measure  # Lightning and the domains: only here
 
     if args.fixed_cost:
-        return fixed_cost_bench(args)
-    results = [measure(model, list(VARIANTS), args.steps, args.repeats) for model in args.model]
-    print(f"training step on cpu (threads: the run's), median of {args.repeats} rounds of {args.steps} steps: each "
-          "variant's bare step over standard's; loop: quest train's Lightning loop over the bare loop (standard)")
-    print(f"{'model':36s}{'standard ms':>12s}" + "".join(f"{v:>17s}" for v in VARIANTS) + f"{'loop':>8s}")
-    for result in results:
-        print(f"{' '.join(result['config']):36s}{result['bare_ms']['standard']:12.2f}"
-              + "".join(f"{result['ratio'][v]:17.3f}" for v in VARIANTS) + f"{result['loop_overhead']:8.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
-
-
-def fixed_cost_bench(args) -> int:
-    from runners.runs.stepbench import fixed_cost
-
-    results = [fixed_cost(run) for run in args.fixed_cost]
-    names = list(results[0]["parts_s"])
-    print("one quest train run from a fresh process: seconds per part, and the fixed share (all but the fit's "
-          "training and validation)")
-    print(f"{'run':36s}{'wall s':>8s}" + "".join(f"{n:>24s}" for n in names) + f"{'fixed':>8s}")
-    for result in results:
-        print(f"{' '.join(result['config']):36s}{result['wall_s']:8.1f}"
-              + "".join(f"{result['parts_s'][n]:24.2f}" for n in names) + f"{result['fixed_share']:8.1%}")
+        results = [fixed_cost(run) for run in args.fixed_cost]
+        parts = list(results[0]["parts_s"])
+        heading = ("one quest train run from a fresh process: seconds per part, and the fixed share (all but the "
+                   "fit's training and validation)")
+        columns = ["wall s", *parts, "fixed"]
+        rows = [[f"{r['wall_s']:.1f}", *(f"{r['parts_s'][p]:.2f}" for p in parts), f"{r['fixed_share']:.1%}"]
+                for r in results]
+    else:
+        results = [measure(model, list(VARIANTS), args.steps, args.repeats) for model in args.model]
+        heading = (f"training step on cpu (threads: the run's), median of {args.repeats} rounds of {args.steps} "
+                   "steps: each variant's bare step over standard's; loop: quest train's Lightning loop over the "
+                   "bare loop (standard)")
+        columns = ["standard ms", *VARIANTS, "loop"]
+        rows = [[f"{r['bare_ms']['standard']:.2f}", *(f"{r['ratio'][v]:.3f}" for v in VARIANTS),
+                 f"{r['loop_overhead']:.3f}"] for r in results]
+    print(heading)
+    width = max(len(c) for c in columns) + 2
+    print(f"{'run':36s}" + "".join(f"{c:>{width}s}" for c in columns))
+    for result, row in zip(results, rows):
+        print(f"{' '.join(result['config']):36s}" + "".join(f"{cell:>{width}s}" for cell in row))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
