@@ -139,10 +139,10 @@ def test_each_token_brings_its_own_query_norm_under_quest_but_not_under_qknorm()
         assert torch.allclose(rows[0], rows[1], atol=1e-5) != changes, variant
 
 
-def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: str = "ok") -> None:
+def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: str = "ok", extra=()) -> None:
     """A run directory as a finished retrieval run leaves it: record and metrics.csv with key norms."""
     cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
-                   f"output_dir={root}"])
+                   f"output_dir={root}", *extra])
     record = new_record(cfg, get_domain("retrieval"), None)
     record["status"] = status
     if status == "ok":
@@ -228,3 +228,14 @@ def test_the_shortcut_oracles_conflict_for_a_weak_bias_and_agree_for_a_strong_on
     assert strong["largest_norm_acc"] > 0.95 and strong["disagree"] < 0.05  # a strong b: the two rules agree
     text = report.shortcut(Path(tempfile.mkdtemp()))
     assert "Chosen: data.bias_norm = 3.5." in text and "| 4 | 0.75" in text
+
+
+def test_the_ablation_report_gives_each_variant_a_row_per_factor_cell(tmp_path):
+    faithful = ["model.form=faithful"]
+    for seed in range(2):
+        fake_run(tmp_path, "qknorm", seed, 1e-2, success=seed == 0, extra=[*faithful, "model.qk_bias=true"])
+        fake_run(tmp_path, "qknorm", seed, 1e-2, success=False, extra=faithful)
+    text = report.ablations(tmp_path, tmp_path / "report")
+    assert "| qknorm | q, k from x^k, no bias | 0.0% [" in text and "| 0/2 |" in text
+    assert "| qknorm | q, k from x^k, with bias | 50.0% [" in text
+    assert (tmp_path / "report" / "ablations.md").exists()
