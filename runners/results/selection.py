@@ -52,19 +52,17 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
         groups.setdefault(key, []).append(index)
     ranked = []
     for group, members in groups.items():
+        fixed = {"attention.variant"} if "variant" in by else set()  # chosen for each variant apart
         varying = sorted({k for i in members for k in leaves[i]
-                          if len({repr(leaves[j].get(k)) for j in members}) > 1 and k not in by and k != "attention.variant"})
-        if "attention.variant" not in by and len({records[i]["variant"] for i in members}) > 1:
-            varying = ["attention.variant", *varying]
+                          if k not in fixed and len({repr(leaves[j].get(k)) for j in members}) > 1})
         pool: dict[tuple, list[int]] = {}
         for i in members:
             pool.setdefault(tuple(repr(leaves[i].get(k)) for k in varying), []).append(i)
         mode = records[members[0]]["mode"]
         rows = [_candidate(group, varying, [records[i] for i in runs], [leaves[i] for i in runs], mode)
                 for runs in pool.values()]
-        order = {id(row): n for n, row in enumerate(rows)}
         sign = -1 if mode == "max" else 1
-        rows.sort(key=lambda row: (_bucket(sign * row["mean"]), row["params"], order[id(row)]))
+        rows.sort(key=lambda row: (_bucket(sign * row["mean"]), row["params"]))  # stable: then the runs' order
         ranked += rows
     return ranked
 

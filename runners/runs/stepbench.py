@@ -110,8 +110,9 @@ def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path
     """One fit of the run's Lightning trainer over ``skip`` + ``len(batches)`` steps (the first ``skip`` untimed),
     validation off; returns the job and the list each fit appends its timed seconds to."""
     timed: list[float] = []
-    loader = DataLoader(batches, batch_size=None, shuffle=False)
     steps = skip + len(batches)
+    # the untimed first steps reuse the timed batches, so every fit sees the same ones
+    loader = DataLoader([batches[i % len(batches)] for i in range(steps)], batch_size=None, shuffle=False)
 
     def run() -> None:
         clock = _Clock(skip)
@@ -121,16 +122,10 @@ def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path
         trainer.callbacks.append(clock)
         with warnings.catch_warnings():  # no validation and a reused folder, on purpose
             warnings.filterwarnings("ignore", message=".*(val_dataloader|exists and is not empty).*")
-            trainer.fit(task, train_dataloaders=_cycle(loader, steps))
+            trainer.fit(task, train_dataloaders=loader)
         timed.append(clock.seconds)
 
     return run, timed
-
-
-def _cycle(loader: DataLoader, steps: int) -> DataLoader:
-    """``loader``'s batches repeated to ``steps`` batches: the fit's warm-up steps reuse the timed ones."""
-    batches = list(loader)
-    return DataLoader([batches[i % len(batches)] for i in range(steps)], batch_size=None, shuffle=False)
 
 
 def measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str = "standard") -> dict:
