@@ -27,6 +27,7 @@ class ProbeCallback(pl.Callback):
         self.max_logit_bound = max_logit_bound
         self.latest: dict[str, float] = {}
         self.trajectory: dict = {"step": [], "layers": {}}  # layers: {name: {stat: [value per step]}}
+        self._step = 0
 
     def _switch(self, pl_module: pl.LightningModule, on: bool) -> dict[str, Probe]:
         found = attention_probes(pl_module)
@@ -39,6 +40,7 @@ class ProbeCallback(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.every_n_steps > 0 and trainer.global_step % self.every_n_steps == 0:
             self._switch(pl_module, True)
+            self._step = int(trainer.global_step)  # the weights probed: those before this step's update
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         found = attention_probes(pl_module)
@@ -49,7 +51,7 @@ class ProbeCallback(pl.Callback):
         if not per_layer:
             return
         self.latest = summarize(per_layer)
-        self.trajectory["step"].append(int(trainer.global_step))
+        self.trajectory["step"].append(self._step)
         for name, stats in per_layer.items():
             layer = self.trajectory["layers"].setdefault(name, {})
             for stat, value in stats.items():
@@ -59,7 +61,7 @@ class ProbeCallback(pl.Callback):
         metrics.update({f"probe/{stat}": v for stat, v in self.latest.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.log_metrics(metrics, step=self._step)
         reason = logit_breach(self.latest["max_logit"], self.max_logit_bound)
         if reason is not None and hasattr(pl_module, "mark_diverged"):
             pl_module.mark_diverged(reason)

@@ -1,5 +1,8 @@
 """Stability probes: per attention layer, the max logit, mean/max query norm, mean/max key norm (before
-normalisation) and mean attention entropy — the quantities the QUEST argument rests on.
+normalisation) and mean attention entropy — the quantities the QUEST argument rests on — and the layer's
+sharpness: each query's logit spread (the standard deviation of its logits over the keys it may see) and its
+entropy over the uniform one's (``entropy_ratio``: 1 attends evenly, 0 to one key), both averaged over queries.
+At step 0 these two say how sharp a variant starts, which the variants' parametrisations make very different.
 
 Logits are formed explicitly only while a probe is enabled, on the first few samples of a batch.
 This module needs torch only; ``common.callbacks.ProbeCallback`` switches the probes of a Lightning
@@ -10,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-STATS = ("max_logit", "q_norm_mean", "q_norm_max", "k_norm_mean", "k_norm_max", "entropy")
+STATS = ("max_logit", "q_norm_mean", "q_norm_max", "k_norm_mean", "k_norm_max", "entropy", "logit_std",
+         "entropy_ratio")
 
 
 def explicit_attention(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -21,6 +25,14 @@ def explicit_attention(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) 
     if mask is not None:
         scores = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     return logits, scores.softmax(-1)
+
+
+def _sharpness(entropy: Tensor, count: Tensor, mean: Tensor, mean_square: Tensor) -> dict[str, Tensor]:
+    """Per-query logit spread and entropy ratio, averaged over the queries that see two keys or more (one key
+    has no spread and a log-count of 0). ``mean``/``mean_square``: each query's mean logit and squared logit."""
+    rows = count >= 2
+    spread = (mean_square - mean.square()).clamp_min(0).sqrt()
+    return {"logit_std": spread[rows].mean(), "entropy_ratio": (entropy[rows] / count[rows].log()).mean()}
 
 
 def _masked_mean_max(x: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,11 +75,15 @@ class Probe:
         entropy = -(attn * attn.clamp_min(1e-30).log()).sum(-1)
         q_mean, q_max = _masked_mean_max(q_norm, query_ok[:, None, :])
         k_mean, k_max = _masked_mean_max(k_norm, key_ok[:, None, :])
+        seen = logits.masked_fill(~entry_ok, 0.0)
+        count = entry_ok.sum(-1).float()
+        row_mean, row_square = seen.sum(-1) / count.clamp_min(1), seen.square().sum(-1) / count.clamp_min(1)
         self.stats = {
             "max_logit": logits.masked_fill(~entry_ok, float("-inf")).amax(),
             "q_norm_mean": q_mean, "q_norm_max": q_max,
             "k_norm_mean": k_mean, "k_norm_max": k_max,
             "entropy": entropy[row_ok].mean(),
+            **_sharpness(entropy, count.masked_fill(~row_ok, 0), row_mean, row_square),
         }
 
     @torch.no_grad()
@@ -78,11 +94,16 @@ class Probe:
         entropy = -scatter(alpha * alpha.clamp_min(1e-30).log(), dst, dim=0, dim_size=num_nodes, reduce="sum")
         has_edges = torch.bincount(dst, minlength=num_nodes) > 0
         q_norm, k_norm = q.float().norm(dim=-1), k.float().norm(dim=-1)
+        logits = logits.float()
+        count = torch.bincount(dst, minlength=num_nodes).float()[:, None].expand_as(entropy)
+        row_mean = scatter(logits, dst, dim=0, dim_size=num_nodes, reduce="mean")
+        row_square = scatter(logits.square(), dst, dim=0, dim_size=num_nodes, reduce="mean")
         self.stats = {
-            "max_logit": logits.float().max(),
+            "max_logit": logits.max(),
             "q_norm_mean": q_norm.mean(), "q_norm_max": q_norm.max(),
             "k_norm_mean": k_norm.mean(), "k_norm_max": k_norm.max(),
             "entropy": entropy[has_edges].mean(),
+            **_sharpness(entropy, count, row_mean, row_square),
         }
 
 
@@ -92,9 +113,12 @@ def attention_probes(model: torch.nn.Module) -> dict[str, Probe]:
 
 
 def summarize(per_layer: dict[str, dict[str, Tensor]]) -> dict[str, float]:
-    """Across layers: the max of maxima, the mean of means and entropies."""
+    """Across layers: the max of maxima, the mean of means, entropies and spreads."""
     out = {}
     for stat in STATS:
-        values = torch.stack([s[stat] for s in per_layer.values() if stat in s])
+        found = [s[stat] for s in per_layer.values() if stat in s]
+        if not found:
+            continue
+        values = torch.stack(found)
         out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
     return out

@@ -178,8 +178,10 @@ def test_tables_counts_paired_test_and_ranks(tmp_path):
     again = tables.domain_table(results_runs.load_runs(tmp_path).query("domain == 'a'"))
     assert again.loc["standard", "stopped"] == 1 and again.loc["standard", "runs"] == 3
     p = ttest_rel(values["quest"], values["standard"]).pvalue
-    half = t * np.std([-0.5, -1.0, -1.0], ddof=1) / 3 ** 0.5
-    assert table.loc["quest", "Δmse vs standard ± 95% (p, Holm)"] == f"{-0.8333:+.3g} ± {half:.2g} (p={p:.2g}, Holm {p:.2g}, n=3)"
+    sd = np.std([-0.5, -1.0, -1.0], ddof=1)
+    half, mde = t * sd / 3 ** 0.5, (t + t_dist.ppf(0.8, 2)) * sd / 3 ** 0.5  # 80% power, α = 0.05
+    assert table.loc["quest", "Δmse vs standard ± 95% (p, Holm, n, MDE)"] == (
+        f"{-0.8333:+.3g} ± {half:.2g} (p={p:.2g}, Holm {p:.2g}, n=3, MDE {mde:.2g})")
     summary = tables.summary_table(runs)
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["quest", "rank b/d (study)"] == "2"
     assert summary.loc["quest", "mean rank"] == "1.50"
@@ -201,7 +203,7 @@ def test_equivalent_variants_are_marked_not_ranked_and_verdicts_counted(tmp_path
     write_runs(tmp_path, [(v, seed, {"mse": float(x)}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
     loaded = results_runs.load_runs(tmp_path)
     table = tables.domain_table(loaded)
-    assert table.loc["elliptical", "Δmse vs standard ± 95% (p, Holm)"] == "≡ standard"
+    assert table.loc["elliptical", "Δmse vs standard ± 95% (p, Holm, n, MDE)"] == "≡ standard"
     summary = tables.summary_table(loaded)
     assert summary.loc["elliptical", "rank a/d (study)"] == "≡ standard"
     assert summary.loc["quest", "rank a/d (study)"] == "1" and summary.loc["standard", "rank a/d (study)"] != "≡ standard"
@@ -246,7 +248,7 @@ def test_a_table_that_does_not_beat_its_trivial_baseline_is_not_ranked(tmp_path)
     """Domain a's standard closes 80% of the gap between its constant predictor (acc 0.5) and 1; domain b's
     closes 2%: b is said not to learn and stays out of the ranks and verdict counts."""
     for domain, accs in (("a", (0.9, 0.91)), ("b", (0.51, 0.52))):
-        write_runs(tmp_path, [(v, seed, {"acc": acc + 0.001 * seed, "acc_baseline": 0.5},
+        write_runs(tmp_path, [(v, seed, {"acc": acc + 0.001 * seed * (1 + (v == "quest")), "acc_baseline": 0.5},
                                {"domain": domain, "primary_metric": "acc", "mode": "max"})
                               for v, acc in zip(("standard", "quest"), accs) for seed in range(3)])
     runs = results_runs.load_runs(tmp_path)
@@ -266,7 +268,7 @@ def test_an_ablation_is_reported_beside_standard_but_never_ranked_or_bolded(tmp_
     loaded = results_runs.load_runs(tmp_path)
     table = tables.domain_table(loaded)
     assert not table.loc["uniform", "acc ↑"].startswith("**") and table.loc["quest", "acc ↑"].startswith("**")
-    assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm)"].startswith("+0.0767")
+    assert table.loc["uniform", "Δacc vs standard ± 95% (p, Holm, n, MDE)"].startswith("+0.0767")
     assert "uniform" not in tables.summary_table(loaded).index
     assert "uniform" not in stats.verdicts(loaded) and "uniform" not in tables.verdict_table(loaded).index
     (line,) = tables.ablation_lines(loaded)
@@ -316,3 +318,44 @@ def test_each_task_says_which_way_its_test_metrics_go(domain):
                 "vision": {"acc": "max", "macc": "max", "acc_baseline": "max"}}[domain]
     assert expected.items() <= task.directions().items()
     assert all(name in task.directions() and said for name, said in task.baselines().items())
+
+
+def test_power_and_untestable_differences():
+    """The minimum detectable effect is the paired t-test's at 80% power; a difference equal on every seed is
+    untestable (it used to read as p = 0, 'better' on two seeds); all zero is no difference."""
+    from runners.results.stats import detectable, paired_p
+
+    assert detectable(1.0, 5) == pytest.approx((t_dist.ppf(0.975, 4) + t_dist.ppf(0.8, 4)) / 5 ** 0.5)
+    assert math.isnan(detectable(1.0, 1))
+    assert math.isnan(paired_p(pd.Series([0.02, 0.02]))) and paired_p(pd.Series([0.0, 0.0])) == 1.0
+    assert paired_p(pd.Series([0.1, 0.3, 0.2])) == pytest.approx(ttest_rel([0.1, 0.3, 0.2], [0, 0, 0]).pvalue)
+
+
+def test_a_table_where_removing_attention_is_undetectable_is_not_ranked(tmp_path):
+    """Domain a's uniform ablation costs 0.3 on every seed, give or take 0.01: attention matters; domain b's
+    moves mse by 0.001 against a seed spread of 0.1: its variants cannot be ranked, and drop out of the counts."""
+    jitter = [0.0, 0.1, -0.1, 0.05]
+    for domain, cost, noise in (("a", 0.3, 0.01), ("b", 0.001, 0.1)):
+        write_runs(tmp_path, [(v, seed, {"mse": 1.0 + {"standard": 0, "quest": -0.2, "uniform": cost}[v]
+                                         + noise * jitter[seed] * (v != "standard")}, {"domain": domain})
+                              for v in ("standard", "quest", "uniform") for seed in range(4)])
+    runs = results_runs.load_runs(tmp_path)
+    matters_a, sentence_a = stats.attention_matters(runs[runs["domain"] == "a"])
+    matters_b, sentence_b = stats.attention_matters(runs[runs["domain"] == "b"])
+    assert matters_a and "variants can be ranked here" in sentence_a
+    assert not matters_b and "cannot rank variants here" in sentence_b
+    assert not any("b/d" in column for column in tables.summary_table(runs).columns)
+    assert tables.verdict_table(runs).loc["quest"].tolist() == [1, 0, 0, 0]  # a only
+
+
+def test_the_verdict_table_corrects_over_every_test_it_counts(tmp_path):
+    """Three domains where quest beats standard at p ≈ 0.03 each: significant in each table alone, not once
+    Holm's correction runs over the three tests the verdict table counts (3 x 0.03 > 0.05)."""
+    for domain in "abc":
+        write_runs(tmp_path, [(v, seed, {"mse": 1.0 - (v == "quest") * (0.1 + 0.03 * [1, -1, 0.5][seed])},
+                               {"domain": domain}) for v in ("standard", "quest") for seed in range(3)])
+    runs = results_runs.load_runs(tmp_path)
+    p = ttest_rel([0.87, 0.93, 0.885], [1, 1, 1]).pvalue
+    assert 0.0167 < p < 0.05
+    assert all(stats.verdicts(runs[runs["domain"] == d])["quest"] == "better" for d in "abc")
+    assert tables.verdict_table(runs).loc["quest", "not different"] == 3

@@ -364,6 +364,27 @@ def test_probes_of_a_causal_stack_match_the_explicit_reference():
         stats = layer.attn.probe.stats
         torch.testing.assert_close(stats["max_logit"], logits[..., allowed].max())
         torch.testing.assert_close(stats["entropy"], entropy)
+        # sharpness: each query's spread over the keys it sees and its entropy over log(keys), the first query
+        # (one key) left out
+        rows = [(logits[:, :, i, : i + 1], attn[:, :, i, : i + 1]) for i in range(1, 6)]
+        spread = torch.cat([row.std(-1, unbiased=False).flatten() for row, _ in rows]).mean()
+        ratio = torch.cat([(-(p * p.log()).sum(-1) / math.log(p.shape[-1])).flatten() for _, p in rows]).mean()
+        torch.testing.assert_close(stats["logit_std"], spread)
+        torch.testing.assert_close(stats["entropy_ratio"], ratio)
+
+
+def test_graph_probes_measure_sharpness_per_target_node():
+    """Over edges: node 0 receives two edges with logits a and b (spread |a - b| / 2), node 1 one (no spread)."""
+    from common.probes import Probe
+
+    probe = Probe()
+    logits = torch.tensor([[1.0], [3.0], [5.0]])
+    dst = torch.tensor([0, 0, 1])
+    alpha = torch.tensor([[0.25], [0.75], [1.0]])
+    probe.record_edges(torch.ones(2, 1, 4), torch.ones(2, 1, 4), logits, alpha, dst, num_nodes=2)
+    assert probe.stats["logit_std"].item() == pytest.approx(1.0)
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert probe.stats["entropy_ratio"].item() == pytest.approx(entropy / math.log(2))
 
 
 def test_unknown_variant_is_a_clear_error():

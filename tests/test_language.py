@@ -201,3 +201,17 @@ def test_quest_generate_samples_from_the_best_checkpoint(trained_run, tmp_path, 
     for bad in (tmp_path / "missing", tmp_path):
         assert generate_cli([str(bad)]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_second_initialisation_is_pytorchs_own():
+    """model.init=torch: q/k/v as PyTorch's Xavier, linear layers as nn.Linear's; embeddings stay N(0, 0.02²)."""
+    torch.manual_seed(0)
+    nets = {init: GPT(32, context=12, dim=64, depth=2, heads=2, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
+                      tie_weights=True, attention={"variant": "quest"}, init=init) for init in ("gpt2", "torch")}
+    qkv = {init: net.encoder.layers[0].attn.in_proj_weight.std().item() for init, net in nets.items()}
+    assert qkv["gpt2"] == pytest.approx(0.02, rel=0.05)
+    assert qkv["torch"] == pytest.approx((2 / (64 + 3 * 64)) ** 0.5, rel=0.05)  # Xavier uniform's std
+    assert nets["torch"].token_embed.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    with pytest.raises(ValueError, match="unknown model.init 'xavier'"):
+        GPT(32, context=12, dim=16, depth=1, heads=2, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
+            tie_weights=True, attention={"variant": "quest"}, init="xavier")

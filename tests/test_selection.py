@@ -4,7 +4,7 @@ import json
 
 from common.records import write_record
 from runners.cli import main as cli
-from runners.results.selection import candidates, chosen, main_effects, overrides
+from runners.runs.selection import candidates, chosen, main_effects, overrides
 from tests.conftest import make_record
 
 

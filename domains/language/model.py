@@ -8,7 +8,9 @@ re-encodes the last ``context`` tokens at every step, exactly as nanoGPT's uncac
 Initialisation follows GPT-2 / nanoGPT: every linear, embedding and attention projection weight is
 N(0, 0.02²), biases zero, and the two projections that write into the residual stream (attention output,
 second MLP layer) N(0, (0.02/√(2·depth))²), so the 2·depth branches together add the same variance to
-the residual stream whatever the depth.
+the residual stream whatever the depth. ``init="torch"`` is the second initialisation the study checks its
+verdicts under: PyTorch's own defaults for every linear layer and the q/k/v projection (Xavier), embeddings kept
+at N(0, 0.02²), since a tied N(0, 1) embedding would start the output logits at a spread of √dim.
 The learnable scales of qknorm-style variants keep their own initial values. With QUEST there is no
 1/√d: on LayerNorm-ed inputs a query has norm ≈ 0.02·√(dim·head_dim) and a logit ‖q‖·cos has spread
 ≈ 0.02·√dim (0.55 at dim 768), against 0.02²·dim for standard attention's q·k/√d (0.31), so the
@@ -29,6 +31,7 @@ from common.metrics import UnigramCrossEntropy
 from common.task import Optim, Task
 
 INIT_STD = 0.02
+INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embeddings as GPT-2's)
 
 
 class GPT(nn.Module):
@@ -37,8 +40,10 @@ class GPT(nn.Module):
     (``attn_dropout``)."""
 
     def __init__(self, vocab_size: int, *, context: int, dim: int, depth: int, heads: int, mlp_ratio: float,
-                 dropout: float, attn_dropout: float, tie_weights: bool, attention: dict):
+                 dropout: float, attn_dropout: float, tie_weights: bool, attention: dict, init: str = "gpt2"):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"unknown model.init {init!r}; choose from {', '.join(INITS)}")
         self.context = context
         self.token_embed = nn.Embedding(vocab_size, dim)
         self.pos_embed = nn.Embedding(context, dim)
@@ -46,7 +51,11 @@ class GPT(nn.Module):
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
                                seq_len=context, **attention)
         self.head = nn.Linear(dim, vocab_size, bias=False)
-        self.init_weights(depth)
+        if init == "gpt2":
+            self.init_weights(depth)
+        else:
+            for embedding in (self.token_embed, self.pos_embed):
+                nn.init.normal_(embedding.weight, std=INIT_STD)
         if tie_weights:
             self.head.weight = self.token_embed.weight
 

@@ -4,7 +4,7 @@ runs chose on validation data.
 The runs' candidates (each combination of the settings that vary over them, seed excepted) ranked by their
 mean validation score, best first, per domain, dataset and preset, and per variant with ``--by variant``
 (each variant at its own best settings); then each setting's main effect (the mean score at each of its
-values, over the candidates). The rule is ``runners.results.selection``'s: mean of the records'
+values, over the candidates). The rule is ``runners.runs.selection``'s: mean of the records'
 ``best_val`` over seeds, a run that diverged or failed counting as the worst score, ties to the smaller model.
 Test metrics are not read.
 """
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from runners.results.selection import chosen, effects_table, overrides, select, selection_table
+from runners.runs.selection import chosen, effects_table, overrides, select, selection_table
 
 
 def main(argv: list[str]) -> int:

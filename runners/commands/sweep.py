@@ -28,6 +28,12 @@ or SIGTERM, it passes SIGTERM on to its workers, which record their runs as stop
 exits 130 or 143. ``--launcher slurm`` submits the runs left to do as one job array (``SweepJob``) and
 returns.
 
+The tuned protocol. A sweep file with a ``select:`` section (``runners.sweeps.tuning``) runs in stages: its
+selection runs (round by round, where a choice at a grid's edge extends the grid), then, once the choice is
+written to ``selection.json``, the confirmation: the sweep's own runs and each tuned variant at its choice. A
+launch goes on from wherever the last one stopped; on SLURM each launch submits the current stage and returns,
+and the next launch, after the array has finished, submits the next.
+
 Locking. A run is claimed with the lock of ``runners.runs.rundir`` (``quest train`` takes the same one), held
 for the whole run; the record is read after the lock is taken, so a run that another process finished and
 released in between is not run again. A filesystem that refuses locks is a one-line error (exit 2) rather
@@ -48,7 +54,7 @@ from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import prepare
 from runners.sweeps.progress import Progress
 from runners.sweeps.slurm import submit_slurm
-from runners.sweeps.spec import expand, load_sweep
+from runners.sweeps.spec import confirmation, expand, load_sweep, tuning
 from runners.sweeps.workers import report_to, run_all, run_workers
 
 
@@ -67,49 +73,82 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--aggregate", metavar="RESULTS_MD",
                         help="aggregate the sweep's runs into this file at the end")
     parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
+    parser.add_argument("--stage", choices=("select", "confirm"), help=argparse.SUPPRESS)  # the workers' stage
     return parser
 
 
-def run_local(args: argparse.Namespace, pending: int, progress: Progress) -> int:
+def run_local(args: argparse.Namespace, stage: str, pending: int, progress: Progress) -> int:
     """Make the runs left in ``--workers`` processes (no more than there are runs); prints the progress and
     the summary. Returns the exit status."""
     progress.workers = max(1, min(args.workers, pending))
     progress.show()
-    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, *(["--output-dir", args.output_dir] if
-                                                                      args.output_dir else [])]
+    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, f"--stage={stage}",
+           *(["--output-dir", args.output_dir] if args.output_dir else [])]
     code = run_workers(cmd + [f"--set={s}" for s in args.set], progress.workers, progress) if pending else 0
     progress.summary()
     return max(code, progress.code())
 
 
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    spec = load_sweep(args.sweep)
-    runs = expand(spec, args.output_dir, args.set)
-    robustness = bool(spec.get("robustness"))
-    if args.report_fd is not None:  # a worker of a launch
-        return report_to(args.report_fd, lambda report: run_all(runs, robustness, report))
-    if args.dry_run:
-        print("\n".join(" ".join(r) for r in runs))
-        return 0
+def stage_runs(spec: dict, args: argparse.Namespace, stage: str | None = None) -> tuple[str, list[list[str]]]:
+    """The stage to make (``stage``, else the one the records on disk say is next) and its runs."""
+    tuned = tuning(spec, args.output_dir, args.set)
+    if tuned is None:
+        return "confirm", expand(spec, args.output_dir, args.set)
+    selection = tuned.choose() if stage != "select" else None
+    if stage == "select" or selection is None:
+        return "select", tuned.selection_runs()
+    return "confirm", confirmation(spec, selection, args.output_dir, args.set)
+
+
+def launch(spec: dict, args: argparse.Namespace, argv: list[str], stage: str, runs: list[list[str]]) -> int:
+    """Make one stage's runs here or submit them to SLURM; returns the exit status."""
+    out = Path(args.output_dir or spec.get("output_dir", "runs"))
+    robust = {**spec, "robustness": bool(spec.get("robustness")) and stage == "confirm"}  # selection is not attacked
+    if len(runs) and stage == "select":
+        print(f"sweep: selection stage, {len(runs)} runs in {out / 'select'}")
     progress = Progress(runs)
     pending = prepare(runs, args.redo, progress)
     if args.launcher == "slurm":
-        submit_slurm(pending, spec, Path(args.output_dir or spec.get("output_dir", "runs")) / "slurm")
+        submit_slurm(pending, robust, out / "slurm")
         progress.problems()
         return progress.code()
     started, code = time.time(), None
     try:
         with Stopped.on_signals():  # `kill` stops a background launch as Ctrl-C does, logged
-            code = run_local(args, len(pending), progress)
+            code = run_local(args, stage, len(pending), progress)
     except (Stopped, KeyboardInterrupt) as stop:
         stopped = Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as "
                           "stopped, the finished ones kept; launch the sweep again to finish it")
         raise stopped from None
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
-        log_launch(Path(args.output_dir or spec.get("output_dir", "runs")), ["quest", "sweep", *argv], started,
+        log_launch(out / "select" if stage == "select" else out, ["quest", "sweep", *argv], started,
                    progress.workers, progress.ran(), finished=code is not None, runs=pending)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    spec = load_sweep(args.sweep)
+    if args.report_fd is not None:  # a worker of a launch
+        _, runs = stage_runs(spec, args, args.stage)
+        robustness = bool(spec.get("robustness")) and args.stage != "select"
+        return report_to(args.report_fd, lambda report: run_all(runs, robustness, report))
+    stage, runs = stage_runs(spec, args)
+    if args.dry_run:
+        print("\n".join(" ".join(r) for r in runs))
+        if stage == "select":
+            print("(the selection stage; the confirmation runs follow once every choice is made)")
+        return 0
+    code, before = 0, None
+    while True:
+        code = max(code, launch(spec, args, argv, stage, runs))
+        if stage == "confirm" or args.launcher == "slurm" or code == 2:
+            break
+        before, (stage, runs) = runs, stage_runs(spec, args)
+        if stage == "select" and runs == before:  # a run the choice needs left no record (see the failures above)
+            print("sweep: the selection is incomplete; the confirmation waits for it", file=sys.stderr)
+            return max(code, 1)
     if args.aggregate:
-        runs = write_results([args.output_dir or spec.get("output_dir", "runs")], Path(args.aggregate))[0]
-        print(f"sweep: {runs} runs aggregated -> {args.aggregate}")
+        done = write_results([args.output_dir or spec.get("output_dir", "runs")], Path(args.aggregate))[0]
+        print(f"sweep: {done} runs aggregated -> {args.aggregate}")
     return code

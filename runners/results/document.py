@@ -15,8 +15,16 @@ from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from runners.results.runs import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, variant_order
-from runners.results.stats import CLEAR_MARGIN, half_width, learns
-from runners.results.tables import _fmt, ablation_lines, domain_table, significance_line, summary_table, verdict_table
+from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
+from runners.results.tables import (
+    _fmt,
+    ablation_lines,
+    domain_table,
+    initial_sharpness_table,
+    significance_line,
+    summary_table,
+    verdict_table,
+)
 from runners.runs.launches import describe_launches, read_launches
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
@@ -44,15 +52,21 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
                       f"less than {CLEAR_MARGIN:.0%} of the gap from its trivial baseline (`<metric>_baseline`, "
                       "described under the table) to a perfect score is not ranked.")
         parts += ["", *describe_launches(launches), "## Across domains", "", summary_table(runs).to_markdown(), "",
-                  "Domains where each variant is better than, not different from, or worse than `standard` "
-                  "(primary metric, Holm-corrected, α = 0.05):", "", verdict_table(runs).to_markdown(), ""]
+                  "Tables where each variant is better than, not different from, or worse than `standard` "
+                  "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
+                  "learn and where the attention ablation is detectable):", "", verdict_table(runs).to_markdown(), ""]
         parts += anchors
         for key, group in runs.groupby(GROUP, sort=True):
-            parts += [f"## {' / '.join(key)}", "", f"{len(group)} runs.", "",
+            parts += [f"## {heading(key)}", "", f"{len(group)} runs.", "",
                       domain_table(group).to_markdown(), "", significance_line(group), ""]
             parts += [line for ablation in ablation_lines(group) for line in (ablation, "")]
-            if (learned := learns(group)) is not None:
-                parts += [learned[1], ""]
+            for found in (learns(group), attention_matters(group)):
+                if found is not None:
+                    parts += [found[1], ""]
+            if (initial := initial_sharpness_table(group)) is not None:
+                parts += ["How sharp each variant's attention starts (its probes before the first update, averaged "
+                          "over layers and runs; entropy / log L is 1 for uniform attention):", "",
+                          initial.to_markdown(), ""]
             if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):
                 parts += ["Attacked accuracies (`acc_fgsm_*`, `acc_pgd_*`) of the elliptical variants may be "
                           "optimistic: their attention weights are computed without gradient, so white-box attacks "
@@ -64,6 +78,11 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, str, str], list[str
         parts += ["---", "", "Skipped records (not aggregated):", "",
                   *(f"- `{path}`: {reason}" for path, reason in skipped), ""]
     return "\n".join(parts)
+
+
+def heading(key: tuple[str, ...]) -> str:
+    """A group's section heading: domain / dataset / preset, then its protocol where it has one."""
+    return " / ".join(part for part in key if part)
 
 
 def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: str) -> list[str]:
@@ -88,6 +107,7 @@ def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: s
 
 def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
     key = tuple(str(where["table"]).split("/"))
+    key += ("",) * (len(GROUP) == len(key) + 1)  # domain/dataset/preset[/protocol]
     group = None if runs is None or len(key) != len(GROUP) else runs[(runs[GROUP] == pd.Series(key, index=GROUP)).all(axis=1)]
     if group is None or group.empty:
         raise ConfigError(f"{source}: no runs make the table {where['table']!r}")

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from runners.results.runs import GROUP, variant_order  # noqa: E402
+from runners.results.tables import short_name  # noqa: E402
 
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -35,15 +36,15 @@ def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
             for stat, g in data.groupby("stat")}
 
 
-def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, str, str], list[str]]:
+def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, ...], list[str]]:
     """Write PNGs per (domain, dataset, preset) group, named after it; returns group -> paths relative to
     ``relative_to`` for linking."""
     folder.mkdir(parents=True, exist_ok=True)
-    written: dict[tuple[str, str, str], list[str]] = {}
+    written: dict[tuple[str, ...], list[str]] = {}
     for key, group in runs.groupby(GROUP):
         # A dataset name may be a path or hold other characters a file name should not.
-        stem = folder / re.sub(r"[^\w.-]+", "-", "_".join(key))
-        title = f"{key[0]}/{key[1]} ({key[2]})"
+        stem = folder / re.sub(r"[^\w.-]+", "-", "_".join(part for part in key if part))
+        title = short_name(key)
         paths = [p for p in (_metric_bars(group, stem, title), _probe_grid(group, stem, title)) if p]
         written[key] = [str(p.relative_to(relative_to)) for p in paths]
     return written

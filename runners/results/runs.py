@@ -1,6 +1,7 @@
 """Run records as a table: one row per run, its identity columns and every test metric."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pandas as pd
 
 from common.attention import VARIANTS
 from common.records import read_records
+from runners.runs.selection import SELECTION_FILE, leaves
 
 log = logging.getLogger(__name__)
 
@@ -15,11 +17,16 @@ log = logging.getLogger(__name__)
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
 # accuracies (common.robustness), so higher is better.
 ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
-GROUP = ["domain", "dataset", "preset"]  # one table and one set of plots per group: runs of different sizes never mix
+# One table and one set of plots per group: runs of different sizes never mix, nor those of the two protocols of a
+# sweep with a `select:` section ("same recipe", "tuned"; empty for other runs).
+GROUP = ["domain", "dataset", "preset", "protocol"]
 # Record fields copied into each run's row (in this order, for a stable CSV); with run_dir, not metrics.
 RECORD_FIELDS = ("domain", "dataset", "variant", "seed", "preset", "status", "primary_metric", "mode")
 DESCRIPTIONS = ("directions", "baselines")  # what the record says of its metrics (not written to the CSV)
-IDENTITY = {*RECORD_FIELDS, "run_dir", *DESCRIPTIONS}
+# How sharp a run's attention starts: its probes at step 0, averaged over layers (common.probes).
+INITIAL = {"init_logit_std": "logit_std", "init_entropy_ratio": "entropy_ratio"}
+IDENTITY = {*RECORD_FIELDS, "protocol", "run_dir", *DESCRIPTIONS, *INITIAL}
+PROTOCOLS = ("same recipe", "tuned")
 
 
 def load_runs(*roots: str | Path) -> pd.DataFrame:
@@ -29,6 +36,8 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     for err in errors:
         log.warning("aggregate: skipping %s", err)
     skipped = [(err.path, err.reason) for err in errors]
+    selections = {Path(root): json.loads((Path(root) / SELECTION_FILE).read_text()) for root in roots
+                  if (Path(root) / SELECTION_FILE).is_file()}
     rows = []
     for path, rec in records:
         row = {k: rec[k] for k in RECORD_FIELDS}
@@ -36,12 +45,45 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
         row.update({k.removeprefix("test/"): v for k, v in rec["metrics"].items()})
         row.update({k: v for k, v in rec.get("robustness", {}).items() if k.startswith(ROBUSTNESS)})
         row.update({k: rec.get(k, {}) for k in DESCRIPTIONS})
-        rows.append(row)
+        row.update(initial_sharpness(rec))
+        rows += [{**row, "protocol": protocol} for protocol in _protocols(path, rec, selections)]
     if not rows:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(skipped)} skipped)")
     runs = pd.DataFrame(rows)
     runs.attrs["skipped"] = skipped
     return runs
+
+
+def initial_sharpness(rec: dict) -> dict[str, float]:
+    """The run's attention sharpness at step 0 (``INITIAL``), where its probes ran then."""
+    trajectory = rec.get("trajectory") or {}
+    if not trajectory.get("step") or trajectory["step"][0] != 0:
+        return {}
+    found = {}
+    for column, stat in INITIAL.items():
+        values = [layer[stat][0] for layer in trajectory["layers"].values() if layer.get(stat)]
+        if values:
+            found[column] = sum(values) / len(values)
+    return found
+
+
+def _protocols(path: Path, rec: dict, selections: dict[Path, dict]) -> list[str]:
+    """The protocols a run belongs to: none for a selection run, else "same recipe" where its scaled settings
+    are the recipe's and its seed one of the sweep's, and "tuned" where they are its variant's choice and its
+    seed a confirmation seed (both where the two agree); a run of no sweep with a ``select:`` section belongs
+    to one table, unlabelled."""
+    root = next((root for root in selections if path.is_relative_to(root)), None)
+    if root is None:
+        return [""]
+    if path.is_relative_to(root / "select"):
+        return []
+    selection, settings = selections[root], leaves(rec["config"])
+    same = lambda want: all(abs(float(settings.get(k, "nan")) - v) <= 1e-9 * abs(v) for k, v in want.items())
+    recipe = selection["recipe"].get(rec["domain"], {})  # a domain not tuned has only the recipe's runs
+    chosen = selection["chosen"].get(rec["domain"], {}).get(rec["variant"])
+    found = [PROTOCOLS[0]] if same(recipe) and rec["seed"] in selection["recipe_seeds"] else []
+    return found + ([PROTOCOLS[1]] if chosen is not None and same(chosen) and rec["seed"] in selection["confirm_seeds"]
+                    else [])
 
 
 def direction(runs: pd.DataFrame, metric: str) -> str | None:

@@ -124,7 +124,7 @@ def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
 
 def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     """The markdown of one domain/dataset/preset: table, facts and figures."""
-    domain, dataset, preset = (runs[k].iloc[0] for k in GROUP)
+    domain, dataset, preset = (runs[k].iloc[0] for k in GROUP[:3])
     stem = re.sub(r"[^A-Za-z0-9_.-]", "-", f"stability_{domain}_{dataset}_{preset}")
     plot_final_loss(runs, figures / f"{stem}_final_loss.png")
     plot_max_logits(runs, figures / f"{stem}_max_logit.png")

@@ -13,6 +13,9 @@ from runners.results.runs import IDENTITY, baseline, variant_order
 TIE_RTOL = 1e-9
 
 
+# The power at which a minimum detectable effect is quoted (paired t-test, two-sided, at the table's α).
+POWER = 0.8
+
 # A table counts as learning when its reference variant closes this share of the gap between the trivial
 # baseline and a perfect score; below it, ranking variants would rank noise.
 CLEAR_MARGIN = 0.1
@@ -22,6 +25,15 @@ def half_width(values: pd.Series) -> float:
     """Half-width of the 95% t-interval of the mean of ``values`` (NaN below two values)."""
     n = values.count()
     return float(stats.t.ppf(0.975, n - 1) * values.std() / np.sqrt(n)) if n > 1 else np.nan
+
+
+def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> float:
+    """The smallest true mean difference a two-sided paired t-test over ``n`` pairs detects with probability
+    ``power`` at level ``alpha``, for pair differences of standard deviation ``sd``: (t_{1-α/2} + t_{power}) ·
+    sd / √n on n - 1 degrees of freedom, the usual approximation of the noncentral t. NaN below 2 pairs."""
+    if n < 2 or not np.isfinite(sd):
+        return np.nan
+    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))
 
 
 def equivalents(ok: pd.DataFrame) -> dict[str, str]:
@@ -51,43 +63,91 @@ def holm(pvalues: pd.Series) -> pd.Series:
     return adjusted.reindex(pvalues.index)
 
 
-def paired_differences(ok: pd.DataFrame, metric: str, variants: list[str]) -> pd.DataFrame:
-    """Per variant, the mean difference to `standard` over runs paired by seed (each seed's runs averaged
-    over any other swept settings), its 95% t-interval and two-sided paired t-test, and the p-value
-    Holm-adjusted over the variants compared (rows with fewer than two pairs, or none, are left out)."""
+def paired_p(diff: pd.Series) -> float:
+    """Two-sided paired t-test of differences ``diff``. Differences equal on every pair have no spread to test
+    against: all zero is no difference (p = 1), equal and non-zero is untestable (NaN), however large, since
+    two seeds that happen to agree would otherwise read as certain."""
+    if len(diff) < 2:
+        return np.nan
+    if np.allclose(diff, diff.iloc[0], rtol=1e-9, atol=1e-12):
+        return 1.0 if abs(diff.iloc[0]) < 1e-12 else np.nan
+    return float(stats.ttest_1samp(diff, 0.0).pvalue)
+
+
+def paired_differences(ok: pd.DataFrame, metric: str, variants: list[str], against: str = "standard") -> pd.DataFrame:
+    """Per variant, the mean difference to ``against`` (`standard`) over runs paired by seed (each seed's runs
+    averaged over any other swept settings), its 95% t-interval, two-sided paired t-test and minimum detectable
+    effect (``detectable``, ``mde``), and the p-value Holm-adjusted over the variants compared (rows with fewer
+    than two pairs, or none, are left out of the adjustment)."""
     rows = {}
-    base = ok[ok["variant"] == "standard"].groupby("seed")[metric].mean()
+    base = ok[ok["variant"] == against].groupby("seed")[metric].mean()
     for variant in variants:
         pairs = pd.concat([ok[ok["variant"] == variant].groupby("seed")[metric].mean(), base], axis=1,
                           keys=["v", "s"]).dropna()
         diff = pairs["v"] - pairs["s"]
-        row = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": np.nan}
-        if len(diff) > 1:  # a difference equal on every seed has no spread to test against: p is 0 or 1
-            constant = np.allclose(diff, diff.iloc[0], rtol=1e-9, atol=1e-12)
-            row["p"] = float(abs(diff.iloc[0]) < 1e-12) if constant else stats.ttest_rel(pairs["v"], pairs["s"]).pvalue
+        row = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": paired_p(diff),
+               "mde": detectable(diff.std(), len(diff))}
         rows[variant] = row
-    table = pd.DataFrame(rows, index=["diff", "half", "n", "p"]).T
+    table = pd.DataFrame(rows, index=["diff", "half", "n", "p", "mde"]).T
     tested = table["p"].dropna()
     table["p_holm"] = holm(tested) if len(tested) else np.nan
     return table
 
 
-def verdicts(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
-    """Per variant of one table: ``better``, ``worse`` or ``not different`` from `standard` on the primary
-    metric after Holm's correction, or ``≡ <variant>``; `standard` itself and variants without paired seeds
-    are left out."""
+def comparisons(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """One table's tests: each variant against `standard` on the primary metric (``paired_differences``, with
+    ``gain``: the difference signed so that positive is better), and the variants ``≡`` an earlier one, which
+    are not tested. Ablations and variants without two paired seeds are left out."""
     primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
     ok = runs[runs["status"] == "ok"]
+    empty = pd.DataFrame(columns=["diff", "half", "n", "p", "mde", "p_holm"], dtype=float)
     if primary not in ok or not (ok["variant"] == "standard").any():
-        return {}
+        return empty.assign(gain=[]), {}
     same = equivalents(ok)
     compared = [v for v in variant_order(ok["variant"]) if v != "standard" and v not in same and v not in ABLATIONS]
-    table = paired_differences(ok, primary, compared).dropna(subset=["p"]) if compared else pd.DataFrame()
+    table = paired_differences(ok, primary, compared).dropna(subset=["p"]) if compared else empty
+    return table.assign(gain=-table["diff"] if mode == "min" else table["diff"]), same
+
+
+def verdict(gain: float, p: float, alpha: float = 0.05) -> str:
+    """``better`` or ``worse`` where a (corrected) ``p`` is below ``alpha``, else ``not different``."""
+    return "not different" if not p < alpha else ("better" if gain > 0 else "worse")
+
+
+def verdicts(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
+    """Per variant of one table: ``better``, ``worse`` or ``not different`` from `standard` on the primary
+    metric after Holm's correction over the table's variants, or ``≡ <variant>``; `standard` itself and
+    variants without paired seeds are left out."""
+    table, same = comparisons(runs)
     found = {v: f"≡ {other}" for v, other in same.items()}
-    for variant, row in table.iterrows():
-        gain = -row["diff"] if mode == "min" else row["diff"]
-        found[variant] = "not different" if row["p_holm"] >= alpha else ("better" if gain > 0 else "worse")
+    found.update({variant: verdict(row["gain"], row["p_holm"], alpha) for variant, row in table.iterrows()})
     return found
+
+
+def attention_matters(runs: pd.DataFrame) -> tuple[bool, str] | None:
+    """Whether the table can rank variants at all: its attention ablation (`uniform`, paired with `standard`)
+    moves the primary metric by at least the minimum detectable effect at the achieved seeds. Where removing
+    attention is inside what the seeds can detect, a difference between attention variants is too. None
+    without the ablation."""
+    primary = runs["primary_metric"].iloc[0]
+    ok = runs[runs["status"] == "ok"]
+    present = [a for a in ABLATIONS if (ok["variant"] == a).any()]
+    if not present or primary not in ok or not (ok["variant"] == "standard").any():
+        return None
+    row = paired_differences(ok, primary, present[:1]).iloc[0]
+    if not np.isfinite(row["mde"]):
+        return False, f"Cannot rank variants here: fewer than two seeds pair `{present[0]}` with `standard`."
+    matters = abs(row["diff"]) >= row["mde"]
+    return matters, (f"Attention ablation `{present[0]}` moves {primary} by {row['diff']:+.3g}; the minimum effect "
+                     f"{int(row['n'])} paired seeds detect (80% power, α = 0.05) is {row['mde']:.3g}: "
+                     + ("variants can be ranked here." if matters else
+                        "cannot rank variants here, so this table is left out of the cross-domain ranks and counts."))
+
+
+def rankable(runs: pd.DataFrame) -> bool:
+    """A table enters the cross-domain ranks and counts when it learns (``learns``) and attention matters in it
+    (``attention_matters``), each where it can be told."""
+    return all(found is None or found[0] for found in (learns(runs), attention_matters(runs)))
 
 
 def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
-from runners.results.runs import GROUP, IDENTITY, direction, variant_order
-from runners.results.stats import TIE_RTOL, equivalents, half_width, learns, paired_differences, verdicts
+from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, variant_order
+from runners.results.stats import TIE_RTOL, comparisons, equivalents, half_width, holm, paired_differences, rankable, verdict, verdicts
 
 
 def _fmt(mean: float, half: float) -> str:
@@ -30,9 +30,9 @@ def _fmt_difference(row: pd.Series) -> str:
     if np.isnan(row["diff"]):
         return "–"
     if np.isnan(row["p"]):
-        return f"{row['diff']:+.3g} (n={int(row['n'])})"
+        return f"{row['diff']:+.3g} (n={int(row['n'])}, untestable)"
     return (f"{row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, Holm {row['p_holm']:.2g}, "
-            f"n={int(row['n'])})")
+            f"n={int(row['n'])}, MDE {row['mde']:.2g})")
 
 
 def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -65,9 +65,22 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
                 [v for v in variants if v in ABLATIONS]]
     diffs = pd.concat([paired_differences(ok, primary, family) for family in families if family and primary in ok]
                       or [pd.DataFrame()])
-    table[f"Δ{primary} vs standard ± 95% (p, Holm)"] = [
+    table[f"Δ{primary} vs standard ± 95% (p, Holm, n, MDE)"] = [
         f"≡ {same[v]}" if v in same else _fmt_difference(diffs.loc[v]) if v in diffs.index else "–"
         for v in variants]
+    table.index.name = "variant"
+    return table
+
+
+def initial_sharpness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
+    """Rows = variants; how sharp their attention starts (``runners.results.runs.INITIAL``: logit spread and
+    entropy over the uniform one's at step 0, averaged over layers), mean over runs. None where no run has it."""
+    columns = [c for c in INITIAL if c in runs and runs[c].notna().any()]
+    if not columns:
+        return None
+    table = runs.groupby("variant")[columns].mean().reindex(variant_order(runs["variant"])).round(3)
+    table.columns = [{"init_logit_std": "logit spread at step 0", "init_entropy_ratio": "entropy / log L at step 0"}[c]
+                     for c in columns]
     table.index.name = "variant"
     return table
 
@@ -110,18 +123,25 @@ def ablation_lines(runs: pd.DataFrame, alpha: float = 0.05) -> list[str]:
     return lines
 
 
+def short_name(key: tuple[str, ...]) -> str:
+    """domain/dataset (preset[, protocol]): a group's name in a column heading."""
+    domain, dataset, preset, protocol = key
+    return f"{domain}/{dataset} ({preset}{f', {protocol}' if protocol else ''})"
+
+
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
     rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
     variants = [v for v in variant_order(runs["variant"]) if v not in ABLATIONS]  # ablations are not contenders
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
-    for (domain, dataset, preset), group in runs.groupby(GROUP, sort=True):
-        if (learned := learns(group)) is not None and not learned[0]:
-            continue  # ranks of a model that does not beat a constant predictor rank noise
+    for key, group in runs.groupby(GROUP, sort=True):
+        if not rankable(group):
+            continue  # ranks where the model beats no constant predictor, or attention changes nothing, rank noise
         primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
         ok = group[group["status"] == "ok"]
-        name = f"{domain}/{dataset} ({preset}) {primary} {'↓' if mode == 'min' else '↑'}"
+        where = short_name(key)
+        name = f"{where} {primary} {'↓' if mode == 'min' else '↑'}"
         if primary in ok:
             mean = ok.groupby("variant")[primary].mean().reindex(variants)
             half = ok.groupby("variant")[primary].agg(half_width).reindex(variants)
@@ -130,7 +150,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         same = equivalents(ok)
         table[name] = [_fmt(mean[v], half[v]) for v in variants]
         ranks[name] = mean.drop(list(same)).rank(ascending=mode == "min", method="min").reindex(variants)
-        table[f"rank {domain}/{dataset} ({preset})"] = [
+        table[f"rank {where}"] = [
             f"≡ {same[v]}" if v in same else "–" if np.isnan(ranks.at[v, name]) else str(int(ranks.at[v, name]))
             for v in variants]
     table["mean rank"] = ranks.mean(axis=1).map(lambda r: "–" if np.isnan(r) else f"{r:.2f}")
@@ -139,15 +159,22 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """Rows = variants; the number of domains where each is significantly better than, not different
-    from, or worse than `standard` (Holm-corrected within each table), and where it is ``≡`` another."""
-    found = [verdicts(group, alpha) for _, group in runs.groupby(GROUP, sort=True)
-             if (learned := learns(group)) is None or learned[0]]
+    """Rows = variants; the number of rankable tables (``rankable``) where each is significantly better than,
+    not different from, or worse than `standard`, Holm-corrected over every test the table counts, and where it
+    is ``≡`` another variant."""
+    tests, same = [], []
+    for _, group in runs.groupby(GROUP, sort=True):
+        if rankable(group):
+            table, equal = comparisons(group)
+            tests.append(table)
+            same += list(equal)
+    tests = pd.concat(tests) if tests else pd.DataFrame(columns=["gain", "p"])
+    corrected = holm(tests["p"].reset_index(drop=True)) if len(tests) else pd.Series(dtype=float)
     variants = [v for v in variant_order(runs["variant"]) if v != "standard" and v not in ABLATIONS]
-    columns = ("better", "not different", "worse", "≡ another variant")
-    table = pd.DataFrame(0, index=variants, columns=list(columns))
-    for by_variant in found:
-        for variant, verdict in by_variant.items():
-            table.at[variant, "≡ another variant" if verdict.startswith("≡") else verdict] += 1
+    table = pd.DataFrame(0, index=variants, columns=["better", "not different", "worse", "≡ another variant"])
+    for variant, gain, p in zip(tests.index, tests["gain"], corrected):
+        table.at[variant, verdict(gain, p, alpha)] += 1
+    for variant in same:
+        table.at[variant, "≡ another variant"] += 1
     table.index.name = "variant"
     return table

@@ -11,9 +11,10 @@ from common.attention import VARIANTS
 from common.errors import ConfigError
 from common.registry import domain_names
 from runners.config import CONFIG_DIR, refuse_interpolation
+from runners.sweeps.tuning import Tuning, check_select, unique_runs
 
 SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid",
-              "slurm", "robustness"}
+              "slurm", "robustness", "select"}
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -78,26 +79,53 @@ SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with it
     else "must map config keys to non-empty lists of values",
     "slurm": lambda v: None if v is None or isinstance(v, dict) else "must be a mapping of slurm settings",
     "robustness": lambda v: None if isinstance(v, bool) else "must be true or false",
+    "select": check_select,
 }
 
 
-def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
-    """Every run of the sweep as ``quest train`` arguments, seed by seed: a sweep stopped early has
-    covered every domain and variant at the first seeds rather than a few domains at all seeds."""
+def _domains(spec: dict) -> list[str]:
     domains = spec.get("domains", "all")
-    domains = domain_names() if domains == "all" else list(domains)
+    return domain_names() if domains == "all" else list(domains)
+
+
+def _variants(spec: dict) -> list[str]:
     variants = spec.get("variants", "all")
-    variants = (list(VARIANTS) if variants == "all" else list(variants)) + list(spec.get("ablations") or [])
+    return list(VARIANTS) if variants == "all" else list(variants)
+
+
+def run_args(spec: dict, domain: str, variant: str, seed: int, out: str | Path, settings: dict | None = None,
+             extra: list[str] = ()) -> list[str]:
+    """One run's ``quest train`` arguments: the sweep's preset and overrides, then ``settings`` and ``extra``."""
+    args = [f"domain={domain}", f"attention={variant}", f"seed={seed}", f"output_dir={out}"]
+    if "preset" in spec:
+        args.append(f"preset={spec['preset']}")
+    args += list(spec.get("overrides") or [])
+    args += list((spec.get("domain_overrides") or {}).get(domain, []))
+    return args + [f"{k}={v}" for k, v in (settings or {}).items()] + list(extra)
+
+
+def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+    """Every run of the sweep's grid as ``quest train`` arguments, seed by seed: a sweep stopped early has
+    covered every domain and variant at the first seeds rather than a few domains at all seeds. (A ``select:``
+    section adds its own runs: ``tuning``.)"""
+    variants = _variants(spec) + list(spec.get("ablations") or [])
     grid = spec.get("grid") or {}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
     out = output_dir or spec.get("output_dir", "runs")
-    runs = []
-    for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), domains, combos, variants):
-        args = [f"domain={domain}", f"attention={variant}", f"seed={seed}", f"output_dir={out}"]
-        if "preset" in spec:
-            args.append(f"preset={spec['preset']}")
-        args += list(spec.get("overrides") or [])
-        args += list((spec.get("domain_overrides") or {}).get(domain, []))
-        args += [f"{k}={v}" for k, v in combo.items()] + list(extra)
-        runs.append(args)
-    return runs
+    return [run_args(spec, domain, variant, seed, out, combo, extra)
+            for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), _domains(spec), combos, variants)]
+
+
+def tuning(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
+    """The sweep's tuned protocol (``runners.sweeps.tuning``), None without a ``select:`` section."""
+    if "select" not in spec:
+        return None
+    out = Path(output_dir or spec.get("output_dir", "runs"))
+    return Tuning(spec, out, lambda domain, variant, seed, where: run_args(spec, domain, variant, seed, where,
+                                                                           extra=extra),
+                  _domains(spec), _variants(spec))
+
+
+def confirmation(spec: dict, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+    """The runs after selection: the sweep's own, then each tuned variant at its choice, each run made once."""
+    return unique_runs(expand(spec, output_dir, extra) + tuning(spec, output_dir, extra).tuned_runs(selection))

@@ -22,16 +22,18 @@ from statistics import fmean, stdev
 from common.records import read_records
 from runners.config import UNHASHED
 
+SELECTION_FILE = "selection.json"  # where a sweep's tuned protocol keeps its choices (runners.sweeps.tuning)
 IGNORED = ("seed", *UNHASHED)  # what never makes two runs different candidates
 TIE = 1e-4
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A nested config as ``{dotted key: value}`` (lists as tuples, so that values compare and hash)."""
     found = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict):
-            found.update(_leaves(value, f"{path}."))
+            found.update(leaves(value, f"{path}."))
         else:
             found[path] = value if not isinstance(value, list) else tuple(value)
     return found
@@ -45,7 +47,7 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
     """The candidates of a grid (see the module's rule), best first within each group of ``by`` (and of domain,
     dataset and preset): ``{"group", "settings", "runs", "seeds", "mean", "std", "params", "failed"}``."""
     records = list(records)
-    leaves = [{k: v for k, v in _leaves(rec["config"]).items() if not _ignored(k)} for rec in records]
+    flat = [{k: v for k, v in leaves(rec["config"]).items() if not _ignored(k)} for rec in records]
     groups: dict[tuple, list[int]] = {}
     for index, rec in enumerate(records):
         key = tuple(rec[field] for field in ("domain", "dataset", "preset", *by))
@@ -53,13 +55,13 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
     ranked = []
     for group, members in groups.items():
         fixed = {"attention.variant"} if "variant" in by else set()  # chosen for each variant apart
-        varying = sorted({k for i in members for k in leaves[i]
-                          if k not in fixed and len({repr(leaves[j].get(k)) for j in members}) > 1})
+        varying = sorted({k for i in members for k in flat[i]
+                          if k not in fixed and len({repr(flat[j].get(k)) for j in members}) > 1})
         pool: dict[tuple, list[int]] = {}
         for i in members:
-            pool.setdefault(tuple(repr(leaves[i].get(k)) for k in varying), []).append(i)
+            pool.setdefault(tuple(repr(flat[i].get(k)) for k in varying), []).append(i)
         mode = records[members[0]]["mode"]
-        rows = [_candidate(group, varying, [records[i] for i in runs], [leaves[i] for i in runs], mode)
+        rows = [_candidate(group, varying, [records[i] for i in runs], [flat[i] for i in runs], mode)
                 for runs in pool.values()]
         sign = -1 if mode == "max" else 1
         rows.sort(key=lambda row: (_bucket(sign * row["mean"]), row["params"]))  # stable: then the runs' order
@@ -72,11 +74,11 @@ def _bucket(score: float) -> float:
     return round(score / TIE) if math.isfinite(score) else score
 
 
-def _candidate(group: tuple, varying: list[str], runs: list[dict], leaves: list[dict], mode: str) -> dict:
+def _candidate(group: tuple, varying: list[str], runs: list[dict], flat: list[dict], mode: str) -> dict:
     worst = -math.inf if mode == "max" else math.inf
     scores = [rec["best_val"]["value"] if rec["status"] == "ok" and rec["best_val"]["value"] is not None
               and math.isfinite(rec["best_val"]["value"]) else worst for rec in runs]
-    return {"group": group, "settings": {k: leaves[0].get(k) for k in varying},
+    return {"group": group, "settings": {k: flat[0].get(k) for k in varying},
             "runs": len(runs), "seeds": sorted(rec["seed"] for rec in runs),
             "mean": fmean(scores), "std": stdev(scores) if len(scores) > 1 and all(map(math.isfinite, scores)) else 0.0,
             "params": runs[0]["params"], "failed": sum(rec["status"] != "ok" for rec in runs),

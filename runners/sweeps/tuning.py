@@ -1,0 +1,198 @@
+"""The tuned protocol of a sweep file (its ``select:`` section): each variant's settings chosen on validation
+runs at selection seeds, then every variant trained and tested at its own choice on the confirmation seeds,
+beside the sweep's one-recipe runs.
+
+    select:
+      variants: [standard, quest]        # the variants tuned (default: the sweep's)
+      domains: [vision]                  # default: the sweep's
+      seeds: [100, 101]                  # selection seeds: never the seeds of a comparison
+      scale: {optim.lr: [0.333, 1, 3]}   # multiples of each domain's recipe value, rounded to 3 significant digits
+      extend: 1                          # a choice at an edge of its grid adds the next multiple that way, so
+                                         # often at most (one key only)
+      confirm_seeds: [5, 6, 7]           # the tuned runs' seeds (default: the sweep's)
+
+Selection runs go to ``<output_dir>/select/`` and are never attacked. The choice per domain and variant is
+``runners.runs.selection``'s rule (mean ``best_val`` over the selection seeds, a diverged or failed run the
+worst score, ties to the earlier value in grid order). It is written to ``<output_dir>/selection.json`` once every
+selection run is recorded and no edge is left to extend, and stays fixed from then on: later launches, and the
+aggregation that labels each run "same recipe" or "tuned", read that file (delete it to choose again). The
+confirmation runs, the sweep's own and the tuned ones, go to ``<output_dir>/`` itself; a tuned run whose choice
+is the recipe's is the same run as the recipe's and is made once.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from common.attention import VARIANTS
+from common.records import read_records
+from runners.config import compose, run_directory
+from runners.runs.selection import SELECTION_FILE
+
+SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds"}
+
+
+def check_select(value) -> str | None:
+    """What is wrong with a sweep file's ``select:`` section, or None."""
+    if not isinstance(value, dict):
+        return "must be a mapping of " + ", ".join(sorted(SELECT_KEYS))
+    if unknown := set(value) - SELECT_KEYS:
+        return f"unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SELECT_KEYS))}"
+    scale = value.get("scale")
+    if not isinstance(scale, dict) or not scale or not all(
+            isinstance(v, list) and v and all(isinstance(f, (int, float)) and f > 0 for f in v) for v in scale.values()):
+        return "scale must map config keys to non-empty lists of positive multiples"
+    for key in ("seeds", "confirm_seeds"):
+        seeds = value.get(key, [0] if key == "confirm_seeds" else None)
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+            return f"{key} must be a non-empty list of seeds >= 0"
+    extend = value.get("extend", 0)
+    if not isinstance(extend, int) or extend < 0 or (extend and len(scale) > 1):
+        return "extend must be a count >= 0, and 0 where more than one key is scaled"
+    for key in ("variants", "domains"):
+        names = value.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            return f"{key} must be a list of names"
+    return None
+
+
+class Tuning:
+    """The selection and confirmation runs of a sweep with a ``select:`` section. ``base(domain, variant,
+    seed, out)`` gives a run's ``quest train`` arguments as the sweep makes them (``runners.sweeps.spec``)."""
+
+    def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str]):
+        select = spec["select"]
+        self.out, self.base = out, base
+        self.domains = list(select.get("domains") or domains)
+        self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
+        self.seeds, self.recipe_seeds = select["seeds"], spec.get("seeds", [0])
+        self.confirm_seeds = select.get("confirm_seeds") or self.recipe_seeds
+        self.scale = {key: sorted(map(float, factors)) for key, factors in select["scale"].items()}
+        self.extend = select.get("extend", 0)
+        self._recipe: dict[str, dict[str, float]] = {}
+
+    @property
+    def file(self) -> Path:
+        return self.out / SELECTION_FILE
+
+    def recipe(self, domain: str) -> dict[str, float]:
+        """The recipe's value of each scaled key in ``domain`` (the sweep's preset and overrides)."""
+        if domain not in self._recipe:
+            cfg = compose(self.base(domain, "standard", self.seeds[0], self.out))
+            self._recipe[domain] = {key: float(OmegaConf.select(cfg, key)) for key in self.scale}
+        return self._recipe[domain]
+
+    def value(self, domain: str, key: str, factor: float) -> float:
+        return float(f"{self.recipe(domain)[key] * factor:.3g}")
+
+    def _args(self, domain: str, variant: str, seed: int, out: Path, settings: dict[str, float]) -> list[str]:
+        return [*self.base(domain, variant, seed, out), *(f"{key}={value!r}" for key, value in settings.items())]
+
+    def _grid(self, domain: str, variant: str, records: list[dict]) -> tuple[dict[str, list[float]], bool]:
+        """The multiples tried for one domain and variant, extended at each edge its choice came to sit on; and
+        whether every one of their runs is recorded."""
+        grid = {key: list(factors) for key, factors in self.scale.items()}
+        for _ in range(self.extend):  # one key (check_select)
+            scores = self._scores(domain, variant, grid, records)
+            if scores is None:
+                return grid, False
+            (key, factors), = grid.items()
+            best = _best(scores)
+            if len(factors) < 2 or 0 < best < len(factors) - 1:
+                return grid, True
+            grid[key] = ([factors[0] ** 2 / factors[1], *factors] if best == 0
+                         else [*factors, factors[-1] ** 2 / factors[-2]])
+        return grid, self._scores(domain, variant, grid, records) is not None
+
+    def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[float] | None:
+        """The score of each setting of the grid (``_product`` order) by ``runners.runs.selection``'s rule,
+        signed so that higher is better; None while one of its runs has no record."""
+        from runners.runs.selection import candidates
+
+        scores = []
+        for settings in _product(grid):
+            values = {key: self.value(domain, key, factor) for key, factor in settings.items()}
+            runs = [rec for rec in records if rec["domain"] == domain and rec["variant"] == variant
+                    and rec["seed"] in self.seeds and all(_close(rec["leaves"].get(k), v) for k, v in values.items())]
+            if len({rec["seed"] for rec in runs}) < len(self.seeds):
+                return None
+            row, = candidates(runs)
+            scores.append(row["mean"] if row["mode"] == "max" else -row["mean"])
+        return scores
+
+    def selection_runs(self) -> list[list[str]]:
+        """The selection runs of the current round: every grid as far as it is extended now."""
+        records = self._records()
+        return [self._args(domain, variant, seed, self.out / "select",
+                           {k: self.value(domain, k, f) for k, f in settings.items()})
+                for domain in self.domains for variant in self.variants
+                for settings in _product(self._grid(domain, variant, records)[0]) for seed in self.seeds]
+
+    def _records(self) -> list[dict]:
+        from runners.runs.selection import leaves
+
+        found, _ = read_records(self.out / "select") if (self.out / "select").is_dir() else ([], [])
+        return [{**rec, "leaves": leaves(rec["config"])} for _, rec in sorted(found, key=lambda item: str(item[0]))
+                if rec["status"] != "stopped"]
+
+    def choose(self) -> dict | None:
+        """The choice of each domain and variant once the selection is complete (written to ``selection.json``
+        and returned), None while selection runs are left; an existing ``selection.json`` stands."""
+        if self.file.exists():
+            return json.loads(self.file.read_text())
+        records = self._records()
+        picked: dict[str, dict[str, dict[str, float]]] = {}
+        for domain in self.domains:
+            for variant in self.variants:
+                grid, complete = self._grid(domain, variant, records)
+                if not complete:
+                    return None
+                settings = _product(grid)[_best(self._scores(domain, variant, grid, records))]
+                picked.setdefault(domain, {})[variant] = {k: self.value(domain, k, f) for k, f in settings.items()}
+        selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
+                     "confirm_seeds": self.confirm_seeds,
+                     "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked}
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.file.write_text(json.dumps(selection, indent=1) + "\n")
+        return selection
+
+    def tuned_runs(self, selection: dict) -> list[list[str]]:
+        """Each tuned variant at its choice on the confirmation seeds."""
+        return [self._args(domain, variant, seed, self.out, selection["chosen"][domain][variant])
+                for seed in self.confirm_seeds for domain in self.domains for variant in self.variants]
+
+
+def _best(scores: list[float]) -> int:
+    """The index of the best score; scores within the selection rule's tie (1e-4) go to the earlier one."""
+    from runners.runs.selection import TIE
+
+    return max(range(len(scores)), key=lambda i: (round(scores[i] / TIE) if math.isfinite(scores[i]) else scores[i], -i))
+
+
+def _close(a, b) -> bool:
+    return a is not None and abs(float(a) - float(b)) <= 1e-9 * max(abs(float(b)), 1e-30)
+
+
+def _product(grid: dict[str, list[float]]) -> list[dict[str, float]]:
+    combos = [{}]
+    for key, factors in grid.items():
+        combos = [{**combo, key: f} for combo in combos for f in factors]
+    return combos
+
+
+def unique_runs(runs: list[list[str]]) -> list[list[str]]:
+    """``runs`` without those that make a run directory an earlier one makes (the same config)."""
+    seen, kept = set(), []
+    for args in runs:
+        try:
+            where = run_directory(compose(args))
+        except Exception:  # an invalid run stays, for the sweep to report
+            where = tuple(args)
+        if where not in seen:
+            seen.add(where)
+            kept.append(args)
+    return kept

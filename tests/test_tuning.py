@@ -1,0 +1,119 @@
+"""The tuned protocol of a sweep file (`select:`): selection runs on their own seeds, a grid extended where the
+choice sits on its edge, the choice frozen in selection.json, then the confirmation, and the aggregation that
+labels each run "same recipe" or "tuned"."""
+import json
+import math
+
+import pytest
+from test_sweep import fake_record, write_spec
+
+from common.records import read_record, write_record
+from runners.commands import sweep
+from runners.config import run_directory
+from runners.results import runs as results_runs
+from runners.sweeps.spec import load_sweep
+
+pytestmark = pytest.mark.usefixtures("threaded_workers", "toy_domain")
+
+BEST_LR = {"standard": 1e-3, "quest": 8e-3}  # where each variant's fake validation error is lowest
+
+
+@pytest.fixture
+def scored_run(monkeypatch):
+    """The runner replaced by one whose validation error is |log2(lr / BEST_LR[variant])| plus a seed's jitter:
+    selection must find each variant's rate, extending the grid towards quest's."""
+    made = []
+
+    def run(cfg, **options):
+        made.append((cfg.attention.variant, cfg.seed, cfg.optim.lr, str(run_directory(cfg))))
+        record = fake_record(cfg, "ok")
+        error = abs(math.log2(cfg.optim.lr / BEST_LR[cfg.attention.variant])) + 1e-3 * cfg.seed
+        record.update(config={"optim": {"lr": cfg.optim.lr}}, primary_metric="mse", mode="min",
+                      best_val={"value": error, "epoch": 0}, metrics={"test/mse": error}, dataset="random",
+                      preset="demo")
+        write_record(run_directory(cfg), record)
+        return record
+
+    monkeypatch.setattr("runners.runs.training.run", run)
+    return made
+
+
+def tuned_spec(tmp_path, **select):
+    return write_spec(tmp_path, variants=["standard", "quest"], seeds=[0],
+                      select={"seeds": [100, 101], "scale": {"optim.lr": [0.5, 1, 2]}, "extend": 2,
+                              "confirm_seeds": [0, 1], **select})
+
+
+def test_selection_then_confirmation(tmp_path, scored_run, capsys):
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    selection = json.loads((tmp_path / "runs" / "selection.json").read_text())
+    assert selection["recipe"] == {"toy": {"optim.lr": 1e-3}}
+    # standard's best is the recipe's 1e-3, inside the grid; quest's 8e-3 is two steps past its top edge (2e-3)
+    assert selection["chosen"]["toy"] == {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 8e-3}}
+    selected = [(v, s, lr) for v, s, lr, where in scored_run if "/select/" in where]
+    assert {s for _, s, _ in selected} == {100, 101}
+    assert sorted({lr for v, _, lr in selected if v == "quest"}) == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+    assert sorted({lr for v, _, lr in selected if v == "standard"}) == [5e-4, 1e-3, 2e-3]
+    confirmed = sorted((v, s, lr) for v, s, lr, where in scored_run if "/select/" not in where)
+    # the recipe's runs (seed 0, both variants at 1e-3), then the tuned ones; standard's tuned seed 0 is its
+    # recipe run (the same config), made once
+    assert confirmed == [("quest", 0, 1e-3), ("quest", 0, 8e-3), ("quest", 1, 8e-3),
+                         ("standard", 0, 1e-3), ("standard", 1, 1e-3)]
+    table = results_runs.load_runs(tmp_path / "runs")
+    labelled = sorted(zip(table["variant"], table["seed"], table["protocol"]))
+    assert labelled == [("quest", 0, "same recipe"), ("quest", 0, "tuned"), ("quest", 1, "tuned"),
+                        ("standard", 0, "same recipe"), ("standard", 0, "tuned"), ("standard", 1, "tuned")]
+    # the choice stands: a second launch makes nothing and keeps selection.json as it is
+    scored_run.clear()
+    (tmp_path / "runs" / "selection.json").write_text(json.dumps({**selection, "note": "kept"}))
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    assert scored_run == [] and "note" in json.loads((tmp_path / "runs" / "selection.json").read_text())
+
+
+def test_extension_stops_at_its_count_and_ties_go_to_the_earlier_value(tmp_path, scored_run, monkeypatch):
+    monkeypatch.setitem(BEST_LR, "standard", math.sqrt(2) * 1e-3)  # 1e-3 and 2e-3 score alike
+    assert sweep.main([tuned_spec(tmp_path, extend=1)]) == 0
+    chosen = json.loads((tmp_path / "runs" / "selection.json").read_text())["chosen"]["toy"]
+    assert chosen["quest"] == {"optim.lr": 4e-3}  # one step past the edge, still improving: the last tried
+    assert chosen["standard"] == {"optim.lr": 1e-3}
+
+
+def test_selection_runs_are_not_attacked_and_dry_run_lists_the_stage(tmp_path, scored_run, capsys):
+    path = tuned_spec(tmp_path)
+    assert sweep.main([path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("/select ") == 12 and "the confirmation runs follow once every choice is made" in out
+    assert scored_run == []
+
+
+@pytest.mark.parametrize("select, problem", [
+    ({"seeds": [100], "scale": {"optim.lr": []}}, "scale must map config keys to non-empty lists"),
+    ({"seeds": [100], "scale": {"optim.lr": [0, 1]}}, "positive multiples"),
+    ({"seeds": [], "scale": {"optim.lr": [1]}}, "seeds must be a non-empty list"),
+    ({"seeds": [100], "scale": {"optim.lr": [1], "optim.weight_decay": [1]}, "extend": 1}, "0 where more than one"),
+    ({"seeds": [100], "scale": {"optim.lr": [1]}, "grid": 3}, "unknown key(s) grid"),
+])
+def test_a_select_section_it_cannot_mean_is_one_line(tmp_path, select, problem):
+    with pytest.raises(Exception, match="select: ") as err:
+        load_sweep(write_spec(tmp_path, select=select))
+    assert problem in str(err.value)
+
+
+def test_a_failed_selection_run_scores_worst(tmp_path, monkeypatch, scored_run):
+    """quest's best rate fails on one seed: counted as the worst score, never dropped, so it is not chosen."""
+    from runners.runs import training
+
+    scored = training.run
+
+    def failing(cfg, **options):
+        record = scored(cfg, **options)
+        if cfg.attention.variant == "quest" and math.isclose(cfg.optim.lr, 2e-3) and cfg.seed == 101:
+            record.update(status="failed", error="RuntimeError: broken")
+            write_record(run_directory(cfg), record)
+        return record
+
+    monkeypatch.setattr("runners.runs.training.run", failing)
+    assert sweep.main([tuned_spec(tmp_path, extend=0)]) in (0, 1)
+    chosen = json.loads((tmp_path / "runs" / "selection.json").read_text())["chosen"]["toy"]
+    assert chosen["quest"] == {"optim.lr": 1e-3}
+    assert all(read_record(p.parent)["status"] in ("ok", "failed") for p in (tmp_path / "runs").rglob("record.json"))
