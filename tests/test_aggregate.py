@@ -359,3 +359,74 @@ def test_the_verdict_table_corrects_over_every_test_it_counts(tmp_path):
     assert 0.0167 < p < 0.05
     assert all(stats.verdicts(runs[runs["domain"] == d])["quest"] == "better" for d in "abc")
     assert tables.verdict_table(runs).loc["quest", "not different"] == 3
+
+
+PLAN = """# Plan
+
+```yaml
+protocol: tuned
+seeds: [0, 1, 2]
+recipe_seeds: [0, 1, 2]
+alpha: 0.05
+hypotheses:
+  - {id: H1, claim: quest beats standard, domain: a, metric: mse, variant: quest, against: standard}
+  - {id: H2, claim: quest beats standard, domain: b, metric: mse, variant: quest, against: standard}
+```
+"""
+
+
+def write_tuned_sweep(root, commit=None):
+    """A sweep with a tuned protocol: in domain a, quest at its chosen lr 3e-3 is better than standard by about
+    0.3 mse and uniform is far worse (variants rank); in domain b nothing differs (they cannot)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "selection.json").write_text(json.dumps({
+        "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
+        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"},
+        "chosen": {d: {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}} for d in "ab"}}))
+    for domain, gain, cost in (("a", 0.3, 0.5), ("b", 0.0, 0.0)):
+        for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -gain),
+                                   ("uniform", 1e-3, cost)):
+            for seed in range(3):
+                noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
+                write_record(root / f"{domain}-{variant}-{lr}-{seed}", record(
+                    variant, seed, {"mse": 1.0 + shift + noise}, domain=domain, config={"optim": {"lr": lr}},
+                    git_commit=commit))
+
+
+def test_a_tuned_sweep_has_both_protocols_its_choices_and_the_confirmatory_tests(tmp_path):
+    root = tmp_path / "runs"
+    write_tuned_sweep(root)
+    plan = tmp_path / "preregistration.md"
+    plan.write_text(PLAN)
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(root), "--confirm", str(plan), "-o", str(out), "--no-plots"]) == 0
+    text = out.read_text()
+    found = sections(text)
+    assert {"a / d / study / same recipe", "a / d / study / tuned", "b / d / study / same recipe"} <= set(found)
+    assert "| a        |    0.001 | 0.001 (×1) | 0.003 (×3) |" in found[f"Tuned protocol: the choices ({root})"]
+    confirm = found["Confirmatory tests"]
+    assert "is not committed" in confirm
+    rows = {line.split("|")[1].strip(): line for line in confirm.splitlines() if line.startswith("| H")}
+    assert rows["H1"].rstrip(" |").endswith("supported") and "+0.298 ± 0.026" in rows["H1"]
+    assert rows["H2"].rstrip(" |").endswith("cannot rank variants here")
+    assert "Holm's correction over the 1 hypotheses tested" in confirm
+
+
+def test_the_confirmatory_section_checks_the_plan_came_first(tmp_path):
+    import subprocess
+
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    plan = tmp_path / "preregistration.md"
+    plan.write_text(PLAN)
+    subprocess.run([*git, "add", plan.name], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "plan"], cwd=tmp_path, check=True)
+    planned = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    write_tuned_sweep(tmp_path / "runs", commit=planned + "+dirty")
+    from runners.results import confirmatory
+
+    runs = results_runs.load_runs(tmp_path / "runs")
+    assert "every run's commit descends from it" in confirmatory.provenance(plan, runs)
+    with pytest.raises(confirmatory.ConfigError, match="lacks alpha"):
+        plan.write_text(PLAN.replace("alpha: 0.05\n", ""))
+        confirmatory.read_plan(plan)

@@ -1,0 +1,150 @@
+"""The confirmatory section of RESULTS.md (``quest aggregate --confirm PREREGISTRATION.md``): hypotheses, test,
+α, correction family, protocol and seeds fixed in a committed file before its runs, and computed from those
+runs alone.
+
+The file is markdown for people with one fenced ``yaml`` block for this module::
+
+    protocol: tuned              # the runs' protocol label (runners.results.runs)
+    seeds: [5, 6, 7]             # the pre-registered seeds: no other run enters
+    recipe_seeds: [5, 6, 7]      # the same-recipe runs whose attention ablation decides if a domain can rank
+    alpha: 0.05                  # two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested
+    hypotheses:
+      - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard}
+
+A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
+*contradicted* where it is below α the other way, *cannot tell* otherwise. One whose domain cannot rank variants
+(``runners.results.stats.attention_matters`` on the same-recipe runs at ``recipe_seeds``) is reported as such and
+left out of the family, by the rule written in the file. A pair with a run that did not finish ok is dropped and
+counted. The section also says whether the file's commit precedes every confirmatory run's.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from common.errors import ConfigError
+from runners.results.runs import direction
+from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
+
+PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FIELDS = {"id", "claim", "domain", "metric", "variant", "against"}
+
+
+def read_plan(path: Path) -> dict:
+    """The plan in ``path``'s first fenced yaml block, checked; a ``ConfigError`` names what is missing."""
+    found = PLAN.search(path.read_text())
+    if not found:
+        raise ConfigError(f"{path}: no ```yaml block holds the analysis plan")
+    plan = yaml.safe_load(found.group(1))
+    missing = {"protocol", "seeds", "recipe_seeds", "alpha", "hypotheses"} - set(plan or {})
+    if missing:
+        raise ConfigError(f"{path}: the plan lacks {', '.join(sorted(missing))}")
+    for hypothesis in plan["hypotheses"]:
+        if lacking := FIELDS - set(hypothesis):
+            raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")
+    return plan
+
+
+def _pairs(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
+    """Per seed, the variant's metric less its comparator's (signed so that positive favours the variant), and
+    how many seeds lost a pair to a run that did not finish ok."""
+    wanted = runs[(runs["domain"] == h["domain"]) & runs["seed"].isin(seeds)]
+    sides = {}
+    dropped = set()
+    for side in ("variant", "against"):
+        arm = wanted[wanted["variant"] == h[side]]
+        dropped |= set(arm.loc[arm["status"] != "ok", "seed"])
+        ok = arm[arm["status"] == "ok"]
+        sides[side] = ok.set_index("seed")[h["metric"]] if h["metric"] in ok else pd.Series(dtype=float)
+    pairs = pd.concat(sides, axis=1).dropna()
+    sign = -1.0 if len(wanted) and direction(wanted, h["metric"]) == "min" else 1.0
+    return sign * (pairs["variant"] - pairs["against"]), len(dropped)
+
+
+def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
+    """One row per hypothesis: n, the difference (positive favours the claimed variant), its 95% interval, p,
+    Holm p over the family, minimum detectable effect, and the verdict."""
+    confirm = runs[runs["protocol"] == plan["protocol"]]
+    recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
+    rows = []
+    for h in plan["hypotheses"]:
+        diff, dropped = _pairs(confirm, h, plan["seeds"])
+        domain_recipe = recipe[recipe["domain"] == h["domain"]]
+        ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
+        rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
+                     "contrast": f"{h['variant']} − {h['against']}", "n": len(diff), "dropped": dropped,
+                     "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
+                     "mde": detectable(diff.std(), len(diff)), "ranks": ranks is None or ranks[0]})
+    table = pd.DataFrame(rows)
+    family = table["ranks"] & table["p"].notna()
+    table["p_holm"] = np.nan
+    if family.any():
+        table.loc[family, "p_holm"] = holm(table.loc[family, "p"]).values
+    table["verdict"] = [_verdict(row, plan["alpha"]) for _, row in table.iterrows()]
+    return table
+
+
+def _verdict(row: pd.Series, alpha: float) -> str:
+    if not row["ranks"]:
+        return "cannot rank variants here"
+    if np.isnan(row["p_holm"]) or row["p_holm"] >= alpha:
+        return "cannot tell"
+    return "supported" if row["diff"] > 0 else "contradicted"
+
+
+def _commit_of(path: Path) -> str | None:
+    try:
+        found = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return found or None
+
+
+def _precedes(first: str, later: str, where: Path) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", first, later], cwd=where,
+                          capture_output=True).returncode == 0
+
+
+def provenance(path: Path, runs: pd.DataFrame) -> str:
+    """Whether the plan's commit is an ancestor of every confirmatory run's commit (read from its record)."""
+    planned = _commit_of(path)
+    if planned is None:
+        return f"`{path}` is not committed: nothing shows the plan came before the runs."
+    commits = set()
+    for run_dir in runs["run_dir"]:
+        commit = json.loads((Path(run_dir) / "record.json").read_text()).get("git_commit") or "unknown"
+        commits.add(commit.removesuffix("+dirty"))
+    later = [c for c in commits if c != "unknown" and _precedes(planned, c, path.parent)]
+    verdict = ("every run's commit descends from it" if len(later) == len(commits) else
+               f"{len(commits) - len(later)} of {len(commits)} run commits do not descend from it (or are unknown)")
+    return f"The plan was committed in `{planned[:12]}`; {verdict}."
+
+
+def section(runs: pd.DataFrame, path: Path) -> list[str]:
+    """The confirmatory section's markdown."""
+    plan = read_plan(path)
+    table = tests(runs, plan)
+    used = runs[(runs["protocol"] == plan["protocol"]) & runs["seed"].isin(plan["seeds"])]
+    shown = pd.DataFrame({
+        "hypothesis": table["id"], "claim": table["claim"], "metric": table["metric"], "contrast": table["contrast"],
+        "n (dropped)": [f"{n} ({d})" for n, d in zip(table["n"], table["dropped"])],
+        "difference ± 95% (+ favours the claim)": [("–" if np.isnan(d) else f"{d:+.3g}" if np.isnan(h) else
+                                                    f"{d:+.3g} ± {h:.2g}") for d, h in zip(table["diff"], table["half"])],
+        "p": table["p"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
+        "Holm p": table["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
+        "MDE (80%)": table["mde"].map(lambda m: "–" if np.isnan(m) else f"{m:.2g}"),
+        "verdict": table["verdict"]})
+    counts = table["verdict"].value_counts()
+    return ["## Confirmatory tests", "",
+            f"Pre-registered in `{path}`: {plan['protocol']} protocol, seeds {plan['seeds']} only, two-sided paired "
+            f"t-tests by seed, α = {plan['alpha']}, Holm's correction over the {int((table['ranks'] & table['p'].notna()).sum())} "
+            f"hypotheses tested. {provenance(path, used) if len(used) else 'No confirmatory run yet.'}", "",
+            shown.to_markdown(index=False), "",
+            "Verdicts: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) + ".", ""]
