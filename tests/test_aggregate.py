@@ -430,3 +430,14 @@ def test_the_confirmatory_section_checks_the_plan_came_first(tmp_path):
     with pytest.raises(confirmatory.ConfigError, match="lacks alpha"):
         plan.write_text(PLAN.replace("alpha: 0.05\n", ""))
         confirmatory.read_plan(plan)
+
+
+def test_a_table_says_how_many_runs_were_still_improving(tmp_path):
+    """Two of three runs kept their last validation: the table says they were still improving."""
+    write_runs(tmp_path, [("standard", seed, {"mse": 1.0 + seed}, {"best_val": {
+        "value": 1.0, "epoch": 3, "evaluation": 4 if seed else 2, "evaluations": 4}}) for seed in range(3)])
+    from runners.results.document import budget_line
+
+    line = budget_line(results_runs.load_runs(tmp_path))
+    assert line.startswith("Training length: 2 of 3 finished runs scored their best validation at their last")
+    assert "longer training could change this table" in line

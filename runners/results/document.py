@@ -68,6 +68,8 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
             for found in (learns(group), attention_matters(group)):
                 if found is not None:
                     parts += [found[1], ""]
+            if (ended := budget_line(group)) is not None:
+                parts += [ended, ""]
             if (initial := initial_sharpness_table(group)) is not None:
                 parts += ["How sharp each variant's attention starts (its probes before the first update, averaged "
                           "over layers and runs; entropy / log L is 1 for uniform attention):", "",
@@ -83,6 +85,17 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
         parts += ["---", "", "Skipped records (not aggregated):", "",
                   *(f"- `{path}`: {reason}" for path, reason in skipped), ""]
     return "\n".join(parts)
+
+
+def budget_line(group: pd.DataFrame) -> str | None:
+    """How far the table's runs are from having stopped improving: how many kept their last validation."""
+    if "best_at_end" not in group or group["best_at_end"].isna().all():
+        return None
+    ok = group[(group["status"] == "ok") & group["best_at_end"].notna()]
+    last = int(ok["best_at_end"].astype(bool).sum())
+    return (f"Training length: {last} of {len(ok)} finished runs scored their best validation at their last "
+            f"evaluation ({'still improving when they stopped' if last else 'every run had stopped improving'}"
+            f"{'; longer training could change this table' if last > len(ok) / 2 else ''}).")
 
 
 def selection_section(run_dirs: Sequence[str]) -> list[str]:

@@ -25,7 +25,7 @@ RECORD_FIELDS = ("domain", "dataset", "variant", "seed", "preset", "status", "pr
 DESCRIPTIONS = ("directions", "baselines")  # what the record says of its metrics (not written to the CSV)
 # How sharp a run's attention starts: its probes at step 0, averaged over layers (common.probes).
 INITIAL = {"init_logit_std": "logit_std", "init_entropy_ratio": "entropy_ratio"}
-IDENTITY = {*RECORD_FIELDS, "protocol", "run_dir", *DESCRIPTIONS, *INITIAL}
+IDENTITY = {*RECORD_FIELDS, "protocol", "run_dir", *DESCRIPTIONS, *INITIAL, "best_at_end"}
 PROTOCOLS = ("same recipe", "tuned")
 
 
@@ -46,6 +46,9 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
         row.update({k: v for k, v in rec.get("robustness", {}).items() if k.startswith(ROBUSTNESS)})
         row.update({k: rec.get(k, {}) for k in DESCRIPTIONS})
         row.update(initial_sharpness(rec))
+        kept = rec["best_val"]
+        if kept.get("evaluations"):  # its best validation was its last: still improving when it stopped
+            row["best_at_end"] = kept["evaluation"] == kept["evaluations"]
         rows += [{**row, "protocol": protocol} for protocol in _protocols(path, rec, selections)]
     if not rows:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(skipped)} skipped)")

@@ -67,7 +67,8 @@ def fresh_run_directory(cfg: DictConfig) -> Path:
 
 
 def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
-    """Best validation value and its epoch, read back from the CSV log."""
+    """Best validation value, its epoch, and which of the run's validations it was (``evaluation``, from 1, of
+    ``evaluations``): a run whose best is its last was still improving when it stopped."""
     if not metrics_csv.exists():
         return {"value": None, "epoch": None}
     log = pd.read_csv(metrics_csv)
@@ -77,7 +78,8 @@ def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
     if rows.empty:
         return {"value": None, "epoch": None}
     best = rows[monitor].idxmin() if mode == "min" else rows[monitor].idxmax()
-    return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"])}
+    return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"]),
+            "evaluation": rows.index.get_loc(best) + 1, "evaluations": len(rows)}
 
 
 def logged(metrics_csv: Path, monitor: str, mode: str, train_losses: dict[str, float]) -> dict:

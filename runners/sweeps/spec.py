@@ -127,5 +127,7 @@ def tuning(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
 
 
 def confirmation(spec: dict, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
-    """The runs after selection: the sweep's own, then each tuned variant at its choice, each run made once."""
-    return unique_runs(expand(spec, output_dir, extra) + tuning(spec, output_dir, extra).tuned_runs(selection))
+    """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
+    each seed the sweep's own runs, then each tuned variant at its choice; each run made once."""
+    runs = expand(spec, output_dir, extra) + tuning(spec, output_dir, extra).tuned_runs(selection)
+    return unique_runs(sorted(runs, key=lambda args: int(next(a for a in args if a.startswith("seed="))[5:])))
