@@ -2,6 +2,8 @@
 counts as the worst score; ties to the smaller model; one choice per variant with --by variant."""
 import json
 
+import pandas as pd
+
 from common.records import write_record
 from runners.cli import main as cli
 from runners.runs.selection import candidates, chosen, main_effects, overrides
@@ -53,3 +55,24 @@ def test_by_variant_each_variant_gets_its_own_choice(tmp_path):
     assert "| chosen | optim.lr=0.001 | 0.8000 |" in text and "| chosen | optim.lr=0.003 | 0.9000 |" in text
     assert len(json.loads((tmp_path / "s.json").read_text())) == 4
     assert cli(["select", str(tmp_path / "nothing")]) == 2
+
+
+def test_an_archive_reads_as_its_runs_with_the_trajectory_thinned(tmp_path):
+    """`quest archive`: the copy aggregates and selects as the runs do; a long trajectory keeps 17 steps,
+    its first (the initial sharpness) and last among them; the launch log comes along."""
+    from runners.results.runs import load_runs
+    from runners.runs.archive import thin
+
+    trajectory = {"step": list(range(0, 1000, 10)), "layers": {"a": {"entropy": [float(i) for i in range(100)]}}}
+    thinned = thin(trajectory)
+    assert len(thinned["step"]) == 17 and thinned["step"][0] == 0 and thinned["step"][-1] == 990
+    assert thinned["layers"]["a"]["entropy"][-1] == 99.0
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        write_record(runs / f"a-{seed}", make_record("standard", seed, {"mse": 1.0 + seed}, trajectory=trajectory,
+                                                      config={"optim": {"lr": 1e-3}}))
+    (runs / "launches.jsonl").write_text('{"command": "quest sweep x"}\n')
+    assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
+    copy = tmp_path / "copy"
+    assert (copy / "launches.jsonl").read_text() == '{"command": "quest sweep x"}\n'
+    pd.testing.assert_frame_equal(load_runs(runs).drop(columns="run_dir"), load_runs(copy).drop(columns="run_dir"))

@@ -1,0 +1,26 @@
+"""`quest archive <runs dir> <folder>`: a sweep's records, launch log and choices, small enough to commit.
+
+Each ``record.json`` is copied with its probe trajectory thinned to 17 steps (the first, the initial sharpness,
+and the last included); the launch logs (``launches.jsonl``) and a tuned protocol's ``selection.json`` are copied
+as they are, all in the same layout, so ``quest aggregate <folder>`` and ``quest select <folder>`` read the copy
+as they read the runs. Checkpoints, training logs and caches are not copied.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runners.runs.archive import archive
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest archive", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, help="a sweep's output folder")
+    parser.add_argument("folder", type=Path, help="where the copy goes (e.g. RESULTS/records/<sweep>)")
+    args = parser.parse_args(argv)
+    if not args.runs.is_dir():
+        parser.error(f"{args.runs} is not a folder")
+    records, others = archive(args.runs, args.folder)
+    print(f"archive: {records} records and {others} launch logs and choices -> {args.folder}")
+    return 0

@@ -1,0 +1,43 @@
+"""A sweep's results in a form small enough to commit (``quest archive``): each run's ``record.json`` with its
+probe trajectory thinned, and the folder's launch log and tuned-protocol choices, in the same layout, so that
+``quest aggregate`` and ``quest select`` read the copy as they read the original. Checkpoints, logs and caches
+stay behind."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from common.records import read_records
+from runners.runs.launches import LAUNCH_LOG
+from runners.runs.selection import SELECTION_FILE
+
+KEPT_PROBES = 17  # probe steps kept per run: the first (the initial sharpness), the last and those evenly between
+
+
+def thin(trajectory: dict, keep: int = KEPT_PROBES) -> dict:
+    """``trajectory`` (``common.callbacks.ProbeCallback``) at ``keep`` of its steps, the first and last included."""
+    steps = trajectory.get("step") or []
+    if len(steps) <= keep:
+        return trajectory
+    picked = sorted({round(i * (len(steps) - 1) / (keep - 1)) for i in range(keep)})
+    return {"step": [steps[i] for i in picked],
+            "layers": {name: {stat: [values[i] for i in picked] for stat, values in stats.items()}
+                       for name, stats in trajectory["layers"].items()}}
+
+
+def archive(source: Path, target: Path) -> tuple[int, int]:
+    """Copy the records under ``source`` (malformed ones are left out, as aggregation leaves them) and every
+    launch log and selection file to ``target``; returns how many records and other files were copied."""
+    records, _ = read_records(source)
+    for path, record in records:
+        out = target / path.relative_to(source)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if "trajectory" in record:
+            record = {**record, "trajectory": thin(record["trajectory"])}
+        out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
+    others = [p for name in (LAUNCH_LOG, SELECTION_FILE) for p in source.rglob(name)]
+    for path in others:
+        (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target / path.relative_to(source))
+    return len(records), len(others)
