@@ -117,3 +117,26 @@ def test_a_failed_selection_run_scores_worst(tmp_path, monkeypatch, scored_run):
     chosen = json.loads((tmp_path / "runs" / "selection.json").read_text())["chosen"]["toy"]
     assert chosen["quest"] == {"optim.lr": 1e-3}
     assert all(read_record(p.parent)["status"] in ("ok", "failed") for p in (tmp_path / "runs").rglob("record.json"))
+
+
+def test_a_sweep_can_use_another_sweeps_choices(tmp_path, scored_run):
+    """`use:` skips selection: the other sweep's choices, this sweep's recipe (here another init-like override)."""
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    scored_run.clear()
+    (tmp_path / "second").mkdir()
+    other = write_spec(tmp_path / "second", variants=["standard", "quest"], seeds=[0],
+                       overrides=[f"cache_dir={tmp_path / 'cache'}", "task.nan_after=-1"],
+                       select={"use": str(tmp_path / "runs"), "confirm_seeds": [0]})
+    assert sweep.main([other]) == 0
+    borrowed = json.loads((tmp_path / "second" / "runs" / "selection.json").read_text())
+    assert borrowed["chosen"]["toy"] == {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 8e-3}}
+    assert not any("/select/" in where for *_, where in scored_run)
+    assert sorted((v, lr) for v, _, lr, _ in scored_run) == [("quest", 1e-3), ("quest", 8e-3), ("standard", 1e-3)]
+
+
+def test_using_choices_that_do_not_exist_is_a_one_line_error(tmp_path, scored_run, capsys):
+    from runners.cli import main as cli
+
+    path = write_spec(tmp_path, select={"use": str(tmp_path / "nowhere")})
+    assert cli(["sweep", path]) == 2
+    assert "selection.json does not exist; run that sweep's selection first" in capsys.readouterr().err

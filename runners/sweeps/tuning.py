@@ -10,6 +10,8 @@ beside the sweep's one-recipe runs.
       extend: 1                          # a choice at an edge of its grid adds the next multiple that way, so
                                          # often at most (one key only)
       confirm_seeds: [5, 6, 7]           # the tuned runs' seeds (default: the sweep's)
+      use: runs/other                    # instead of selecting: another sweep's choices (its selection.json),
+                                         # for the same domains and variants under, say, another init
 
 Selection runs go to ``<output_dir>/select/`` and are never attacked. The choice per domain and variant is
 ``runners.runs.selection``'s rule (mean ``best_val`` over the selection seeds, a diverged or failed run the
@@ -29,11 +31,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from common.attention import VARIANTS
+from common.errors import ConfigError
 from common.records import read_records
 from runners.config import compose, run_directory
 from runners.runs.selection import SELECTION_FILE
 
-SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds"}
+SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use"}
 
 
 def check_select(value) -> str | None:
@@ -42,6 +45,12 @@ def check_select(value) -> str | None:
         return "must be a mapping of " + ", ".join(sorted(SELECT_KEYS))
     if unknown := set(value) - SELECT_KEYS:
         return f"unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SELECT_KEYS))}"
+    if "use" in value:
+        if not isinstance(value["use"], str) or not value["use"]:
+            return "use must be the output folder of a sweep whose selection is done"
+        if set(value) & {"scale", "seeds", "extend"}:
+            return "use takes another sweep's choices: scale, seeds and extend belong to that sweep"
+        value = {"seeds": [0], "scale": {"x": [1]}, **value}  # the rest is checked as for a selection
     scale = value.get("scale")
     if not isinstance(scale, dict) or not scale or not all(
             isinstance(v, list) and v and all(isinstance(f, (int, float)) and f > 0 for f in v) for v in scale.values()):
@@ -66,12 +75,12 @@ class Tuning:
 
     def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str]):
         select = spec["select"]
-        self.out, self.base = out, base
+        self.out, self.base, self.use = out, base, select.get("use")
         self.domains = list(select.get("domains") or domains)
         self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
-        self.seeds, self.recipe_seeds = select["seeds"], spec.get("seeds", [0])
+        self.seeds, self.recipe_seeds = select.get("seeds", []), spec.get("seeds", [0])
         self.confirm_seeds = select.get("confirm_seeds") or self.recipe_seeds
-        self.scale = {key: sorted(map(float, factors)) for key, factors in select["scale"].items()}
+        self.scale = {key: sorted(map(float, factors)) for key, factors in select.get("scale", {}).items()}
         self.extend = select.get("extend", 0)
         self._recipe: dict[str, dict[str, float]] = {}
 
@@ -82,7 +91,7 @@ class Tuning:
     def recipe(self, domain: str) -> dict[str, float]:
         """The recipe's value of each scaled key in ``domain`` (the sweep's preset and overrides)."""
         if domain not in self._recipe:
-            cfg = compose(self.base(domain, "standard", self.seeds[0], self.out))
+            cfg = compose(self.base(domain, "standard", (self.seeds or self.recipe_seeds)[0], self.out))
             self._recipe[domain] = {key: float(OmegaConf.select(cfg, key)) for key in self.scale}
         return self._recipe[domain]
 
@@ -144,6 +153,8 @@ class Tuning:
         and returned), None while selection runs are left; an existing ``selection.json`` stands."""
         if self.file.exists():
             return json.loads(self.file.read_text())
+        if self.use:
+            return self._borrow()
         records = self._records()
         picked: dict[str, dict[str, dict[str, float]]] = {}
         for domain in self.domains:
@@ -156,6 +167,25 @@ class Tuning:
         selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
                      "confirm_seeds": self.confirm_seeds,
                      "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked}
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.file.write_text(json.dumps(selection, indent=1) + "\n")
+        return selection
+
+    def _borrow(self) -> dict | None:
+        """``use``: the other sweep's choices for this sweep's domains and variants (None until it has them);
+        the recipe is this sweep's own, which may differ from the other's in what the choices do not set."""
+        source = Path(self.use) / SELECTION_FILE
+        if not source.exists():
+            raise ConfigError(f"select: use: {source} does not exist; run that sweep's selection first")
+        other = json.loads(source.read_text())
+        lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in other["chosen"].get(d, {})]
+        if lacking:
+            raise ConfigError(f"select: use: {source} has no choice for {', '.join(lacking)}")
+        self.scale = dict.fromkeys(other["keys"], [1.0])
+        selection = {**other, "recipe_seeds": self.recipe_seeds, "confirm_seeds": self.confirm_seeds,
+                     "variants": self.variants, "from": str(source),
+                     "recipe": {d: self.recipe(d) for d in self.domains},
+                     "chosen": {d: {v: other["chosen"][d][v] for v in self.variants} for d in self.domains}}
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.file.write_text(json.dumps(selection, indent=1) + "\n")
         return selection
