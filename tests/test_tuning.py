@@ -126,12 +126,14 @@ def test_a_sweep_can_use_another_sweeps_choices(tmp_path, scored_run):
     (tmp_path / "second").mkdir()
     other = write_spec(tmp_path / "second", variants=["standard", "quest"], seeds=[0],
                        overrides=[f"cache_dir={tmp_path / 'cache'}", "task.nan_after=-1"],
-                       select={"use": str(tmp_path / "runs"), "confirm_seeds": [0]})
+                       select={"use": str(tmp_path / "runs"), "confirm_seeds": [0], "label": "another init"})
     assert sweep.main([other]) == 0
     borrowed = json.loads((tmp_path / "second" / "runs" / "selection.json").read_text())
     assert borrowed["chosen"]["toy"] == {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 8e-3}}
     assert not any("/select/" in where for *_, where in scored_run)
     assert sorted((v, lr) for v, _, lr, _ in scored_run) == [("quest", 1e-3), ("quest", 8e-3), ("standard", 1e-3)]
+    labels = set(results_runs.load_runs(tmp_path / "second" / "runs")["protocol"])
+    assert labels == {"same recipe, another init", "tuned, another init"}
 
 
 def test_using_choices_that_do_not_exist_is_a_one_line_error(tmp_path, scored_run, capsys):

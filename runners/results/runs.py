@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 # accuracies (common.robustness), so higher is better.
 ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
 # One table and one set of plots per group: runs of different sizes never mix, nor those of the two protocols of a
-# sweep with a `select:` section ("same recipe", "tuned"; empty for other runs).
+# sweep with a `select:` section ("same recipe", "tuned", followed by its `label:` if it has one, such as "tuned,
+# PyTorch init"; empty for other runs).
 GROUP = ["domain", "dataset", "preset", "protocol"]
 # Record fields copied into each run's row (in this order, for a stable CSV); with run_dir, not metrics.
 RECORD_FIELDS = ("domain", "dataset", "variant", "seed", "preset", "status", "primary_metric", "mode")
@@ -85,8 +86,9 @@ def _protocols(path: Path, rec: dict, selections: dict[Path, dict]) -> list[str]
     recipe = selection["recipe"].get(rec["domain"], {})  # a domain not tuned has only the recipe's runs
     chosen = selection["chosen"].get(rec["domain"], {}).get(rec["variant"])
     found = [PROTOCOLS[0]] if same(recipe) and rec["seed"] in selection["recipe_seeds"] else []
-    return found + ([PROTOCOLS[1]] if chosen is not None and same(chosen) and rec["seed"] in selection["confirm_seeds"]
-                    else [])
+    found += [PROTOCOLS[1]] if chosen is not None and same(chosen) and rec["seed"] in selection["confirm_seeds"] else []
+    label = selection.get("label")  # a sweep's own setting (another init) keeps its tables apart
+    return [f"{name}, {label}" if label else name for name in found]
 
 
 def direction(runs: pd.DataFrame, metric: str) -> str | None:

@@ -12,6 +12,7 @@ beside the sweep's one-recipe runs.
       confirm_seeds: [5, 6, 7]           # the tuned runs' seeds (default: the sweep's)
       use: runs/other                    # instead of selecting: another sweep's choices (its selection.json),
                                          # for the same domains and variants under, say, another init
+      label: PyTorch init                # added to the protocols' names, so this sweep's tables stay apart
 
 Selection runs go to ``<output_dir>/select/`` and are never attacked. The choice per domain and variant is
 ``runners.runs.selection``'s rule (mean ``best_val`` over the selection seeds, a diverged or failed run the
@@ -36,7 +37,7 @@ from common.records import read_records
 from runners.config import compose, run_directory
 from runners.runs.selection import SELECTION_FILE
 
-SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use"}
+SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label"}
 
 
 def check_select(value) -> str | None:
@@ -62,6 +63,8 @@ def check_select(value) -> str | None:
     extend = value.get("extend", 0)
     if not isinstance(extend, int) or extend < 0 or (extend and len(scale) > 1):
         return "extend must be a count >= 0, and 0 where more than one key is scaled"
+    if not isinstance(value.get("label", ""), str):
+        return "label must be a short text"
     for key in ("variants", "domains"):
         names = value.get(key, [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
@@ -76,6 +79,7 @@ class Tuning:
     def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str]):
         select = spec["select"]
         self.out, self.base, self.use = out, base, select.get("use")
+        self.label = select.get("label")  # what sets this sweep's tables apart from another's (say, its init)
         self.domains = list(select.get("domains") or domains)
         self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
         self.seeds, self.recipe_seeds = select.get("seeds", []), spec.get("seeds", [0])
@@ -165,7 +169,7 @@ class Tuning:
                 settings = _product(grid)[_best(self._scores(domain, variant, grid, records))]
                 picked.setdefault(domain, {})[variant] = {k: self.value(domain, k, f) for k, f in settings.items()}
         selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
-                     "confirm_seeds": self.confirm_seeds,
+                     "confirm_seeds": self.confirm_seeds, "label": self.label,
                      "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked}
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.file.write_text(json.dumps(selection, indent=1) + "\n")
@@ -183,7 +187,7 @@ class Tuning:
             raise ConfigError(f"select: use: {source} has no choice for {', '.join(lacking)}")
         self.scale = dict.fromkeys(other["keys"], [1.0])
         selection = {**other, "recipe_seeds": self.recipe_seeds, "confirm_seeds": self.confirm_seeds,
-                     "variants": self.variants, "from": str(source),
+                     "variants": self.variants, "from": str(source), "label": self.label,
                      "recipe": {d: self.recipe(d) for d in self.domains},
                      "chosen": {d: {v: other["chosen"][d][v] for v in self.variants} for d in self.domains}}
         self.file.parent.mkdir(parents=True, exist_ok=True)
