@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -172,3 +174,25 @@ class ProgressLines(pl.Callback):
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+class Snapshots(pl.Callback):
+    """The weights at fixed fractions of training, saved to ``<dirpath>/step<N>.ckpt`` (``fractions`` of the
+    run's optimiser steps, each rounded to a step): one run's checkpoints then stand for shorter trainings, each
+    without the end of its own learning-rate schedule. ``saved`` lists them for the run record."""
+
+    def __init__(self, dirpath: Path, fractions: Sequence[float]):
+        self.dirpath, self.fractions = Path(dirpath), sorted(set(fractions))
+        self.due: dict[int, float] = {}
+        self.saved: list[dict] = []
+
+    def on_train_start(self, trainer, pl_module):
+        total = int(trainer.estimated_stepping_batches)
+        self.due = {max(1, round(fraction * total)): fraction for fraction in self.fractions}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = int(trainer.global_step)
+        if step in self.due and not any(s["step"] == step for s in self.saved):
+            path = self.dirpath / f"step{step}.ckpt"
+            trainer.save_checkpoint(path, weights_only=True)
+            self.saved.append({"fraction": self.due[step], "step": step, "file": path.name})

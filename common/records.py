@@ -53,6 +53,8 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
     "baselines": (dict,),         # what each trivial baseline predicts: {"acc_baseline": "always the most ..."}
     "timing": (dict,),            # where the wall time went: {"build_s", "fit_s", "checkpoint_s", "steps", "test_s"}
     "headline": (list,),          # the test metrics a summary shows: ["miou", "miou_baseline", "miou_corrupt"]
+    "snapshots": (list,),         # weights kept along training: [{"fraction", "step", "file"}] (in snapshots/)
+    "curve": (list,),             # the snapshots evaluated (runners.runs.curve): [{"fraction", "step", "metrics"}]
 }
 # Fields mapping names to numbers, which aggregation averages.
 NUMERIC_MAPS = ("metrics", "probes", "robustness", "imagenet", "losses")

@@ -379,3 +379,19 @@ def test_a_requeued_slurm_task_makes_its_stopped_run_again(toy_domain, tmp_path,
     write_record(run_directory(cfg), {**fake_record(cfg, "ok"), "status": "stopped", "error": "stopped by SIGTERM"})
     assert slurm.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
     assert recorded(tmp_path) == {0: "ok"} and fake_run.executions() == [0]
+
+
+def test_a_sweep_keeps_snapshots_and_tests_each_one(toy_domain, tmp_path):
+    """`snapshots: [0.5, 1]`: each run keeps its weights halfway and at the end, and its record's curve holds the
+    test metrics of both."""
+    path = write_spec(tmp_path, preset="smoke", snapshots=[0.5, 1.0])
+    assert sweep.main([path]) == 0
+    run_dir = next((tmp_path / "runs").rglob("record.json")).parent
+    record = read_record(run_dir)
+    steps = [s["step"] for s in record["snapshots"]]
+    assert [s["fraction"] for s in record["snapshots"]] == [0.5, 1.0] and steps[1] == record["timing"]["steps"]
+    assert all((run_dir / "snapshots" / s["file"]).is_file() for s in record["snapshots"])
+    assert [p["step"] for p in record["curve"]] == steps and all("test/mse" in p["metrics"] for p in record["curve"])
+    assert record["curve"][0]["metrics"]["test/mse"] != record["curve"][1]["metrics"]["test/mse"]
+    with pytest.raises(Exception, match="must be a list of fractions of training in"):
+        sweep_spec.load_sweep(write_spec(tmp_path, snapshots=[0, 1]))

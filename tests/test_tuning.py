@@ -142,3 +142,15 @@ def test_using_choices_that_do_not_exist_is_a_one_line_error(tmp_path, scored_ru
     path = write_spec(tmp_path, select={"use": str(tmp_path / "nowhere")})
     assert cli(["sweep", path]) == 2
     assert "selection.json does not exist; run that sweep's selection first" in capsys.readouterr().err
+
+
+def test_tuned_runs_fill_the_grid_and_recipe_false_leaves_the_recipe_out(tmp_path, scored_run):
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    scored_run.clear()
+    (tmp_path / "grid").mkdir()
+    path = write_spec(tmp_path / "grid", variants=["standard", "quest"], seeds=[0], grid={"data.n": [64, 32]},
+                      select={"use": str(tmp_path / "runs"), "recipe": False, "confirm_seeds": [3]})
+    assert sweep.main([path]) == 0
+    assert sorted((v, s, lr) for v, s, lr, _ in scored_run) == [("quest", 3, 8e-3)] * 2 + [("standard", 3, 1e-3)] * 2
+    labels = results_runs.load_runs(tmp_path / "grid" / "runs")["protocol"]
+    assert set(labels) == {"tuned"} and len(labels) == 4

@@ -7,7 +7,7 @@ import argparse
 # command -> its module under runners.commands (each has ``main(argv) -> exit status``)
 COMMANDS = {"train": "train", "list": "listing", "sweep": "sweep", "ensemble": "ensemble", "aggregate": "aggregate",
             "stability": "stability", "bench": "bench", "feed": "feed", "robustness": "robustness",
-            "select": "select", "archive": "archive"}
+            "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling"}
 
 
 def positive_int(text: str) -> int:

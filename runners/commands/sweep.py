@@ -103,7 +103,8 @@ def stage_runs(spec: dict, args: argparse.Namespace, stage: str | None = None) -
 def launch(spec: dict, args: argparse.Namespace, argv: list[str], stage: str, runs: list[list[str]]) -> int:
     """Make one stage's runs here or submit them to SLURM; returns the exit status."""
     out = Path(args.output_dir or spec.get("output_dir", "runs"))
-    robust = {**spec, "robustness": bool(spec.get("robustness")) and stage == "confirm"}  # selection is not attacked
+    robust = {**spec, "robustness": bool(spec.get("robustness")) and stage == "confirm",  # selection is not attacked
+              "snapshots": spec.get("snapshots") if stage == "confirm" else None}         # nor kept along the way
     if len(runs) and stage == "select":
         print(f"sweep: selection stage, {len(runs)} runs in {out / 'select'}")
     progress = Progress(runs)
@@ -132,7 +133,8 @@ def main(argv: list[str]) -> int:
     if args.report_fd is not None:  # a worker of a launch
         _, runs = stage_runs(spec, args, args.stage)
         robustness = bool(spec.get("robustness")) and args.stage != "select"
-        return report_to(args.report_fd, lambda report: run_all(runs, robustness, report))
+        snapshots = spec.get("snapshots", []) if args.stage != "select" else []
+        return report_to(args.report_fd, lambda report: run_all(runs, robustness, report, snapshots))
     stage, runs = stage_runs(spec, args)
     if args.dry_run:
         print("\n".join(" ".join(r) for r in runs))

@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import torch
 from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines
+from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines, Snapshots
 from common.errors import ConfigError, DataError, Stopped
 from common.records import RECORD_NAME
 from common.registry import build_config, get_domain
@@ -46,10 +47,12 @@ def train(args: list[str]) -> dict:
     return run(compose(args))
 
 
-def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
+def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Sequence[float] = ()) -> dict:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input,
     ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.runs.rundir``;
-    with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it."""
+    with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it.
+    ``snapshots``: fractions of training at which to keep the weights as well (``common.callbacks.Snapshots``,
+    in ``snapshots/``; the record lists them), for learning curves (``runners.runs.curve``)."""
     console.quiet()
     with torch_threads(cfg.threads), Stopped.on_signals():
         domain = get_domain(cfg.domain)
@@ -73,18 +76,18 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False) -> dict:
             if not mine:
                 raise ConfigError(f"{run_dir} is being run by another process (it holds {lock_path(run_dir)}); "
                                   "pass --wait to run it after that one")
-            _build(cfg, datamodule, task, record, start)
+            _build(cfg, datamodule, task, record, start, snapshots)
         return record
 
 
-def _build(cfg: DictConfig, datamodule, task, record: dict, start: float) -> None:
+def _build(cfg: DictConfig, datamodule, task, record: dict, start: float, snapshots: Sequence[float] = ()) -> None:
     """Fit and test in a fresh build directory, and put it in the run directory's place with its record
     (``start``: when the run began, for its wall time)."""
     build_dir = fresh_run_directory(cfg)
     loggers = []  # Lightning's, made by _fit_and_test; the trackers among them are given the record at the end
     record["timing"] = {"build_s": round(time.perf_counter() - start, 3)}  # config, data and model, before fitting
     try:
-        writes = _fit_and_test(cfg, build_dir, datamodule, task, record, loggers)
+        writes = _fit_and_test(cfg, build_dir, datamodule, task, record, loggers, snapshots)
     except (ConfigError, DataError):
         remove(build_dir)  # the user's to fix, met only while training: leave nothing behind
         trackers.finish(loggers, None)
@@ -168,23 +171,25 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
 
 
 def run_trainer(cfg: DictConfig, build_dir: Path, loggers: list, monitor: str | None, mode: str,
-                **trainer) -> pl.Trainer:
+                snapshots: Sequence[float] = (), **trainer) -> pl.Trainer:
     """The Lightning trainer of a run, with what it records by: the best checkpoint on ``monitor``, the attention
-    probes, the divergence watch and the progress display (``trainer``: settings over ``cfg.trainer``, for
-    ``quest bench --model``, which times this loop)."""
+    probes, the divergence watch, the progress display and any ``snapshots`` (``trainer``: settings over
+    ``cfg.trainer``, for ``quest bench --model``, which times this loop)."""
     checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor, mode=mode,
                                 save_last=True, enable_version_counter=False)
     bar, lines = progress_display(cfg, monitor)
     return pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar, **trainer}, default_root_dir=build_dir,
                       logger=loggers, enable_model_summary=False,
-                      callbacks=[checkpoint, ProbeCallback(**cfg.probes), DivergenceCallback(**cfg.divergence), *lines])
+                      callbacks=[checkpoint, ProbeCallback(**cfg.probes), DivergenceCallback(**cfg.divergence), *lines,
+                                 *([Snapshots(build_dir / "snapshots", snapshots)] if snapshots else [])])
 
 
 def _one(trainer: pl.Trainer, kind: type):
     return next(callback for callback in trainer.callbacks if isinstance(callback, kind))
 
 
-def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict, loggers: list) -> bool:
+def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict, loggers: list,
+                  snapshots: Sequence[float] = ()) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
     trainer = None
@@ -192,7 +197,7 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
         record["params"] = sum(p.numel() for p in task.parameters())
         monitor = f"val/{record['primary_metric']}"
         loggers += trackers.loggers(cfg, build_dir)  # the caller's list: it gives the trackers the record
-        trainer = run_trainer(cfg, build_dir, loggers, monitor, record["mode"])
+        trainer = run_trainer(cfg, build_dir, loggers, monitor, record["mode"], snapshots)
         checkpoint, probes, watch = (_one(trainer, kind) for kind in (BestCheckpoint, ProbeCallback, DivergenceCallback))
         began = time.perf_counter()
         trainer.fit(task, datamodule=datamodule)
@@ -201,6 +206,8 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: di
         record["hardware"]["world_size"] = trainer.world_size
         record["probes"] = probes.latest
         record["trajectory"] = probes.trajectory
+        if snapshots:
+            record["snapshots"] = _one(trainer, Snapshots).saved
         if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
             record["split"] = datamodule.split_info
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing

@@ -16,11 +16,11 @@ class SweepJob:
     """One run of a sweep as a SLURM array task. On preemption or timeout submitit requeues it
     (``checkpoint``); the requeued task restarts the run, as a local sweep would."""
 
-    def __init__(self, robustness: bool = False):
-        self.robustness = robustness
+    def __init__(self, robustness: bool = False, snapshots: list[float] = ()):
+        self.robustness, self.snapshots = robustness, list(snapshots)
 
     def __call__(self, args: list[str]) -> dict[str, int]:
-        return run_all([args], self.robustness)
+        return run_all([args], self.robustness, snapshots=self.snapshots)
 
     def checkpoint(self, args: list[str]):
         import submitit
@@ -41,7 +41,7 @@ def launch_slurm(runs: list[list[str]], spec: dict, folder: str | Path, cluster:
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     executor.update_parameters(name="quest-sweep", **{SLURM_KEYS[k]: v for k, v in settings.items()},
                                **{f"slurm_{k}": v for k, v in extra.items()})
-    return executor.map_array(SweepJob(bool(spec.get("robustness"))), runs)
+    return executor.map_array(SweepJob(bool(spec.get("robustness")), spec.get("snapshots") or []), runs)
 
 
 def submit_slurm(runs: list[list[str]], spec: dict, folder: Path) -> None:

@@ -14,7 +14,7 @@ from runners.config import CONFIG_DIR, refuse_interpolation
 from runners.sweeps.tuning import Tuning, check_select, unique_runs
 
 SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid",
-              "slurm", "robustness", "select"}
+              "slurm", "robustness", "select", "snapshots"}
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -80,6 +80,9 @@ SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with it
     "slurm": lambda v: None if v is None or isinstance(v, dict) else "must be a mapping of slurm settings",
     "robustness": lambda v: None if isinstance(v, bool) else "must be true or false",
     "select": check_select,
+    "snapshots": lambda v: None if isinstance(v, list) and v and all(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in v)
+    else "must be a list of fractions of training in (0, 1]",
 }
 
 
@@ -109,11 +112,15 @@ def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     covered every domain and variant at the first seeds rather than a few domains at all seeds. (A ``select:``
     section adds its own runs: ``tuning``.)"""
     variants = _variants(spec) + list(spec.get("ablations") or [])
-    grid = spec.get("grid") or {}
-    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
     out = output_dir or spec.get("output_dir", "runs")
     return [run_args(spec, domain, variant, seed, out, combo, extra)
-            for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), _domains(spec), combos, variants)]
+            for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), _domains(spec), _combos(spec),
+                                                                  variants)]
+
+
+def _combos(spec: dict) -> list[dict]:
+    grid = spec.get("grid") or {}
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
 
 
 def tuning(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
@@ -121,13 +128,15 @@ def tuning(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> 
     if "select" not in spec:
         return None
     out = Path(output_dir or spec.get("output_dir", "runs"))
-    return Tuning(spec, out, lambda domain, variant, seed, where: run_args(spec, domain, variant, seed, where,
-                                                                           extra=extra),
-                  _domains(spec), _variants(spec))
+    return Tuning(spec, out, lambda domain, variant, seed, where, combo=None: run_args(spec, domain, variant, seed,
+                                                                                       where, combo, extra),
+                  _domains(spec), _variants(spec), _combos(spec))
 
 
 def confirmation(spec: dict, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
     """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
-    each seed the sweep's own runs, then each tuned variant at its choice; each run made once."""
-    runs = expand(spec, output_dir, extra) + tuning(spec, output_dir, extra).tuned_runs(selection)
+    each seed the sweep's own runs (unless ``select: {recipe: false}``), then each tuned variant at its choice;
+    each run made once."""
+    own = expand(spec, output_dir, extra) if spec["select"].get("recipe", True) else []
+    runs = own + tuning(spec, output_dir, extra).tuned_runs(selection)
     return unique_runs(sorted(runs, key=lambda args: int(next(a for a in args if a.startswith("seed="))[5:])))

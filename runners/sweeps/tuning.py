@@ -13,6 +13,9 @@ beside the sweep's one-recipe runs.
       use: runs/other                    # instead of selecting: another sweep's choices (its selection.json),
                                          # for the same domains and variants under, say, another init
       label: PyTorch init                # added to the protocols' names, so this sweep's tables stay apart
+      recipe: false                      # the tuned runs only (default true: the sweep's own runs beside them)
+
+A sweep ``grid:`` applies to the tuned runs too (each choice in every cell); selection runs at the recipe.
 
 Selection runs go to ``<output_dir>/select/`` and are never attacked. The choice per domain and variant is
 ``runners.runs.selection``'s rule (mean ``best_val`` over the selection seeds, a diverged or failed run the
@@ -37,7 +40,7 @@ from common.records import read_records
 from runners.config import compose, run_directory
 from runners.runs.selection import SELECTION_FILE
 
-SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label"}
+SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe"}
 
 
 def check_select(value) -> str | None:
@@ -65,6 +68,8 @@ def check_select(value) -> str | None:
         return "extend must be a count >= 0, and 0 where more than one key is scaled"
     if not isinstance(value.get("label", ""), str):
         return "label must be a short text"
+    if not isinstance(value.get("recipe", True), bool):
+        return "recipe must be true (the sweep's own runs too) or false (the tuned runs only)"
     for key in ("variants", "domains"):
         names = value.get(key, [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
@@ -76,13 +81,16 @@ class Tuning:
     """The selection and confirmation runs of a sweep with a ``select:`` section. ``base(domain, variant,
     seed, out)`` gives a run's ``quest train`` arguments as the sweep makes them (``runners.sweeps.spec``)."""
 
-    def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str]):
+    def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str],
+                 combos: list[dict] = ({},)):
         select = spec["select"]
         self.out, self.base, self.use = out, base, select.get("use")
         self.label = select.get("label")  # what sets this sweep's tables apart from another's (say, its init)
         self.domains = list(select.get("domains") or domains)
         self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
-        self.seeds, self.recipe_seeds = select.get("seeds", []), spec.get("seeds", [0])
+        self.combos = list(combos)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
+        self.seeds = select.get("seeds", [])
+        self.recipe_seeds = spec.get("seeds", [0]) if select.get("recipe", True) else []
         self.confirm_seeds = select.get("confirm_seeds") or self.recipe_seeds
         self.scale = {key: sorted(map(float, factors)) for key, factors in select.get("scale", {}).items()}
         self.extend = select.get("extend", 0)
@@ -95,15 +103,16 @@ class Tuning:
     def recipe(self, domain: str) -> dict[str, float]:
         """The recipe's value of each scaled key in ``domain`` (the sweep's preset and overrides)."""
         if domain not in self._recipe:
-            cfg = compose(self.base(domain, "standard", (self.seeds or self.recipe_seeds)[0], self.out))
+            cfg = compose(self.base(domain, "standard", (self.seeds or self.recipe_seeds or self.confirm_seeds)[0], self.out))
             self._recipe[domain] = {key: float(OmegaConf.select(cfg, key)) for key in self.scale}
         return self._recipe[domain]
 
     def value(self, domain: str, key: str, factor: float) -> float:
         return float(f"{self.recipe(domain)[key] * factor:.3g}")
 
-    def _args(self, domain: str, variant: str, seed: int, out: Path, settings: dict[str, float]) -> list[str]:
-        return [*self.base(domain, variant, seed, out), *(f"{key}={value!r}" for key, value in settings.items())]
+    def _args(self, domain: str, variant: str, seed: int, out: Path, settings: dict[str, float],
+              combo: dict | None = None) -> list[str]:
+        return [*self.base(domain, variant, seed, out, combo), *(f"{key}={value!r}" for key, value in settings.items())]
 
     def _grid(self, domain: str, variant: str, records: list[dict]) -> tuple[dict[str, list[float]], bool]:
         """The multiples tried for one domain and variant, extended at each edge its choice came to sit on; and
@@ -196,8 +205,9 @@ class Tuning:
 
     def tuned_runs(self, selection: dict) -> list[list[str]]:
         """Each tuned variant at its choice on the confirmation seeds."""
-        return [self._args(domain, variant, seed, self.out, selection["chosen"][domain][variant])
-                for seed in self.confirm_seeds for domain in self.domains for variant in self.variants]
+        return [self._args(domain, variant, seed, self.out, selection["chosen"][domain][variant], combo)
+                for seed in self.confirm_seeds for domain in self.domains for combo in self.combos
+                for variant in self.variants]
 
 
 def _best(scores: list[float]) -> int:

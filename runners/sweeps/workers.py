@@ -10,7 +10,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
@@ -27,16 +27,17 @@ log = logging.getLogger(__name__)
 
 
 def run_all(runs: list[list[str]], robustness: bool = False,
-            report: Callable[[dict], None] | None = None) -> dict[str, int]:
+            report: Callable[[dict], None] | None = None, snapshots: Sequence[float] = ()) -> dict[str, int]:
     """Run each run that has no record and that no other process holds, and hand each outcome to
     ``report``; returns how many runs ended in each way. With ``robustness``, finished runs of domains
     with a ``robustness`` config section are then attacked (``quest robustness``) and the result lands
-    in their record."""
+    in their record. With ``snapshots`` (fractions of training), each run keeps its weights there too and
+    each finished run's snapshots are tested (``runners.runs.curve``, attacked too with ``robustness``)."""
     counts = dict.fromkeys(("ok", "diverged", "failed", "invalid", "skipped", "busy"), 0)
     report = report or (lambda outcome: None)
     for index, args in enumerate(runs):
         try:
-            outcome = _settle(index, args, robustness, report)
+            outcome = _settle(index, args, robustness, report, snapshots)
         except Stopped as stop:
             if hasattr(stop, "outcome"):  # stopped while making a run (see _run)
                 report(stop.outcome)
@@ -47,7 +48,8 @@ def run_all(runs: list[list[str]], robustness: bool = False,
     return counts
 
 
-def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dict], None]) -> dict:
+def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dict], None],
+            snapshots: Sequence[float] = ()) -> dict:
     try:
         cfg = compose([*args, "progress.style=none"])  # the sweep's own line is its progress
     except ConfigError as err:
@@ -60,19 +62,21 @@ def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dic
         if before:
             return run_outcome(index, *before, run_dir)
         report(run_outcome(index, "running", run_dir=run_dir))  # so the launcher knows it if this process dies
-        outcome = _run(index, cfg, run_dir, robustness)
+        outcome = _run(index, cfg, run_dir, robustness, snapshots)
         note_outcome(run_dir, outcome)
         return outcome
 
 
-def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
-    """Run a run whose lock this process holds (and, with ``robustness``, attack it if it is a classifier)."""
-    from runners.runs.robustness import evaluate_run  # imported here: Lightning is slow to import, and the
-    from runners.runs.training import run  # launching process does without it
+def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool, snapshots: Sequence[float] = ()) -> dict:
+    """Run a run whose lock this process holds (and, with ``robustness``, attack it if it is a classifier;
+    with ``snapshots``, test its snapshots)."""
+    from runners.runs.curve import evaluate_curve  # imported here: Lightning is slow to import, and the
+    from runners.runs.robustness import evaluate_run  # launching process does without it
+    from runners.runs.training import run
 
     start = time.monotonic()
     try:
-        record = run(cfg, lock=False)  # this process holds the lock
+        record = run(cfg, lock=False, snapshots=snapshots)  # this process holds the lock
     except Stopped as stop:  # what became of the run, for the report on the way out
         stop.outcome = run_outcome(index, "stopped", stop.detail or str(stop), run_dir, time.monotonic() - start)
         raise
@@ -83,6 +87,8 @@ def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool) -> dict:
         return run_outcome(index, "failed", error_line(err), run_dir, time.monotonic() - start)
     if robustness and record["status"] == "ok" and "robustness" in cfg:
         evaluate_run(run_dir)
+    if snapshots and record["status"] == "ok":
+        evaluate_curve(run_dir, robustness)
     return run_outcome(index, record["status"], record["error"], run_dir, time.monotonic() - start)
 
 

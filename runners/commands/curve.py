@@ -1,0 +1,23 @@
+"""`quest curve <run dir> ... [--robustness]`: a run's learning curve, from the snapshots it kept.
+
+Each snapshot (the weights at a fraction of training, kept by a sweep with `snapshots: [0.125, 0.25, 0.5, 1]`)
+is restored and tested on the test split; with ``--robustness``, a classifier is also attacked and corrupted as
+``quest robustness`` does. The points land in the run's record (``curve``), which ``quest scaling`` reads.
+"""
+from __future__ import annotations
+
+import argparse
+
+from runners.runs.curve import evaluate_curve
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest curve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="finished run directories that kept snapshots")
+    parser.add_argument("--robustness", action="store_true", help="attack and corrupt each snapshot of a classifier")
+    args = parser.parse_args(argv)
+    for path in args.runs:
+        points = evaluate_curve(path, args.robustness)
+        print(f"curve: {path}: " + " · ".join(f"step {p['step']}" for p in points))
+    return 0

@@ -1,0 +1,25 @@
+"""`quest scaling <runs dir> ... [-o SCALING.md]`: learning curves across training length and width.
+
+From runs that kept snapshots and tested them (a sweep with `snapshots:`, or `quest curve`): per domain and
+width, each variant's test metric (and, for classifiers, its corruption and PGD accuracy) against training steps
+with 95% intervals over seeds, the stability probes along training, and a table of each variant's paired
+difference to standard at every length. `quest aggregate --report SCALING.md` puts it in RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runners.results.scaling import report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quest scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="directories of runs with tested curves")
+    parser.add_argument("-o", "--output", type=Path, default=Path("SCALING.md"), help="markdown file to write")
+    args = parser.parse_args(argv)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report(*args.runs, out=args.output) + "\n")
+    print(f"scaling: -> {args.output}")
+    return 0

@@ -1,0 +1,147 @@
+"""Learning curves across training length and width (``quest scaling``): from runs that kept snapshots and tested
+them (``runners.runs.curve``), per domain and width, each variant's test metrics against training steps (mean and
+95% interval over seeds), the difference to `standard` at each length paired by seed, and the stability probes
+(max logit, largest query and key norms) along training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common.records import read_records
+from runners.results.runs import variant_order
+from runners.results.stats import detectable, half_width, paired_p
+
+PROBES = ("max_logit", "q_norm_max", "k_norm_max")
+
+
+def curve_points(*roots: str | Path) -> pd.DataFrame:
+    """One row per (run, snapshot): domain, width (``model.dim``), variant, seed, step, fraction, the primary
+    metric's name and direction, and every test and robustness metric of that snapshot."""
+    records, _ = read_records(*roots)
+    rows = []
+    for _, rec in records:
+        if rec["status"] != "ok":
+            continue
+        for point in rec.get("curve", []):
+            row = {"domain": rec["domain"], "width": rec["config"].get("model", {}).get("dim"), "variant": rec["variant"],
+                   "seed": rec["seed"], "step": point["step"], "fraction": point["fraction"],
+                   "primary": rec["primary_metric"], "mode": rec["mode"]}
+            row.update({k.removeprefix("test/"): v for k, v in point["metrics"].items()})
+            row.update({k: v for k, v in point.get("robustness", {}).items() if isinstance(v, (int, float))})
+            rows.append(row)
+    if not rows:
+        raise FileNotFoundError(f"no run under {', '.join(map(str, roots))} has a tested curve (quest curve)")
+    return pd.DataFrame(rows)
+
+
+def probe_points(*roots: str | Path) -> pd.DataFrame:
+    """One row per (run, probe step): domain, width, variant, seed, step and the cross-layer ``PROBES`` (max over
+    layers)."""
+    records, _ = read_records(*roots)
+    rows = []
+    for _, rec in records:
+        trajectory = rec.get("trajectory") or {}
+        if rec["status"] != "ok" or not rec.get("curve") or not trajectory.get("step"):
+            continue
+        for i, step in enumerate(trajectory["step"]):
+            row = {"domain": rec["domain"], "width": rec["config"].get("model", {}).get("dim"), "variant": rec["variant"],
+                   "seed": rec["seed"], "step": step}
+            for stat in PROBES:
+                values = [layer[stat][i] for layer in trajectory["layers"].values() if stat in layer]
+                row[stat] = max(values) if values else np.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def differences(points: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per domain, width, step and variant: the paired difference to `standard` on ``metric``, signed so that
+    positive is better, with its 95% interval, p (uncorrected: exploratory) and minimum detectable effect."""
+    rows = []
+    for (domain, width, step), group in points.groupby(["domain", "width", "step"]):
+        lower = group["mode"].iloc[0] == "min" if metric == group["primary"].iloc[0] else not metric.startswith("acc")
+        sign = -1.0 if lower else 1.0
+        base = group[group["variant"] == "standard"].set_index("seed")[metric]
+        for variant in variant_order(group["variant"]):
+            if variant == "standard":
+                continue
+            diff = sign * (group[group["variant"] == variant].set_index("seed")[metric] - base).dropna()
+            rows.append({"domain": domain, "width": width, "step": step, "variant": variant, "n": len(diff),
+                         "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
+                         "mde": detectable(diff.std(), len(diff))})
+    return pd.DataFrame(rows)
+
+
+def _cell(row: pd.Series) -> str:
+    if np.isnan(row["diff"]):
+        return "–"
+    spread = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
+    tested = "" if np.isnan(row["p"]) else f" (p={row['p']:.2g}, MDE {row['mde']:.2g})"
+    return f"{row['diff']:+.3g}{spread}{tested}"
+
+
+def delta_table(points: pd.DataFrame, metric: str) -> str:
+    """Markdown: rows = width and training steps, columns = variants, cells = Δ vs standard (+ is better)."""
+    table = differences(points, metric)
+    if table.empty:
+        return ""
+    cells = table.assign(cell=table.apply(_cell, axis=1)).pivot_table(
+        index=["width", "step"], columns="variant", values="cell", aggfunc="first")
+    return cells[[v for v in variant_order(cells.columns)]].to_markdown()
+
+
+def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics: list[str], out: Path) -> Path:
+    """One row of panels per width: each metric (and each probe) against steps, one line per variant with its
+    95% band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    widths = sorted(points["width"].unique())
+    columns = [*metrics, *PROBES]
+    fig, axes = plt.subplots(len(widths), len(columns), figsize=(3.4 * len(columns), 2.8 * len(widths)), squeeze=False)
+    for r, width in enumerate(widths):
+        for c, column in enumerate(columns):
+            ax, source = axes[r, c], points if column in metrics else probes
+            data = source[(source["domain"] == domain) & (source["width"] == width)] if len(source) else source
+            for variant in variant_order(data["variant"]) if len(data) else []:
+                stats = data[data["variant"] == variant].groupby("step")[column].agg(["mean", half_width])
+                ax.plot(stats.index, stats["mean"], marker="o" if column in metrics else None, ms=3, label=variant)
+                ax.fill_between(stats.index, stats["mean"] - stats["half_width"].fillna(0),
+                                stats["mean"] + stats["half_width"].fillna(0), alpha=0.15)
+            ax.set_title(f"width {width}: {column}", fontsize=9)
+            ax.set_xlabel("step")
+            if column in PROBES:
+                ax.set_yscale("log")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def report(*roots: str | Path, out: Path) -> str:
+    """The scaling report's markdown (figures beside ``out``)."""
+    points, probes = curve_points(*roots), probe_points(*roots)
+    lines = ["# Scaling: training length and width", "",
+             f"From `quest scaling {' '.join(map(str, roots))}`. Each run kept its weights at fixed fractions of "
+             "training; each snapshot was tested (`quest curve`), so one run gives every length up to its own. A "
+             "snapshot has not had the end of its own learning-rate schedule: an early point is a partly trained "
+             "model at a high learning rate, not a shorter run. Δ vs standard is paired by seed, positive is "
+             "better, p uncorrected (exploratory), MDE the smallest difference the seeds detect at 80% power.", ""]
+    for domain, group in points.groupby("domain"):
+        primary = group["primary"].iloc[0]
+        robust = [m for m in ("acc_corruption_mean", *sorted(c for c in group if c.startswith("acc_pgd_")))
+                  if m in group and group[m].notna().any()]
+        figure = plot_curves(points, probes, domain, [primary, *robust], out.parent / f"scaling_{domain}.png")
+        seeds = group.groupby(["width", "variant"])["seed"].nunique()
+        lines += [f"## Scaling: {domain}", "",
+                  f"Widths {', '.join(map(str, sorted(group['width'].unique())))}; "
+                  f"{seeds.min()}–{seeds.max()} seeds per variant and width; snapshots at steps "
+                  f"{', '.join(map(str, sorted(group['step'].unique())))}.", "",
+                  f"![scaling {domain}]({figure.name})", ""]
+        for metric in [primary, *robust]:
+            lines += [f"Δ{metric} vs standard (+ is better):", "", delta_table(group, metric), ""]
+    return "\n".join(lines)

@@ -1,0 +1,46 @@
+"""`quest scaling`: learning curves from tested snapshots, the paired difference to standard at each length and
+width, and the probes along training."""
+import pytest
+from conftest import make_record
+
+from common.records import write_record
+from runners.cli import main as cli
+from runners.results.scaling import curve_points, differences
+
+
+def write_curves(root):
+    """Two widths, two seeds; quest's accuracy is 0.1 above standard's at step 10 and equal at step 20."""
+    for width in (8, 16):
+        for variant in ("standard", "quest"):
+            for seed in (0, 1, 2):
+                curve = [{"fraction": f, "step": step, "metrics": {"test/acc": acc + 0.01 * seed * (variant == "quest")}}
+                         for f, step, acc in ((0.5, 10, 0.5 + 0.1 * (variant == "quest")), (1.0, 20, 0.8))]
+                trajectory = {"step": [0, 10], "layers": {"l0": {"max_logit": [1.0, 2.0], "q_norm_max": [1.0, 3.0],
+                                                                 "k_norm_max": [1.0, 1.5]}}}
+                write_record(root / f"{width}-{variant}-{seed}", make_record(
+                    variant, seed, {"acc": 0.8}, domain="vision", config={"model": {"dim": width}},
+                    primary_metric="acc", mode="max", curve=curve, trajectory=trajectory))
+
+
+def test_differences_are_paired_by_seed_at_each_length_and_width(tmp_path):
+    write_curves(tmp_path)
+    table = differences(curve_points(tmp_path), "acc").set_index(["width", "step", "variant"])
+    assert table.loc[(8, 10, "quest"), "diff"] == pytest.approx(0.11)
+    assert table.loc[(16, 20, "quest"), "diff"] == pytest.approx(0.01)
+    assert table.loc[(8, 10, "quest"), "n"] == 3
+
+
+def test_the_report_has_curves_probes_and_the_delta_table(tmp_path):
+    write_curves(tmp_path / "runs")
+    out = tmp_path / "report" / "SCALING.md"
+    assert cli(["scaling", str(tmp_path / "runs"), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "## Scaling: vision" in text and "![scaling vision](scaling_vision.png)" in text
+    assert (out.parent / "scaling_vision.png").stat().st_size > 0
+    assert "| (8, 10)  | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
+
+
+def test_runs_without_curves_are_a_clear_error(tmp_path):
+    write_record(tmp_path / "a", make_record("standard", 0, {"acc": 0.5}))
+    with pytest.raises(FileNotFoundError, match="has a tested curve"):
+        curve_points(tmp_path)
