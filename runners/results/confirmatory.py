@@ -12,10 +12,10 @@ The file is markdown for people with one fenced ``yaml`` block for this module::
       - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard}
 
 A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
-*contradicted* where it is below α the other way, *cannot tell* otherwise. One whose domain cannot rank variants
-(``runners.results.stats.attention_matters`` on the same-recipe runs at ``recipe_seeds``) is reported as such and
-left out of the family, by the rule written in the file. A pair with a run that did not finish ok is dropped and
-counted. The section also says whether the file's commit precedes every confirmatory run's.
+*contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
+metric yet). One whose domain cannot rank variants (``runners.results.stats.attention_matters`` on the same-recipe
+runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file. A pair
+with a run that did not finish ok is dropped and counted. The section also says whether the file's commit precedes every confirmatory run's.
 """
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
 
 
 def _verdict(row: pd.Series, alpha: float) -> str:
+    if row["n"] == 0:
+        return "no paired runs"
     if not row["ranks"]:
         return "cannot rank variants here"
     if np.isnan(row["p_holm"]) or row["p_holm"] >= alpha:
