@@ -116,7 +116,8 @@ def selection_section(run_dirs: Sequence[str]) -> list[str]:
                   f"metric, mean over selection seeds {selection['seeds']} (a run that diverged or failed scores "
                   f"worst; ties to the smaller value), from multiples of the recipe's value; confirmation seeds "
                   f"{selection['confirm_seeds']}. The selection runs are under `{root}/select`.", "",
-                  pd.DataFrame(rows).T.rename_axis("domain").to_markdown(), ""]
+                  pd.DataFrame(rows).T.rename_axis("domain").to_markdown(), "",
+                  *describe_launches(read_launches(Path(root) / "select"))]
     return lines
 
 
