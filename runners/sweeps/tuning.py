@@ -38,7 +38,7 @@ from common.attention import VARIANTS
 from common.errors import ConfigError
 from common.records import read_records
 from runners.config import compose, run_directory
-from runners.runs.selection import SELECTION_FILE
+from runners.runs.selection import SELECTION_FILE, TIE, candidates, leaves
 
 SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe"}
 
@@ -133,8 +133,6 @@ class Tuning:
     def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[float] | None:
         """The score of each setting of the grid (``_product`` order) by ``runners.runs.selection``'s rule,
         signed so that higher is better; None while one of its runs has no record."""
-        from runners.runs.selection import candidates
-
         scores = []
         for settings in _product(grid):
             values = {key: self.value(domain, key, factor) for key, factor in settings.items()}
@@ -155,8 +153,6 @@ class Tuning:
                 for settings in _product(self._grid(domain, variant, records)[0]) for seed in self.seeds]
 
     def _records(self) -> list[dict]:
-        from runners.runs.selection import leaves
-
         found, _ = read_records(self.out / "select") if (self.out / "select").is_dir() else ([], [])
         return [{**rec, "leaves": leaves(rec["config"])} for _, rec in sorted(found, key=lambda item: str(item[0]))
                 if rec["status"] != "stopped"]
@@ -212,8 +208,6 @@ class Tuning:
 
 def _best(scores: list[float]) -> int:
     """The index of the best score; scores within the selection rule's tie (1e-4) go to the earlier one."""
-    from runners.runs.selection import TIE
-
     return max(range(len(scores)), key=lambda i: (round(scores[i] / TIE) if math.isfinite(scores[i]) else scores[i], -i))
 
 
