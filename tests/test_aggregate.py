@@ -441,3 +441,17 @@ def test_a_table_says_how_many_runs_were_still_improving(tmp_path):
     line = budget_line(results_runs.load_runs(tmp_path))
     assert line.startswith("Training length: 2 of 3 finished runs scored their best validation at their last")
     assert "longer training could change this table" in line
+
+
+@pytest.mark.parametrize("plan, problem", [
+    ("```yaml\nprotocol: [unclosed\n```\n", "the plan is not valid YAML"),
+    ("```yaml\n- a\n```\n", "the plan is a mapping of"),
+    ("no block here\n", "no ```yaml block holds the analysis plan"),
+    (PLAN.replace("  - {id: H2", "  - 3\n  - {id: H2"), "hypotheses must be a list of mappings"),
+])
+def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, problem):
+    write_tuned_sweep(tmp_path / "runs")
+    (tmp_path / "plan.md").write_text(plan)
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(tmp_path / "plan.md"), "-o", str(out)]) == 2
+    assert problem in capsys.readouterr().err and not out.exists() and not (tmp_path / "RESULTS").exists()

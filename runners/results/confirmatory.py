@@ -41,10 +41,17 @@ def read_plan(path: Path) -> dict:
     found = PLAN.search(path.read_text())
     if not found:
         raise ConfigError(f"{path}: no ```yaml block holds the analysis plan")
-    plan = yaml.safe_load(found.group(1))
-    missing = {"protocol", "seeds", "recipe_seeds", "alpha", "hypotheses"} - set(plan or {})
+    try:
+        plan = yaml.safe_load(found.group(1))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: the plan is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{path}: the plan is a mapping of protocol, seeds, recipe_seeds, alpha and hypotheses")
+    missing = {"protocol", "seeds", "recipe_seeds", "alpha", "hypotheses"} - set(plan)
     if missing:
         raise ConfigError(f"{path}: the plan lacks {', '.join(sorted(missing))}")
+    if not isinstance(plan["hypotheses"], list) or not all(isinstance(h, dict) for h in plan["hypotheses"]):
+        raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
     for hypothesis in plan["hypotheses"]:
         if lacking := FIELDS - set(hypothesis):
             raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")

@@ -226,6 +226,8 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     for path in [*report_files, *(p for p in (notes, anchors_file, confirm) if p)]:
         if not path.is_file():
             raise ConfigError(f"{path}: no such file")
+    if confirm:
+        confirmatory.read_plan(confirm)  # a broken plan stops here, before anything is written
     extras = out.parent / out.stem  # RESULTS.md -> RESULTS/ for the CSV, the plots and the reports' figures
     extras.mkdir(parents=True, exist_ok=True)
     runs, figures, skipped = None, {}, []
