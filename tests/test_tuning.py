@@ -154,3 +154,23 @@ def test_tuned_runs_fill_the_grid_and_recipe_false_leaves_the_recipe_out(tmp_pat
     assert sorted((v, s, lr) for v, s, lr, _ in scored_run) == [("quest", 3, 8e-3)] * 2 + [("standard", 3, 1e-3)] * 2
     labels = results_runs.load_runs(tmp_path / "grid" / "runs")["protocol"]
     assert set(labels) == {"tuned"} and len(labels) == 4
+
+
+@pytest.mark.parametrize("text", ["{broken", '{"keys": []}', "[1]"])
+def test_a_broken_selection_file_is_one_line_for_the_sweep_and_the_aggregation(tmp_path, scored_run, capsys, text):
+    from runners.cli import main as cli
+
+    path = tuned_spec(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "selection.json").write_text(text)
+    assert cli(["sweep", path]) == 2
+    assert "selection.json: not a" in capsys.readouterr().err and scored_run == []
+    write_record(tmp_path / "runs" / "r", fake_record(load_sweep_cfg(), "ok"))
+    assert cli(["aggregate", str(tmp_path / "runs"), "-o", str(tmp_path / "R.md"), "--no-plots"]) == 2
+    assert "delete it to choose again" in capsys.readouterr().err
+
+
+def load_sweep_cfg():
+    from runners.config import compose
+
+    return compose(["domain=toy", "attention=quest", "seed=0"])

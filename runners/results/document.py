@@ -3,7 +3,6 @@ the paper's numbers beside the nearest measured ones, the studies' own reports, 
 reading placed under the headings it reads."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import warnings
@@ -28,7 +27,7 @@ from runners.results.tables import (
     verdict_table,
 )
 from runners.runs.launches import describe_launches, read_launches
-from runners.runs.selection import SELECTION_FILE
+from runners.runs.selection import SELECTION_FILE, read_selection
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 
@@ -105,7 +104,7 @@ def selection_section(run_dirs: Sequence[str]) -> list[str]:
         path = Path(root) / SELECTION_FILE
         if not path.is_file():
             continue
-        selection = json.loads(path.read_text())
+        selection = read_selection(path)
         rows = {domain: {"recipe": ", ".join(f"{v:.3g}" for v in selection["recipe"][domain].values()),
                          **{variant: ", ".join(f"{v:.3g} (×{v / selection['recipe'][domain][k]:.2g})"
                                                for k, v in chosen.items())

@@ -1,7 +1,6 @@
 """Run records as a table: one row per run, its identity columns and every test metric."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import pandas as pd
 
 from common.attention import VARIANTS
 from common.records import read_records
-from runners.runs.selection import SELECTION_FILE, leaves
+from runners.runs.selection import SELECTION_FILE, leaves, read_selection
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     for err in errors:
         log.warning("aggregate: skipping %s", err)
     skipped = [(err.path, err.reason) for err in errors]
-    selections = {Path(root): json.loads((Path(root) / SELECTION_FILE).read_text()) for root in roots
+    selections = {Path(root): read_selection(Path(root) / SELECTION_FILE) for root in roots
                   if (Path(root) / SELECTION_FILE).is_file()}
     rows = []
     for path, rec in records:

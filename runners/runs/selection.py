@@ -14,11 +14,13 @@ from this table cannot lean on the test set. The rule is the same wherever it is
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from statistics import fmean, stdev
 
+from common.errors import ConfigError
 from common.records import read_records
 from runners.config import UNHASHED
 
@@ -147,3 +149,23 @@ def selection_table(ranked: list[dict]) -> list[str]:
         lines.append(f"| {mark} | {shown} | {row['mean']:.4f} | {row['std']:.4f} | {row['runs']} | {row['failed']} "
                      f"| {row['params']} |")
     return lines
+
+
+SELECTION_FIELDS = {"keys": list, "seeds": list, "recipe_seeds": list, "confirm_seeds": list, "recipe": dict,
+                    "chosen": dict}
+
+
+def read_selection(path: Path) -> dict:
+    """A tuned protocol's choices (``selection.json``, written by ``runners.sweeps.tuning``), checked: a file
+    that is not one is a one-line ``ConfigError``, never a traceback."""
+    try:
+        selection = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a readable selection file ({type(err).__name__}); delete it to choose "
+                          "again") from None
+    wrong = [key for key, kind in SELECTION_FIELDS.items()
+             if not isinstance(selection, dict) or not isinstance(selection.get(key), kind)]
+    if wrong:
+        raise ConfigError(f"{path}: not a selection file (missing or mistyped: {', '.join(wrong)}); delete it to "
+                          "choose again")
+    return selection

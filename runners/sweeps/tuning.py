@@ -38,7 +38,7 @@ from common.attention import VARIANTS
 from common.errors import ConfigError
 from common.records import read_records
 from runners.config import compose, run_directory
-from runners.runs.selection import SELECTION_FILE, TIE, candidates, leaves
+from runners.runs.selection import SELECTION_FILE, TIE, candidates, leaves, read_selection
 
 SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe"}
 
@@ -161,7 +161,7 @@ class Tuning:
         """The choice of each domain and variant once the selection is complete (written to ``selection.json``
         and returned), None while selection runs are left; an existing ``selection.json`` stands."""
         if self.file.exists():
-            return json.loads(self.file.read_text())
+            return read_selection(self.file)
         if self.use:
             return self._borrow()
         records = self._records()
@@ -186,7 +186,7 @@ class Tuning:
         source = Path(self.use) / SELECTION_FILE
         if not source.exists():
             raise ConfigError(f"select: use: {source} does not exist; run that sweep's selection first")
-        other = json.loads(source.read_text())
+        other = read_selection(source)
         lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in other["chosen"].get(d, {})]
         if lacking:
             raise ConfigError(f"select: use: {source} has no choice for {', '.join(lacking)}")
