@@ -314,3 +314,19 @@ def test_a_short_run_on_cora_beats_a_bag_of_words_mlp(tmp_path):
     assert cli(["train", *args]) == 0
     (record,) = [read_record(path) for path in find_records(tmp_path / "runs")]
     assert record["metrics"]["test/acc"] >= 0.70, record["metrics"]
+
+
+def test_the_gcn_reference_trains_on_planetoid_files(tmp_path, capsys):
+    """The reference beside the citation table (``python -m domains.graph.gcn_reference``): Kipf & Welling's GCN
+    read through the domain's loader, the epoch of best validation accuracy kept, its test accuracy reported."""
+    from domains.graph.gcn_reference import main as gcn_reference
+
+    write_planetoid(tmp_path / "citeseer", name="citeseer")
+    gcn_reference(["--dataset", "citeseer", "--root", str(tmp_path / "citeseer"), "--seeds", "0", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    tests = [float(line.split("test ")[1]) for line in lines[:2]]
+    assert [line.split(":")[0] for line in lines[:2]] == ["seed 0", "seed 1"]
+    assert min(tests) > 0.4  # a word gives each node's class away, its random neighbours blur it: chance is 1/3
+    summary = lines[2].removeprefix("GCN on citeseer: test accuracy ")
+    assert float(summary.split()[0]) == pytest.approx(sum(tests) / 2, abs=1e-3)  # the seeds' lines are rounded
+    assert summary.endswith("(95% t-interval, 2 seeds)")
