@@ -65,18 +65,23 @@ class GlobalAttention(nn.Module):
 
 
 class GPSLayer(nn.Module):
-    """Post-norm GPS layer, shaped like PyG's ``GPSConv`` (MLP width 2·dim, ReLU)."""
+    """Post-norm GPS layer, shaped like PyG's ``GPSConv`` (MLP width 2·dim, ReLU). Citation graphs may drop parts
+    GCN's and GAT's layers lack: each branch's skip connection (``local_residual``, ``global_residual``: off, the
+    branch passes on its messages alone) and the feed-forward block (``ffn``: off, the sum of the branches is the
+    layer's output)."""
 
     def __init__(self, dim: int, heads: int, mode: str = "dense", *, local: str = "gine", local_residual: bool = True,
-                 dropout: float = 0.0, attn_dropout: float = 0.0, norm: str = "batch_norm", **attention):
+                 global_residual: bool = True, ffn: bool = True, dropout: float = 0.0, attn_dropout: float = 0.0,
+                 norm: str = "batch_norm", **attention):
         super().__init__()
         norm_cls = _choice(NORMS, norm, "norm")
         self.local = local_mpnn(local, dim, heads)
-        self.local_residual = local_residual  # off: the local branch passes on its messages alone, as GCN's layers do
+        self.local_residual, self.global_residual = local_residual, global_residual
         self.attn = GlobalAttention(dim, heads, mode, dropout=attn_dropout, **attention)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(2 * dim, dim), nn.Dropout(dropout))
-        self.norm_local, self.norm_attn, self.norm_out = norm_cls(dim), norm_cls(dim), norm_cls(dim)
+                                 nn.Linear(2 * dim, dim), nn.Dropout(dropout)) if ffn else None
+        self.norm_local, self.norm_attn = norm_cls(dim), norm_cls(dim)
+        self.norm_out = norm_cls(dim) if ffn else None
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor, batch: Tensor, *,
@@ -84,8 +89,8 @@ class GPSLayer(nn.Module):
         messages = self.local(x, edge_index, edge_attr) if isinstance(self.local, GINEConv) else self.local(x, edge_index)
         local = self.norm_local((x if self.local_residual else 0) + self.drop(messages))
         h = self.attn(x, batch, attn_edge_index, state)
-        out = local + self.norm_attn(x + self.drop(h))
-        return self.norm_out(out + self.mlp(out))
+        out = local + self.norm_attn((x if self.global_residual else 0) + self.drop(h))
+        return out if self.mlp is None else self.norm_out(out + self.mlp(out))
 
 
 class CategoricalEmbedding(nn.Module):
@@ -111,15 +116,15 @@ class GPSNet(nn.Module):
     modules (variant, qk_gain_init); ``seq_len`` is the typical number of keys per query, from which
     qknorm's gain starts. ``input_dropout`` drops node features before they are encoded (GCN drops its
     bag-of-words inputs at 0.5). Weight decay applies to every weight matrix (``decay: all``) or, as in GCN,
-    to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out; ``local_residual: false``
-    drops the local branch's skip connection, and ``head: linear`` the head's hidden layer."""
+    to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out; ``local_residual``,
+    ``global_residual`` and ``ffn`` are ``GPSLayer``'s, and ``head: linear`` drops the head's hidden layer."""
 
     def __init__(self, node_features: list[int] | int, edge_features: list[int] | int, num_outputs: int, *,
                  dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: dict,
                  level: str = "graph", seq_len: int | None = None, attention_mode: str = "dense",
-                 local: str = "gine", local_residual: bool = True, dropout: float = 0.0, attn_dropout: float = 0.0,
-                 input_dropout: float = 0.0, decay: str = "all", norm: str = "batch_norm", pool: str = "add",
-                 head: str = "mlp"):
+                 local: str = "gine", local_residual: bool = True, global_residual: bool = True, ffn: bool = True,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, input_dropout: float = 0.0, decay: str = "all",
+                 norm: str = "batch_norm", pool: str = "add", head: str = "mlp"):
         super().__init__()
         if not 0 <= pe_dim < dim:
             raise ValueError(f"pe_dim ({pe_dim}) must lie in [0, dim ({dim})); 0 leaves the RWSE out")
@@ -137,8 +142,9 @@ class GPSNet(nn.Module):
         self.pe = nn.Linear(rwse_steps, pe_dim) if pe_dim else None
         self.edges = feature_encoder(edge_features, dim) if local == "gine" else None  # GCN and GAT take none
         self.layers = nn.ModuleList(
-            GPSLayer(dim, heads, attention_mode, local=local, local_residual=local_residual, dropout=dropout,
-                     attn_dropout=attn_dropout, norm=norm, seq_len=seq_len, **attention)
+            GPSLayer(dim, heads, attention_mode, local=local, local_residual=local_residual,
+                     global_residual=global_residual, ffn=ffn, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
+                     seq_len=seq_len, **attention)
             for _ in range(depth))
         self.pool = _choice(POOLS, pool, "pool") if level == "graph" else None
         self.head = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs)) if head == "mlp"
