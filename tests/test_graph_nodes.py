@@ -296,13 +296,14 @@ def test_citation_graph_settings_build_and_train(local, tmp_path):
     from domains.graph.model import GPSNet
 
     net = GPSNet(12, [1], 3, dim=16, depth=2, heads=2, rwse_steps=4, pe_dim=0, attention={"variant": "quest"},
-                 level="node", local=local, local_residual=False, norm="none", input_dropout=0.5, decay="input",
-                 head="linear")
+                 level="node", local=local, local_residual=False, global_residual=False, ffn=False, norm="none",
+                 input_dropout=0.5, decay="input", head="linear")
     graph = citation_graph(masks=True)
     graph.x, graph.edge_attr, graph.pe = torch.rand(graph.num_nodes, 12), torch.zeros(graph.num_edges, 1).long(), None
     graph.batch = torch.zeros(graph.num_nodes, dtype=torch.long)
     net(graph).sum().backward()
     assert net.pe is None and all(p.grad is not None for p in net.parameters())
+    assert all(layer.mlp is None and layer.norm_out is None for layer in net.layers)  # ffn=False: no feed-forward block
     assert net.no_weight_decay() == {name for name, _ in net.named_parameters() if not name.startswith("nodes.")}
 
 
