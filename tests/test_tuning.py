@@ -156,6 +156,18 @@ def test_tuned_runs_fill_the_grid_and_recipe_false_leaves_the_recipe_out(tmp_pat
     assert set(labels) == {"tuned"} and len(labels) == 4
 
 
+def test_without_confirm_seeds_the_tuned_runs_take_the_sweeps_seeds(tmp_path, scored_run):
+    """The scaling sweep's shape: another sweep's choices, no recipe runs, no confirm_seeds of its own."""
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    scored_run.clear()
+    (tmp_path / "scaling").mkdir()
+    path = write_spec(tmp_path / "scaling", variants=["standard", "quest"], seeds=[20, 21],
+                      select={"use": str(tmp_path / "runs"), "recipe": False})
+    assert sweep.main([path]) == 0
+    assert sorted((v, s, lr) for v, s, lr, _ in scored_run) == [("quest", 20, 8e-3), ("quest", 21, 8e-3),
+                                                                ("standard", 20, 1e-3), ("standard", 21, 1e-3)]
+
+
 @pytest.mark.parametrize("text", ["{broken", '{"keys": []}', "[1]"])
 def test_a_broken_selection_file_is_one_line_for_the_sweep_and_the_aggregation(tmp_path, scored_run, capsys, text):
     from runners.cli import main as cli

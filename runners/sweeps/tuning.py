@@ -91,7 +91,7 @@ class Tuning:
         self.combos = list(combos)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
         self.seeds = select.get("seeds", [])
         self.recipe_seeds = spec.get("seeds", [0]) if select.get("recipe", True) else []
-        self.confirm_seeds = select.get("confirm_seeds") or self.recipe_seeds
+        self.confirm_seeds = select.get("confirm_seeds") or spec.get("seeds", [0])  # also where recipe: false
         self.scale = {key: sorted(map(float, factors)) for key, factors in select.get("scale", {}).items()}
         self.extend = select.get("extend", 0)
         self._recipe: dict[str, dict[str, float]] = {}
