@@ -455,3 +455,28 @@ def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, pr
     out = tmp_path / "RESULTS.md"
     assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(tmp_path / "plan.md"), "-o", str(out)]) == 2
     assert problem in capsys.readouterr().err and not out.exists() and not (tmp_path / "RESULTS").exists()
+
+
+def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
+    """The fair study's second init: a sweep with `label:` whose tables sit beside the first sweep's. quest beats
+    standard clearly in both; qknorm beats it under the first setting only."""
+    for root, label, qknorm_gain in ((tmp_path / "main", None, 0.2), (tmp_path / "init", "PyTorch init", 0.0)):
+        root.mkdir()
+        (root / "selection.json").write_text(json.dumps({
+            "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
+            "label": label, "recipe": {"a": {"optim.lr": 1e-3}},
+            "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm")}}}))
+        for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain)):
+            for seed in range(3):
+                noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
+                write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
+                                                                config={"optim": {"lr": 1e-3}}))
+    runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
+    table = tables.setting_agreement_table(runs)
+    same_recipe = table.loc["a/d (study, same recipe)"].set_index("variant")
+    assert list(same_recipe["setting"].unique()) == ["PyTorch init"]
+    assert same_recipe.loc["quest", "same verdict"] == "yes"
+    assert same_recipe.loc["qknorm", "Δ vs standard (verdict)"].endswith("(better)")
+    assert same_recipe.loc["qknorm", "under the setting"].endswith("(not different)")
+    assert same_recipe.loc["qknorm", "same verdict"] == "no"
+    assert tables.setting_agreement_table(results_runs.load_runs(tmp_path / "main")) is None

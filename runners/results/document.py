@@ -22,6 +22,7 @@ from runners.results.tables import (
     ablation_lines,
     domain_table,
     initial_sharpness_table,
+    setting_agreement_table,
     significance_line,
     summary_table,
     verdict_table,
@@ -59,6 +60,10 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                   "Tables where each variant is better than, not different from, or worse than `standard` "
                   "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
                   "learn and where the attention ablation is detectable):", "", verdict_table(runs).to_markdown(), ""]
+        if (agreement := setting_agreement_table(runs)) is not None:
+            parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "
+                      "Per table, each variant's difference to `standard` on the primary metric with its verdict "
+                      "(Holm within each table), without and with the setting:", "", agreement.to_markdown(), ""]
         parts += anchors
         for key, group in runs.groupby(GROUP, sort=True):
             parts += [f"## {heading(key)}", "", f"{len(group)} runs.", "",

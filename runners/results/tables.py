@@ -178,3 +178,30 @@ def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
         table.at[variant, "≡ another variant"] += 1
     table.index.name = "variant"
     return table
+
+
+def setting_agreement_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame | None:
+    """Whether each verdict holds under a sweep's second setting (its ``label``, such as another init): for every
+    table whose protocol carries a label ("tuned, PyTorch init") and the table of the same domain, dataset, preset
+    and protocol without it, each variant's difference to `standard` and its verdict (``verdicts``, Holm within
+    each table) in both, and whether the two verdicts agree. None where no table carries a label."""
+    groups = dict(iter(runs.groupby(GROUP, sort=True)))
+    rows = []
+    for (domain, dataset, preset, protocol), labelled in groups.items():
+        base_protocol, _, label = protocol.partition(", ")
+        base = groups.get((domain, dataset, preset, base_protocol))
+        if not label or base is None:
+            continue
+        found = {}
+        for which, group in (("base", base), ("labelled", labelled)):
+            differences, _ = comparisons(group)
+            found[which] = (differences["diff"], verdicts(group, alpha))
+        for variant in [v for v in variant_order(runs["variant"]) if v in found["base"][1] or v in found["labelled"][1]]:
+            (diff, said), (diff_l, said_l) = found["base"], found["labelled"]
+            shown = [f"{d[variant]:+.3g} ({s[variant]})" if variant in d else s.get(variant, "–")
+                     for d, s in ((diff, said), (diff_l, said_l))]
+            agree = "–" if variant not in said or variant not in said_l else "yes" if said[variant] == said_l[variant] else "no"
+            rows.append({"table": short_name((domain, dataset, preset, base_protocol)), "setting": label,
+                         "variant": variant, "Δ vs standard (verdict)": shown[0], "under the setting": shown[1],
+                         "same verdict": agree})
+    return pd.DataFrame(rows).set_index("table") if rows else None
