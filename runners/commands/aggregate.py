@@ -18,7 +18,8 @@ reading of the numbers: each ``## <heading>`` section of the notes file goes und
 the same text, marked as written by hand, so RESULTS.md is regenerated, never edited, and the prose stays
 beside the numbers it reads. A note whose heading matches nothing is an error (exit 2): it would be lost.
 ``--confirm`` adds the confirmatory tests of a pre-registered plan (``runners.results.confirmatory``), and a sweep
-with a tuned protocol (``select:``) adds the table of its choices.
+with a tuned protocol (``select:``) adds the table of its choices; runs of a sweep with a ``label:`` (another init)
+beside those without add whether each verdict holds under that setting.
 """
 from __future__ import annotations
 
