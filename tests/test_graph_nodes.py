@@ -331,3 +331,16 @@ def test_the_gcn_reference_trains_on_planetoid_files(tmp_path, capsys):
     summary = lines[2].removeprefix("GCN on citeseer: test accuracy ")
     assert float(summary.split()[0]) == pytest.approx(sum(tests) / 2, abs=1e-3)  # the seeds' lines are rounded
     assert summary.endswith("(95% t-interval, 2 seeds)")
+
+
+def test_the_citation_preset_takes_another_planetoid_graph(tmp_path):
+    """The preset carries nothing of Cora's: a CiteSeer-named graph of other sizes (10 words, 3 classes) trains
+    through `quest train` on its own public split."""
+    write_planetoid(tmp_path / "citeseer", name="citeseer")
+    args = ["domain=graph", "preset=citation", "data.dataset=citeseer", f"data.root={tmp_path / 'citeseer'}",
+            "trainer.max_epochs=3", f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache",
+            "trainer.enable_progress_bar=false"]
+    assert cli(["train", *args]) == 0
+    (record,) = [read_record(path) for path in find_records(tmp_path / "runs")]
+    assert record["dataset"] == "citeseer" and record["status"] == "ok"
+    assert record["split"]["rule"] == "Planetoid's public split (ind.citeseer.*)"
