@@ -259,6 +259,16 @@ def test_progress_line_changes_only_with_the_counts(capsys):
     assert progress.code() == 1
 
 
+def test_a_run_made_after_another_worker_could_not_compose_it_counts_as_made(capsys):
+    """A config file edited while a sweep runs: one worker reads it half-written (invalid, no run directory),
+    another composes it a moment later and makes the run. The launch counts the run that was made."""
+    progress = Progress([["domain=toy", "attention=quest", "seed=0"]], workers=2)
+    progress.add(outcome(0, "invalid", error="ConfigError: unknown preset 'demo'"))
+    progress.add(outcome(0, "ok", 30.0, run_dir="runs/r0"))
+    progress.add(outcome(0, "invalid", error="ConfigError: unknown preset 'demo'"))  # too late to count
+    assert (progress.count("ok"), progress.count("invalid"), progress.code()) == (1, 0, 0)
+
+
 def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, fake_run, monkeypatch, capfd):
     monkeypatch.setattr(workers, "_spawn", forked_worker)
     fake_run.statuses.update({1: "failed", 2: "invalid"})

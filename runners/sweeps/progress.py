@@ -19,10 +19,14 @@ class Progress:
 
     def add(self, outcome: dict) -> None:
         """Note a run's outcome; the first word on a run stands (workers that find it held by another process
-        or already recorded add nothing, nor does a run's start). A failed or invalid run is reported at once."""
+        or already recorded add nothing, nor does a run's start), but for a config that would not compose and
+        that another worker then made: its file was being written when the first read it. A failed or invalid
+        run is reported at once."""
         if outcome["status"] == "stopped":
             self.stopped.add(outcome["index"])
-        if outcome["status"] in ("busy", "running", "stopped") or outcome["index"] in self.outcomes:
+        known = self.outcomes.get(outcome["index"])
+        made_after_all = known is not None and known["run_dir"] is None and outcome["wall_s"] is not None
+        if outcome["status"] in ("busy", "running", "stopped") or (known is not None and not made_after_all):
             return
         self.outcomes[outcome["index"]] = outcome
         if outcome["status"] in PROBLEMS:
