@@ -192,12 +192,8 @@ def setting_agreement_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
         base = groups.get((domain, dataset, preset, base_protocol))
         if not label or base is None:
             continue
-        found = {}
-        for which, group in (("base", base), ("labelled", labelled)):
-            differences, _ = comparisons(group)
-            found[which] = (differences["diff"], verdicts(group, alpha))
-        for variant in [v for v in variant_order(runs["variant"]) if v in found["base"][1] or v in found["labelled"][1]]:
-            (diff, said), (diff_l, said_l) = found["base"], found["labelled"]
+        (diff, said), (diff_l, said_l) = ((comparisons(group)[0]["diff"], verdicts(group, alpha)) for group in (base, labelled))
+        for variant in [v for v in variant_order(runs["variant"]) if v in said or v in said_l]:
             shown = [f"{d[variant]:+.3g} ({s[variant]})" if variant in d else s.get(variant, "–")
                      for d, s in ((diff, said), (diff_l, said_l))]
             agree = "–" if variant not in said or variant not in said_l else "yes" if said[variant] == said_l[variant] else "no"
