@@ -30,26 +30,30 @@ class ProbeCallback(pl.Callback):
         self.latest: dict[str, float] = {}
         self.trajectory: dict = {"step": [], "layers": {}}  # layers: {name: {stat: [value per step]}}
         self._step = 0
+        self._probes: dict[str, Probe] = {}
+        self._probing = False
 
-    def _switch(self, pl_module: pl.LightningModule, on: bool) -> dict[str, Probe]:
-        found = attention_probes(pl_module)
-        for probe in found.values():
+    def on_fit_start(self, trainer, pl_module):
+        # A walk over every module: once a fit, not once a step (it cost more than a short step's logging).
+        self._probes = attention_probes(pl_module)
+
+    def _switch(self, on: bool) -> None:
+        self._probing = on
+        for probe in self._probes.values():
             probe.enabled, probe.max_samples = on, self.max_samples
             if on:
                 probe.stats = {}
-        return found
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.every_n_steps > 0 and trainer.global_step % self.every_n_steps == 0:
-            self._switch(pl_module, True)
+            self._switch(True)
             self._step = int(trainer.global_step)  # the weights probed: those before this step's update
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        found = attention_probes(pl_module)
-        if not any(p.enabled for p in found.values()):
+        if not self._probing:
             return
-        self._switch(pl_module, False)
-        per_layer = {name: p.stats for name, p in found.items() if p.stats}
+        self._switch(False)
+        per_layer = {name: p.stats for name, p in self._probes.items() if p.stats}
         if not per_layer:
             return
         self.latest = summarize(per_layer)

@@ -1,6 +1,7 @@
 import math
 import os
 
+import pandas as pd
 import pytest
 import torch
 
@@ -44,6 +45,20 @@ def test_a_log_file_or_pipe_gets_progress_lines_at_the_interval_and_no_bar(toy_d
     assert "Epoch 1" in out + err and not any(line.startswith("step ") for line in out.splitlines())
     assert cli(["train", "domain=toy", "progress.style=fancy", *run_args]) == 2
     assert "unknown progress.style='fancy'; choose from auto, bar, lines, none" in capsys.readouterr().err
+
+
+def test_the_training_loss_reaches_the_log_at_lightnings_steps(toy_domain, run_args):
+    """Every log_every_n_steps-th optimiser step's loss, logged at that step as a per-step self.log would be
+    (steps n-1, 2n-1, ...); with accumulation, optimiser steps count, not batches."""
+    def logged(*args):
+        cfg = compose(["domain=toy", "preset=smoke", "trainer.log_every_n_steps=3", *args, *run_args])
+        train(["domain=toy", "preset=smoke", "trainer.log_every_n_steps=3", *args, *run_args])
+        rows = pd.read_csv(run_directory(cfg) / "metrics.csv").dropna(subset=["train/loss"])
+        assert rows["train/loss"].gt(0).all() and set(rows["epoch"]) <= {0, 1}
+        return rows["step"].tolist()
+
+    assert logged() == [2, 5]  # 2 epochs x 4 batches
+    assert logged("trainer.accumulate_grad_batches=2", "seed=1") == [2]  # 4 optimiser steps
 
 
 def test_summary_headline_is_primary_baseline_and_robustness_summary(tmp_path):
