@@ -288,6 +288,21 @@ def test_workers_run_the_sweep_and_only_the_parent_prints(toy_domain, tmp_path, 
     assert len(set(fake_run.executions(column=1)) - {os.getpid()}) == 2  # run by both workers, not the parent
 
 
+def test_workers_take_their_share_of_the_cores_or_the_threads_asked_for(toy_domain, tmp_path, fake_run, monkeypatch):
+    spawned = []
+
+    def spawn(cmd, env, report_fd):
+        spawned.append((cmd[cmd.index("--set") + 1], env["OMP_NUM_THREADS"]))
+        return conftest.Threaded(cmd, env, report_fd)
+
+    monkeypatch.setattr(workers, "_spawn", spawn)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    spec = write_spec(tmp_path, seeds=[0])
+    assert sweep.main([spec, "--workers", "2", "--redo", "all"]) == 0  # one run: one worker, all four cores
+    assert sweep.main([spec, "--threads", "1", "--redo", "all"]) == 0  # beside another sweep
+    assert spawned == [("threads=4", "4"), ("threads=1", "1")]
+
+
 def test_slurm_launch_submits_only_the_runs_left(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
     assert sweep.main([write_spec(tmp_path, seeds=[0])]) == 0
     submitted = []

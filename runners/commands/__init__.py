@@ -10,6 +10,11 @@ COMMANDS = {"train": "train", "list": "listing", "sweep": "sweep", "ensemble": "
             "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling"}
 
 
+# quest sweep and quest ensemble: a worker's threads, when the default share would oversubscribe the machine
+THREADS_HELP = ("CPU threads per worker (default: the machine's cores / workers); 1 when another sweep or job runs "
+                "beside this one")
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a count of at least 1."""
     if not text.strip().isdigit() or int(text) < 1:

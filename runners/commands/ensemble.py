@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runners.commands import positive_int
+from runners.commands import THREADS_HELP, positive_int
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, recorded_status
 from runners.sweeps.progress import Progress
 from runners.sweeps.spec import expand, load_sweep
@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     parser.add_argument("--members", type=positive_int, default=128, help="most runs trained together (default 128)")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
@@ -56,6 +57,6 @@ def main(argv: list[str]) -> int:
     if pieces:
         cmd = [sys.executable, "-m", "runners.cli", "ensemble", args.sweep, "--members", str(args.members),
                *(["--output-dir", args.output_dir] if args.output_dir else []), *(f"--set={s}" for s in args.set)]
-        code = run_workers(cmd, progress.workers, progress)
+        code = run_workers(cmd, progress.workers, progress, args.threads)
     progress.summary()
     return max(code, progress.code())

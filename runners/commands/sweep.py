@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from common.errors import Stopped
-from runners.commands import positive_int
+from runners.commands import THREADS_HELP, positive_int
 from runners.results.document import write_results
 from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import prepare
@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                         help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
     parser.add_argument("--output-dir", help="override the sweep's output_dir")
@@ -84,7 +85,7 @@ def run_local(args: argparse.Namespace, stage: str, pending: int, progress: Prog
     progress.show()
     cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, f"--stage={stage}",
            *(["--output-dir", args.output_dir] if args.output_dir else [])]
-    code = run_workers(cmd + [f"--set={s}" for s in args.set], progress.workers, progress) if pending else 0
+    code = run_workers(cmd + [f"--set={s}" for s in args.set], progress.workers, progress, args.threads) if pending else 0
     progress.summary()
     return max(code, progress.code())
 

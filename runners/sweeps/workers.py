@@ -96,14 +96,16 @@ def _spawn(cmd: list[str], env: dict, report_fd: int) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, pass_fds=(report_fd,))
 
 
-def run_workers(cmd: list[str], count: int, progress: Progress) -> int:
+def run_workers(cmd: list[str], count: int, progress: Progress, threads: int | None = None) -> int:
     """Make the runs in ``count`` worker processes, each running ``cmd`` (a ``quest`` command line that takes
-    ``--set`` and ``--report-fd``) with its share of the CPU threads, and feed ``progress`` with what they
+    ``--set`` and ``--report-fd``) with ``threads`` CPU threads (None: its share of the machine's cores; fewer
+    where something else runs beside the sweep, whose threads would otherwise spin against it), and feed
+    ``progress`` with what they
     report until all have exited; returns the worst exit status among them. A worker killed by a signal
     while making runs fails them (``_killed``) and is replaced; one killed between runs is not, and counts
     as status 1. Stopped here (SIGINT, SIGTERM), it passes SIGTERM on to the workers and follows them to
     their end, so that what they report of their stopped runs is heard."""
-    threads = max(1, (os.cpu_count() or 1) // count)
+    threads = threads or max(1, (os.cpu_count() or 1) // count)
     cmd = [*cmd, "--set", f"threads={threads}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     workers: dict[int, subprocess.Popen] = {}  # the read end of each worker's pipe -> the worker
