@@ -457,20 +457,26 @@ def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, pr
     assert problem in capsys.readouterr().err and not out.exists() and not (tmp_path / "RESULTS").exists()
 
 
-def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
-    """The fair study's second init: a sweep with `label:` whose tables sit beside the first sweep's. quest beats
-    standard clearly in both; qknorm beats it under the first setting only."""
+def write_second_setting(tmp_path):
+    """The fair study's second init: a sweep with `label:` whose tables sit beside the first sweep's, taking its
+    choices (every one the recipe's, so each sweep's two protocols hold the same runs). quest beats standard
+    clearly in both; qknorm beats it under the first setting only."""
     for root, label, qknorm_gain in ((tmp_path / "main", None, 0.2), (tmp_path / "init", "PyTorch init", 0.0)):
         root.mkdir()
         (root / "selection.json").write_text(json.dumps({
             "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
             "label": label, "recipe": {"a": {"optim.lr": 1e-3}},
-            "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm")}}}))
+            "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm")}},
+            **({"from": "runs/main/selection.json"} if label else {})}))
         for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain)):
             for seed in range(3):
                 noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
                 write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
                                                                 config={"optim": {"lr": 1e-3}}))
+
+
+def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
+    write_second_setting(tmp_path)
     runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
     table = tables.setting_agreement_table(runs)
     same_recipe = table.loc["a/d (study, same recipe)"].set_index("variant")
@@ -480,3 +486,24 @@ def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
     assert same_recipe.loc["qknorm", "under the setting"].endswith("(not different)")
     assert same_recipe.loc["qknorm", "same verdict"] == "no"
     assert tables.setting_agreement_table(results_runs.load_runs(tmp_path / "main")) is None
+
+
+def test_a_second_setting_is_not_counted_twice_nor_a_table_shown_twice(tmp_path):
+    """A protocol holding the very runs of another is counted once and says so instead of repeating the table; the
+    labelled sweep's tables stay out of the cross-domain ranks and counts (they would weigh domain a twice); a sweep
+    that took another's choices names it instead of repeating them."""
+    write_second_setting(tmp_path)
+    runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
+    assert [c for c in tables.summary_table(runs).columns if c.startswith("rank")] == ["rank a/d (study, same recipe)"]
+    assert tables.verdict_table(runs).loc["qknorm"].to_dict() == {  # one table: the init's "not different" is not counted
+        "better": 1, "not different": 0, "worse": 0, "≡ another variant": 0}
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "main"), str(tmp_path / "init"), "-o", str(out), "--no-plots"]) == 0
+    found = sections(out.read_text())
+    assert found["a / d / study / tuned, PyTorch init"].split("\n", 1)[1].strip() == (
+        "The same 9 runs as “a / d / study / same recipe, PyTorch init”: every variant's chosen settings are the "
+        "recipe's, at the same seeds.")
+    assert "| quest " in found["a / d / study / same recipe, PyTorch init"]
+    assert found[f"Tuned protocol: the choices ({tmp_path / 'init'})"].split("\n", 1)[1].strip() == (
+        "The tuned runs here (PyTorch init) take the choices of `runs/main/selection.json` as they are (not chosen "
+        "again); confirmation seeds [0, 1, 2].")

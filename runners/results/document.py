@@ -59,15 +59,21 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
         parts += ["", *describe_launches(launches), *extra, "## Across domains", "", summary_table(runs).to_markdown(), "",
                   "Tables where each variant is better than, not different from, or worse than `standard` "
                   "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
-                  "learn and where the attention ablation is detectable):", "", verdict_table(runs).to_markdown(), ""]
+                  "learn and where the attention ablation is detectable; a table holding the same runs as another counts "
+                  "once; a second setting's tables, such as another init, are not counted here but below):", "", verdict_table(runs).to_markdown(), ""]
         if (agreement := setting_agreement_table(runs)) is not None:
             parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "
                       "Per table, each variant's difference to `standard` on the primary metric with its verdict "
                       "(Holm within each table), without and with the setting:", "", agreement.to_markdown(), ""]
         parts += anchors
+        shown: dict[frozenset, tuple[str, ...]] = {}
         for key, group in runs.groupby(GROUP, sort=True):
-            parts += [f"## {heading(key)}", "", f"{len(group)} runs.", "",
-                      domain_table(group).to_markdown(), "", significance_line(group), ""]
+            parts += [f"## {heading(key)}", ""]
+            if (earlier := shown.setdefault(frozenset(group["run_dir"]), key)) != key:
+                parts += [f"The same {len(group)} runs as “{heading(earlier)}”: every variant's chosen settings are the "
+                          "recipe's, at the same seeds.", ""]
+                continue
+            parts += [f"{len(group)} runs.", "", domain_table(group).to_markdown(), "", significance_line(group), ""]
             parts += [line for ablation in ablation_lines(group) for line in (ablation, "")]
             for found in (learns(group), attention_matters(group)):
                 if found is not None:
@@ -110,6 +116,12 @@ def selection_section(run_dirs: Sequence[str]) -> list[str]:
         if not path.is_file():
             continue
         selection = read_selection(path)
+        if "from" in selection:  # another sweep's choices, taken as they are: its own table says them
+            setting = f" ({selection['label']})" if selection.get("label") else ""
+            lines += [f"## Tuned protocol: the choices ({root})", "",
+                      f"The tuned runs here{setting} take the choices of `{selection['from']}` as they are (not chosen "
+                      f"again); confirmation seeds {selection['confirm_seeds']}.", ""]
+            continue
         rows = {domain: {"recipe": ", ".join(f"{v:.3g}" for v in selection["recipe"][domain].values()),
                          **{variant: ", ".join(f"{v:.3g} (×{v / selection['recipe'][domain][k]:.2g})"
                                                for k, v in chosen.items())

@@ -129,15 +129,31 @@ def short_name(key: tuple[str, ...]) -> str:
     return f"{domain}/{dataset} ({preset}{f', {protocol}' if protocol else ''})"
 
 
+def second_setting(key: tuple[str, ...]) -> str:
+    """The sweep's own setting (``select: label:``, such as another init) in a group's protocol, else ""."""
+    return key[GROUP.index("protocol")].partition(", ")[2]
+
+
+def counted_groups(runs: pd.DataFrame):
+    """The (key, group) of the tables that enter the cross-domain ranks and counts: ``rankable`` ones (where the
+    model beats no constant predictor, or attention changes nothing, ranks are noise), each set of runs once (a
+    sweep's two protocols hold the same runs where every choice is the recipe's), and no second setting's rerun
+    of a counted table (``setting_agreement_table`` reports those; counting them would weigh a domain twice)."""
+    seen = set()
+    for key, group in runs.groupby(GROUP, sort=True):
+        members = frozenset(group["run_dir"])
+        if rankable(group) and not second_setting(key) and members not in seen:
+            yield key, group
+        seen.add(members)
+
+
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
     rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
     variants = [v for v in variant_order(runs["variant"]) if v not in ABLATIONS]  # ablations are not contenders
     table = pd.DataFrame(index=variants)
     ranks = pd.DataFrame(index=variants)
-    for key, group in runs.groupby(GROUP, sort=True):
-        if not rankable(group):
-            continue  # ranks where the model beats no constant predictor, or attention changes nothing, rank noise
+    for key, group in counted_groups(runs):
         primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
         ok = group[group["status"] == "ok"]
         where = short_name(key)
@@ -163,11 +179,10 @@ def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     not different from, or worse than `standard`, Holm-corrected over every test the table counts, and where it
     is ``≡`` another variant."""
     tests, same = [], []
-    for _, group in runs.groupby(GROUP, sort=True):
-        if rankable(group):
-            table, equal = comparisons(group)
-            tests.append(table)
-            same += list(equal)
+    for _, group in counted_groups(runs):
+        table, equal = comparisons(group)
+        tests.append(table)
+        same += list(equal)
     tests = pd.concat(tests) if tests else pd.DataFrame(columns=["gain", "p"])
     corrected = holm(tests["p"].reset_index(drop=True)) if len(tests) else pd.Series(dtype=float)
     variants = [v for v in variant_order(runs["variant"]) if v != "standard" and v not in ABLATIONS]
@@ -193,7 +208,7 @@ def setting_agreement_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
         if not label or base is None:
             continue
         (diff, said), (diff_l, said_l) = ((comparisons(group)[0]["diff"], verdicts(group, alpha)) for group in (base, labelled))
-        for variant in [v for v in variant_order(runs["variant"]) if v in said or v in said_l]:
+        for variant in [v for v in variant_order(runs["variant"]) if v in said_l]:  # those the setting reran
             shown = [f"{d[variant]:+.3g} ({s[variant]})" if variant in d else s.get(variant, "–")
                      for d, s in ((diff, said), (diff_l, said_l))]
             agree = "–" if variant not in said or variant not in said_l else "yes" if said[variant] == said_l[variant] else "no"
