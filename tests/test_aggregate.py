@@ -375,15 +375,16 @@ hypotheses:
 """
 
 
-def write_tuned_sweep(root, commit=None):
+def write_tuned_sweep(root, commit=None, gain=0.3, label=None):
     """A sweep with a tuned protocol: in domain a, quest at its chosen lr 3e-3 is better than standard by about
-    0.3 mse and uniform is far worse (variants rank); in domain b nothing differs (they cannot)."""
+    ``gain`` mse and uniform is far worse (variants rank); in domain b nothing differs (they cannot). ``label``:
+    the sweep's own setting (another init)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "selection.json").write_text(json.dumps({
         "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
-        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"},
+        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": label,
         "chosen": {d: {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}} for d in "ab"}}))
-    for domain, gain, cost in (("a", 0.3, 0.5), ("b", 0.0, 0.0)):
+    for domain, gain, cost in (("a", gain, 0.5), ("b", 0.0, 0.0)):
         for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -gain),
                                    ("uniform", 1e-3, cost)):
             for seed in range(3):
@@ -507,3 +508,22 @@ def test_a_second_setting_is_not_counted_twice_nor_a_table_shown_twice(tmp_path)
     assert found[f"Tuned protocol: the choices ({tmp_path / 'init'})"].split("\n", 1)[1].strip() == (
         "The tuned runs here (PyTorch init) take the choices of `runs/main/selection.json` as they are (not chosen "
         "again); confirmation seeds [0, 1, 2].")
+
+
+def test_each_accuracy_claim_is_retested_under_a_second_setting(tmp_path):
+    """The plan's second init: quest's gain in domain a is there under the first setting and gone (reversed) under
+    the second; domain b cannot rank, so its claim is not re-tested."""
+    write_tuned_sweep(tmp_path / "main")
+    write_tuned_sweep(tmp_path / "init", gain=-0.05, label="PyTorch init")
+    from runners.results import confirmatory
+
+    runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
+    (tmp_path / "plan.md").write_text(PLAN)
+    plan = confirmatory.read_plan(tmp_path / "plan.md")
+    found = confirmatory.under_second_settings(runs, plan, confirmatory.tests(runs, plan)).set_index("id")
+    assert list(found.index) == ["H1"] and found.loc["H1", "setting"] == "PyTorch init"
+    assert found.loc["H1", "diff"] == pytest.approx(-0.05 - 0.01 * (1 - 1 + 0.5) / 3)
+    assert (found.loc["H1", "verdict"], found.loc["H1", "confirmed"]) == ("contradicted", "supported")
+    text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
+    row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
+    assert row.replace(" ", "").endswith("|contradicted|supported|no|no|")

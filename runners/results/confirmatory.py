@@ -97,6 +97,39 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
     return table
 
 
+def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -> pd.DataFrame:
+    """Exploratory: per second setting of the plan's protocol (a sweep's ``label``, "tuned, PyTorch init") and per
+    hypothesis on its domain's primary metric (accuracy claims; robustness ones have no rerun to lean on), the same
+    paired test on that setting's runs at the plan's seeds, Holm over the hypotheses re-tested in the domain
+    under the setting, beside the confirmatory verdict. Empty where no such setting ran."""
+    rows = []
+    for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan['protocol']}, ")):
+        setting = runs[runs["protocol"] == protocol]
+        for domain, in_domain in setting.groupby("domain"):
+            primary = in_domain["primary_metric"].iloc[0]
+            found = []
+            for h, (_, confirmed) in zip(plan["hypotheses"], table.iterrows()):
+                if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
+                    continue
+                diff, _ = _pairs(in_domain, h, plan["seeds"])
+                found.append({"id": h["id"], "setting": protocol.partition(", ")[2], "n": len(diff),
+                              "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
+                              "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
+                              "confirmed_diff": confirmed["diff"]})
+            if found:
+                found = pd.DataFrame(found)
+                tested = found["p"].notna()
+                found["p_holm"] = np.nan
+                if tested.any():
+                    found.loc[tested, "p_holm"] = holm(found.loc[tested, "p"]).values
+                rows.append(found)
+    if not rows:
+        return pd.DataFrame()
+    found = pd.concat(rows, ignore_index=True)
+    found["verdict"] = [_verdict(row, plan["alpha"]) for _, row in found.iterrows()]
+    return found
+
+
 def _verdict(row: pd.Series, alpha: float) -> str:
     if row["n"] == 0:
         return "no paired runs"
@@ -144,8 +177,7 @@ def section(runs: pd.DataFrame, path: Path) -> list[str]:
     shown = pd.DataFrame({
         "hypothesis": table["id"], "claim": table["claim"], "metric": table["metric"], "contrast": table["contrast"],
         "n (dropped)": [f"{n} ({d})" for n, d in zip(table["n"], table["dropped"])],
-        "difference ± 95% (+ favours the claim)": [("–" if np.isnan(d) else f"{d:+.3g}" if np.isnan(h) else
-                                                    f"{d:+.3g} ± {h:.2g}") for d, h in zip(table["diff"], table["half"])],
+        "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(table["diff"], table["half"])],
         "p": table["p"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
         "Holm p": table["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
         "MDE (80%)": table["mde"].map(lambda m: "–" if np.isnan(m) else f"{m:.2g}"),
@@ -156,4 +188,25 @@ def section(runs: pd.DataFrame, path: Path) -> list[str]:
             f"t-tests by seed, α = {plan['alpha']}, Holm's correction over the {int((table['ranks'] & table['p'].notna()).sum())} "
             f"hypotheses tested. {provenance(path, used) if len(used) else 'No confirmatory run yet.'}", "",
             shown.to_markdown(index=False), "",
-            "Verdicts: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) + ".", ""]
+            "Verdicts: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) + ".", "",
+            *_second_setting_lines(under_second_settings(runs, plan, table))]
+
+
+def _second_setting_lines(found: pd.DataFrame) -> list[str]:
+    if found.empty:
+        return []
+    shown = pd.DataFrame({
+        "hypothesis": found["id"], "setting": found["setting"], "n": found["n"],
+        "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(found["diff"], found["half"])],
+        "p": found["p"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
+        "Holm p (domain)": found["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
+        "verdict under the setting": found["verdict"], "confirmatory verdict": found["confirmed"],
+        "same direction": ["yes" if np.sign(a) == np.sign(b) else "no" for a, b in zip(found["diff"], found["confirmed_diff"])],
+        "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])]})
+    return ["Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
+            "setting's runs (a sweep's `select: label:`, such as another init) at the plan's seeds, with the same "
+            "paired test and Holm's correction over the claims re-tested in that domain under that setting.", "", shown.to_markdown(index=False), ""]
+
+
+def _difference(diff: float, half: float) -> str:
+    return "–" if np.isnan(diff) else f"{diff:+.3g}" if np.isnan(half) else f"{diff:+.3g} ± {half:.2g}"
