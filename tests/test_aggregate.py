@@ -527,3 +527,12 @@ def test_each_accuracy_claim_is_retested_under_a_second_setting(tmp_path):
     text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
     row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
     assert row.replace(" ", "").endswith("|contradicted|supported|no|no|")
+
+
+@pytest.mark.parametrize("variants, warned", [(("standard", "quest"), False), (("standard", "elliptical"), True)])
+def test_the_gradient_masking_caveat_stands_where_an_elliptical_variant_was_attacked(tmp_path, variants, warned):
+    write_runs(tmp_path / "runs", [(v, seed, {"mse": 1.0 + seed}, {"robustness": {"acc_pgd_eps0.1": 0.5}})
+                                   for v in variants for seed in range(2)])
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "-o", str(out), "--no-plots"]) == 0
+    assert ("possible gradient masking" in out.read_text()) == warned

@@ -84,7 +84,8 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                 parts += ["How sharp each variant's attention starts (its probes before the first update, averaged "
                           "over layers and runs; entropy / log L is 1 for uniform attention):", "",
                           initial.to_markdown(), ""]
-            if any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any()):
+            if (group["variant"].str.startswith("elliptical").any()
+                    and any(c.startswith(ROBUSTNESS) for c in group.columns if group[c].notna().any())):
                 parts += ["Attacked accuracies (`acc_fgsm_*`, `acc_pgd_*`) of the elliptical variants may be "
                           "optimistic: their attention weights are computed without gradient, so white-box attacks "
                           "see them as constants (possible gradient masking).", ""]
