@@ -505,6 +505,11 @@ def test_a_second_setting_is_not_counted_twice_nor_a_table_shown_twice(tmp_path)
         "The same 9 runs as “a / d / study / same recipe, PyTorch init”: every variant's chosen settings are the "
         "recipe's, at the same seeds.")
     assert "| quest " in found["a / d / study / same recipe, PyTorch init"]
+    from runners.results.plots import write_plots
+
+    plotted = write_plots(runs, tmp_path / "plots", tmp_path)
+    assert ("a", "d", "study", "same recipe, PyTorch init") in plotted
+    assert ("a", "d", "study", "tuned, PyTorch init") not in plotted and ("a", "d", "study", "tuned") not in plotted
     assert found[f"Tuned protocol: the choices ({tmp_path / 'init'})"].split("\n", 1)[1].strip() == (
         "The tuned runs here (PyTorch init) take the choices of `runs/main/selection.json` as they are (not chosen "
         "again); confirmation seeds [0, 1, 2].")

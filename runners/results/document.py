@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from runners.results import confirmatory
-from runners.results.runs import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, variant_order
+from runners.results.runs import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
 from runners.results.tables import (
     _fmt,
@@ -66,12 +66,12 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                       "Per table, each variant's difference to `standard` on the primary metric with its verdict "
                       "(Holm within each table), without and with the setting:", "", agreement.to_markdown(), ""]
         parts += anchors
-        shown: dict[frozenset, tuple[str, ...]] = {}
+        repeated = repeats(runs)
         for key, group in runs.groupby(GROUP, sort=True):
             parts += [f"## {heading(key)}", ""]
-            if (earlier := shown.setdefault(frozenset(group["run_dir"]), key)) != key:
-                parts += [f"The same {len(group)} runs as “{heading(earlier)}”: every variant's chosen settings are the "
-                          "recipe's, at the same seeds.", ""]
+            if key in repeated:
+                parts += [f"The same {len(group)} runs as “{heading(repeated[key])}”: every variant's chosen settings "
+                          "are the recipe's, at the same seeds.", ""]
                 continue
             parts += [f"{len(group)} runs.", "", domain_table(group).to_markdown(), "", significance_line(group), ""]
             parts += [line for ablation in ablation_lines(group) for line in (ablation, "")]

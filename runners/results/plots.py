@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from runners.results.runs import GROUP, variant_order  # noqa: E402
+from runners.results.runs import GROUP, repeats, variant_order  # noqa: E402
 from runners.results.tables import short_name  # noqa: E402
 
 
@@ -41,7 +41,10 @@ def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tup
     ``relative_to`` for linking."""
     folder.mkdir(parents=True, exist_ok=True)
     written: dict[tuple[str, ...], list[str]] = {}
+    repeated = repeats(runs)
     for key, group in runs.groupby(GROUP):
+        if key in repeated:  # its table points to the earlier one
+            continue
         # A dataset name may be a path or hold other characters a file name should not.
         stem = folder / re.sub(r"[^\w.-]+", "-", "_".join(part for part in key if part))
         title = short_name(key)

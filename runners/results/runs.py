@@ -57,6 +57,17 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     return runs
 
 
+def repeats(runs: pd.DataFrame) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Groups (``GROUP`` keys) that hold exactly the runs of an earlier group, mapped to it: a sweep's two
+    protocols where every choice is the recipe's at the same seeds. Shown, plotted and counted once."""
+    first, found = {}, {}
+    for key, group in runs.groupby(GROUP, sort=True):
+        earlier = first.setdefault(frozenset(group["run_dir"]), key)
+        if earlier != key:
+            found[key] = earlier
+    return found
+
+
 def initial_sharpness(rec: dict) -> dict[str, float]:
     """The run's attention sharpness at step 0 (``INITIAL``), where its probes ran then."""
     trajectory = rec.get("trajectory") or {}

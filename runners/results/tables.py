@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
-from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, variant_order
+from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, repeats, variant_order
 from runners.results.stats import TIE_RTOL, comparisons, equivalents, half_width, holm, paired_differences, rankable, verdict, verdicts
 
 
@@ -136,15 +136,13 @@ def second_setting(key: tuple[str, ...]) -> str:
 
 def counted_groups(runs: pd.DataFrame):
     """The (key, group) of the tables that enter the cross-domain ranks and counts: ``rankable`` ones (where the
-    model beats no constant predictor, or attention changes nothing, ranks are noise), each set of runs once (a
-    sweep's two protocols hold the same runs where every choice is the recipe's), and no second setting's rerun
-    of a counted table (``setting_agreement_table`` reports those; counting them would weigh a domain twice)."""
-    seen = set()
+    model beats no constant predictor, or attention changes nothing, ranks are noise), each set of runs once
+    (``repeats``), and no second setting's rerun of a counted table (``setting_agreement_table`` reports those;
+    counting them would weigh a domain twice)."""
+    repeated = repeats(runs)
     for key, group in runs.groupby(GROUP, sort=True):
-        members = frozenset(group["run_dir"])
-        if rankable(group) and not second_setting(key) and members not in seen:
+        if rankable(group) and not second_setting(key) and key not in repeated:
             yield key, group
-        seen.add(members)
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
