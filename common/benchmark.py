@@ -93,8 +93,8 @@ def normalise_keys(k: Tensor, grad: Tensor, fused: bool) -> None:
 
 
 def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
-                  dtype=torch.float32, layout: str = "projection", clock: str = "wall") -> dict[str, float]:
-    """Median seconds (by ``clock``) per forward+backward of each variant and of the key normalisation alone
+                  dtype=torch.float32, layout: str = "projection") -> dict[str, float]:
+    """Median seconds per forward+backward of each variant and of the key normalisation alone
     (``NORMALISATIONS``), interleaved (``common.timing``)."""
     inputs = {v: make_inputs(shape, v, device, dtype, layout=layout) for v in variants}
     jobs = {v: partial(step, v, inputs[v]) for v in variants}
@@ -102,7 +102,7 @@ def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
     k = keys.qkv()[1].detach().requires_grad_()  # a leaf in k's layout: no gradient for the projection to split
     grad = keys.grad if keys.grad is not None else torch.ones_like(k)
     jobs.update({name: partial(normalise_keys, k, grad, fused) for name, fused in NORMALISATIONS.items()})
-    return interleaved_seconds(jobs, repeats, device, warmup, clock)
+    return interleaved_seconds(jobs, repeats, device, warmup)
 
 
 def _status_mb(field: str) -> float:

@@ -17,27 +17,20 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize()
 
 
-# What a timer reads. "wall": elapsed time, what a user waits. "cpu": the process's CPU time (all its threads),
-# which leaves out the time a shared virtual machine's host gives the CPU to other guests (steal) and any
-# waiting: steadier there for compute on the CPU, but it counts idle threads' spinning and misses a GPU's work.
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
 def interleaved_seconds(jobs: dict[str, Callable[[], object]], rounds: int, device: torch.device | str,
-                        warmup: int = 1, clock: str = "wall") -> dict[str, float]:
-    """Median seconds of each job by ``clock`` (``CLOCKS``) over ``rounds`` rounds that run every job once, each
-    round starting at the next job so that no position in a round favours any of them; ``warmup`` rounds first
-    are not counted."""
-    names, now = list(jobs), CLOCKS[clock]
+                        warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each job over ``rounds`` rounds that run every job once, each round starting at the
+    next job so that no position in a round favours any of them; ``warmup`` rounds first are not counted."""
+    names = list(jobs)
     seen = {name: [] for name in names}
     for r in range(warmup + rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             sync(device)
-            start = now()
+            start = time.perf_counter()
             jobs[name]()
             sync(device)
             if r >= warmup:
-                seen[name].append(now() - start)
+                seen[name].append(time.perf_counter() - start)
     return {name: statistics.median(times) for name, times in seen.items()}
 
 

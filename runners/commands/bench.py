@@ -19,7 +19,6 @@ import torch
 
 from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
-from common.timing import CLOCKS
 from runners.commands import positive_int
 
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
@@ -36,9 +35,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layout", choices=LAYOUTS, default="projection",
                         help="of q, k, v: views of one fused projection, as the models give them, or contiguous tensors")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive explicit-softmax memory column")
-    parser.add_argument("--clock", choices=CLOCKS, default="wall",
-                        help="what the timers read: wall time, or the process's CPU time (CPU only; steadier on a "
-                        "shared virtual machine, whose host takes the CPU away at times)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--model", nargs="+", action="append", metavar="KEY=VALUE",
                         help="time a domain's own training step instead (domain=<d> preset=<p> ...; repeatable): "
@@ -48,18 +44,16 @@ def main(argv: list[str]) -> int:
                         help="where one whole quest train run's time goes (a fresh process; repeatable): start and "
                         "imports, data and model, fit, checkpoint writes, test")
     args = parser.parse_args(argv)
-    if args.clock == "cpu" and args.device != "cpu":
-        parser.error("--clock cpu times work on the CPU only (a GPU's work is not the process's CPU time)")
     if args.model or args.fixed_cost:
         return model_bench(args)
     shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
     long = tuple(int(x) for x in args.long.split(","))
     names = [SDPA, *VARIANTS]
     dtype = DTYPES[args.dtype]
-    result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "clock": args.clock, "torch": torch.__version__,
+    result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": long, "shapes": {}}
     for shape in shapes:
-        times = time_variants(shape, names, args.device, args.repeats, dtype=dtype, layout=args.layout, clock=args.clock)
+        times = time_variants(shape, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
         result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
                                              "ratio": {v: times[v] / times[SDPA] for v in VARIANTS},
                                              "normalisation": {n: times[n] / times[SDPA] for n in NORMALISATIONS}}
@@ -70,7 +64,7 @@ def main(argv: list[str]) -> int:
     result["memory_mb"] = memory
 
     print(f"forward+backward on {args.device} ({result['threads']} threads), {args.dtype}, q/k/v layout "
-          f"{args.layout}, median of {args.repeats}, {args.clock} time over plain SDPA on the same q, k, v")
+          f"{args.layout}, median of {args.repeats}, time over plain SDPA on the same q, k, v")
     columns = list(result["shapes"])
     print(f"{'variant':22s}" + "".join(f"{c:>18s}" for c in columns))
     print(f"{'sdpa (ms)':22s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
@@ -103,8 +97,8 @@ def model_bench(args) -> int:
         rows = [[f"{r['wall_s']:.1f}", *(f"{r['parts_s'][p]:.2f}" for p in parts), f"{r['fixed_share']:.1%}"]
                 for r in results]
     else:
-        results = [measure(model, list(VARIANTS), args.steps, args.repeats, clock=args.clock) for model in args.model]
-        heading = (f"training step on cpu (threads: the run's), {args.clock} time, median of {args.repeats} rounds of {args.steps} "
+        results = [measure(model, list(VARIANTS), args.steps, args.repeats) for model in args.model]
+        heading = (f"training step on cpu (threads: the run's), median of {args.repeats} rounds of {args.steps} "
                    "steps: each variant's bare step over standard's; loop: quest train's Lightning loop over the "
                    "bare loop (standard)")
         columns = ["standard ms", *VARIANTS, "loop"]

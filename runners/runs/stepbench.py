@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from common.records import find_records, read_record
 from common.registry import build_config, get_domain
-from common.timing import CLOCKS, interleaved_seconds
+from common.timing import interleaved_seconds
 from runners import console
 from runners.config import compose
 from runners.runs.training import run_trainer, torch_threads
@@ -92,23 +92,21 @@ def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
 
 
 class _Clock(pl.Callback):
-    """The seconds (by ``clock``, ``common.timing.CLOCKS``) from the start of training step ``skip`` to the end of
-    the last one."""
+    """The seconds from the start of training step ``skip`` to the end of the last one."""
 
-    def __init__(self, skip: int, clock: str):
-        self.skip, self.now, self.start, self.seconds = skip, CLOCKS[clock], None, None
+    def __init__(self, skip: int):
+        self.skip, self.start, self.seconds = skip, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.skip:
-            self.start = self.now()
+            self.start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.start is not None:
-            self.seconds = self.now() - self.start
+            self.seconds = time.perf_counter() - self.start
 
 
-def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path,
-                   clock: str = "wall") -> tuple[Callable[[], None], list]:
+def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path) -> tuple[Callable[[], None], list]:
     """One fit of the run's Lightning trainer over ``skip`` + ``len(batches)`` steps (the first ``skip`` untimed),
     validation off; returns the job and the list each fit appends its timed seconds to."""
     timed: list[float] = []
@@ -117,30 +115,28 @@ def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path
     loader = DataLoader([batches[i % len(batches)] for i in range(steps)], batch_size=None, shuffle=False)
 
     def run() -> None:
-        timer = _Clock(skip, clock)
+        clock = _Clock(skip)
         trainer = run_trainer(cfg, folder, [CSVLogger(folder, name="", version="")], None, "min",
                               max_steps=steps, max_epochs=-1, limit_val_batches=0, enable_progress_bar=False,
                               num_sanity_val_steps=0)
-        trainer.callbacks.append(timer)
+        trainer.callbacks.append(clock)
         with warnings.catch_warnings():  # no validation and a reused folder, on purpose
             warnings.filterwarnings("ignore", message=".*(val_dataloader|exists and is not empty).*")
             trainer.fit(task, train_dataloaders=loader)
-        timed.append(timer.seconds)
+        timed.append(clock.seconds)
 
     return run, timed
 
 
-def measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str = "standard",
-            clock: str = "wall") -> dict:
-    """Per variant, the bare loop's median seconds per step by ``clock``; for ``baseline`` also the Lightning
-    loop's. Every variant's task is built from the same seed and trains on the same batches, at the run's
-    ``threads``."""
+def measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str = "standard") -> dict:
+    """Per variant, the bare loop's median seconds per step; for ``baseline`` also the Lightning loop's. Every
+    variant's task is built from the same seed and trains on the same batches, at the run's ``threads``."""
     console.quiet()
     with torch_threads(compose(args).threads):
-        return _measure(args, variants, steps, rounds, baseline, clock)
+        return _measure(args, variants, steps, rounds, baseline)
 
 
-def _measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str, clock: str) -> dict:
+def _measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str) -> dict:
     tasks = {}
     for variant in variants:
         cfg, datamodule, task = build([*args, f"attention={variant}", "progress.style=none"])
@@ -151,11 +147,11 @@ def _measure(args: list[str], variants: list[str], steps: int, rounds: int, base
     with tempfile.TemporaryDirectory(prefix="quest-bench-") as folder:
         cfg, _ = tasks[baseline]
         *_, loop_task = build([*args, f"attention={baseline}", "progress.style=none"])
-        loop, timed = lightning_loop(cfg, loop_task, batches, skip=2, folder=Path(folder), clock=clock)
-        seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, device, clock=clock)
+        loop, timed = lightning_loop(cfg, loop_task, batches, skip=2, folder=Path(folder))
+        seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, device)
     per_step = {variant: seconds[variant] / steps for variant in variants}
     loop_s = sorted(timed[1:])[len(timed[1:]) // 2] / steps  # the warm-up round's fit is not counted
-    return {"config": args, "clock": clock, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(), "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
+    return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(), "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
             "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
             "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
             "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}
