@@ -37,7 +37,7 @@ def test_the_report_has_curves_probes_and_the_delta_table(tmp_path):
     text = out.read_text()
     assert "## Scaling: vision" in text and "![scaling vision](scaling_vision.png)" in text
     assert (out.parent / "scaling_vision.png").stat().st_size > 0
-    assert "| (8, 10)  | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
+    assert "| 8       | 10     | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
 
 
 def test_runs_without_curves_are_a_clear_error(tmp_path):

@@ -88,7 +88,8 @@ def delta_table(points: pd.DataFrame, metric: str) -> str:
         return ""
     cells = table.assign(cell=table.apply(_cell, axis=1)).pivot_table(
         index=["width", "step"], columns="variant", values="cell", aggfunc="first")
-    return cells[[v for v in variant_order(cells.columns)]].to_markdown()
+    cells = cells[variant_order(cells.columns)].fillna("–").reset_index()
+    return cells.to_markdown(index=False, disable_numparse=True)  # "+0.02" stays as written
 
 
 def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics: list[str], out: Path) -> Path:
@@ -115,6 +116,8 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
             ax.set_xlabel("step")
             if column in PROBES:
                 ax.set_yscale("log")
+            else:  # the lengths double from one snapshot to the next
+                ax.set_xscale("log", base=2)
     axes[0, -1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
