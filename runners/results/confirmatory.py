@@ -99,7 +99,7 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
 
 def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -> pd.DataFrame:
     """Exploratory: per second setting of the plan's protocol (a sweep's ``label``, "tuned, PyTorch init") and per
-    hypothesis on its domain's primary metric (accuracy claims; robustness ones have no rerun to lean on), the same
+    hypothesis on its domain's primary metric (the accuracy claims, which the plan's init check names), the same
     paired test on that setting's runs at the plan's seeds, Holm over the hypotheses re-tested in the domain
     under the setting, beside the confirmatory verdict. Empty where no such setting ran."""
     rows = []
