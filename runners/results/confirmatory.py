@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from common.errors import ConfigError
-from runners.results.runs import direction
+from runners.results.runs import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
 PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -112,7 +112,7 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
                 if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
                     continue
                 diff, _ = _pairs(in_domain, h, plan["seeds"])
-                found.append({"id": h["id"], "setting": protocol.partition(", ")[2], "n": len(diff),
+                found.append({"id": h["id"], "setting": second_setting(protocol), "n": len(diff),
                               "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
                               "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
                               "confirmed_diff": confirmed["diff"]})

@@ -57,6 +57,11 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     return runs
 
 
+def second_setting(protocol: str) -> str:
+    """The sweep's own setting in a protocol label ("tuned, PyTorch init" -> "PyTorch init"), else ""."""
+    return protocol.partition(", ")[2]
+
+
 def repeats(runs: pd.DataFrame) -> dict[tuple[str, ...], tuple[str, ...]]:
     """Groups (``GROUP`` keys) that hold exactly the runs of an earlier group, mapped to it: a sweep's two
     protocols where every choice is the recipe's at the same seeds. Shown, plotted and counted once."""

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
-from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, repeats, variant_order
+from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, repeats, second_setting, variant_order
 from runners.results.stats import TIE_RTOL, comparisons, equivalents, half_width, holm, paired_differences, rankable, verdict, verdicts
 
 
@@ -129,11 +129,6 @@ def short_name(key: tuple[str, ...]) -> str:
     return f"{domain}/{dataset} ({preset}{f', {protocol}' if protocol else ''})"
 
 
-def second_setting(key: tuple[str, ...]) -> str:
-    """The sweep's own setting (``select: label:``, such as another init) in a group's protocol, else ""."""
-    return key[GROUP.index("protocol")].partition(", ")[2]
-
-
 def counted_groups(runs: pd.DataFrame):
     """The (key, group) of the tables that enter the cross-domain ranks and counts: ``rankable`` ones (where the
     model beats no constant predictor, or attention changes nothing, ranks are noise), each set of runs once
@@ -141,7 +136,7 @@ def counted_groups(runs: pd.DataFrame):
     counting them would weigh a domain twice)."""
     repeated = repeats(runs)
     for key, group in runs.groupby(GROUP, sort=True):
-        if rankable(group) and not second_setting(key) and key not in repeated:
+        if rankable(group) and not second_setting(key[GROUP.index("protocol")]) and key not in repeated:
             yield key, group
 
 
@@ -201,7 +196,8 @@ def setting_agreement_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
     groups = dict(iter(runs.groupby(GROUP, sort=True)))
     rows = []
     for (domain, dataset, preset, protocol), labelled in groups.items():
-        base_protocol, _, label = protocol.partition(", ")
+        label = second_setting(protocol)
+        base_protocol = protocol.removesuffix(f", {label}")
         base = groups.get((domain, dataset, preset, base_protocol))
         if not label or base is None:
             continue
