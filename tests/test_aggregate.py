@@ -384,8 +384,8 @@ def write_tuned_sweep(root, commit=None, gain=0.3, label=None):
         "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
         "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": label,
         "chosen": {d: {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}} for d in "ab"}}))
-    for domain, gain, cost in (("a", gain, 0.5), ("b", 0.0, 0.0)):
-        for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -gain),
+    for domain, domain_gain, cost in (("a", gain, 0.5), ("b", 0.0, 0.0)):
+        for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -domain_gain),
                                    ("uniform", 1e-3, cost)):
             for seed in range(3):
                 noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed

@@ -205,7 +205,8 @@ def _second_setting_lines(found: pd.DataFrame) -> list[str]:
         "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])]})
     return ["Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
             "setting's runs (a sweep's `select: label:`, such as another init) at the plan's seeds, with the same "
-            "paired test and Holm's correction over the claims re-tested in that domain under that setting.", "", shown.to_markdown(index=False), ""]
+            "paired test and Holm's correction over the claims re-tested in that domain under that setting.", "",
+            shown.to_markdown(index=False), ""]
 
 
 def _difference(diff: float, half: float) -> str:
