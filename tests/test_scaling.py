@@ -1,11 +1,12 @@
 """`quest scaling`: learning curves from tested snapshots, the paired difference to standard at each length and
 width, and the probes along training."""
+import pandas as pd
 import pytest
 from conftest import make_record
 
 from common.records import write_record
 from runners.cli import main as cli
-from runners.results.scaling import curve_points, differences
+from runners.results.scaling import _band, curve_points, differences
 
 
 def write_curves(root):
@@ -44,3 +45,11 @@ def test_runs_without_curves_are_a_clear_error(tmp_path):
     write_record(tmp_path / "a", make_record("standard", 0, {"acc": 0.5}))
     with pytest.raises(FileNotFoundError, match="has a tested curve"):
         curve_points(tmp_path)
+
+
+def test_probe_bands_span_the_seeds_and_accuracy_bands_stay_in_range():
+    data = pd.DataFrame({"step": [1, 1, 1], "max_logit": [2.0, 5.0, 40.0], "acc": [0.5, 0.99, 0.98]})
+    low, mean, high = _band(data.groupby("step")["max_logit"], "max_logit")
+    assert (low[1], high[1]) == (2.0, 40.0) and mean[1] == pytest.approx(47 / 3)
+    low, mean, high = _band(data.groupby("step")["acc"], "acc")
+    assert 0 <= low[1] < mean[1] and high[1] == 1.0  # the t-interval over three seeds passes 1

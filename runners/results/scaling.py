@@ -1,7 +1,7 @@
 """Learning curves across training length and width (``quest scaling``): from runs that kept snapshots and tested
 them (``runners.runs.curve``), per domain and width, each variant's test metrics against training steps (mean and
 95% interval over seeds), the difference to `standard` at each length paired by seed, and the stability probes
-(max logit, largest query and key norms) along training."""
+(max logit, largest query and key norms) along training, with their range over seeds."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -92,9 +92,23 @@ def delta_table(points: pd.DataFrame, metric: str) -> str:
     return cells.to_markdown(index=False, disable_numparse=True)  # "+0.02" stays as written
 
 
+def _band(by_step, column: str) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Lower edge, mean and upper edge of one variant's band. A probe's band is the range over seeds: whether a
+    quantity stays bounded is a claim about the worst seed. A metric's band is the 95% interval of its mean, cut
+    to [0, 1] for accuracies (a t-interval over three seeds can pass both ends)."""
+    if column in PROBES:
+        return by_step.min(), by_step.mean(), by_step.max()
+    stats = by_step.agg(["mean", half_width])
+    half = stats["half_width"].fillna(0)
+    low, high = stats["mean"] - half, stats["mean"] + half
+    if column.startswith("acc"):
+        low, high = low.clip(0, 1), high.clip(0, 1)
+    return low, stats["mean"], high
+
+
 def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics: list[str], out: Path) -> Path:
     """One row of panels per width: each metric (and each probe) against steps, one line per variant with its
-    95% band over seeds."""
+    band over seeds (``_band``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,10 +122,9 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
             ax, source = axes[r, c], points if column in metrics else probes
             data = source[(source["domain"] == domain) & (source["width"] == width)] if len(source) else source
             for variant in variant_order(data["variant"]) if len(data) else []:
-                stats = data[data["variant"] == variant].groupby("step")[column].agg(["mean", half_width])
-                ax.plot(stats.index, stats["mean"], marker="o" if column in metrics else None, ms=3, label=variant)
-                ax.fill_between(stats.index, stats["mean"] - stats["half_width"].fillna(0),
-                                stats["mean"] + stats["half_width"].fillna(0), alpha=0.15)
+                low, mean, high = _band(data[data["variant"] == variant].groupby("step")[column], column)
+                ax.plot(mean.index, mean, marker="o" if column in metrics else None, ms=3, label=variant)
+                ax.fill_between(mean.index, low, high, alpha=0.15)
             ax.set_title(f"width {width}: {column}", fontsize=9)
             ax.set_xlabel("step")
             if column in PROBES:
@@ -123,6 +136,10 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _count(seeds: pd.Series) -> str:
+    return str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
 
 
 def report(*roots: str | Path, out: Path) -> str:
@@ -142,7 +159,7 @@ def report(*roots: str | Path, out: Path) -> str:
         seeds = group.groupby(["width", "variant"])["seed"].nunique()
         lines += [f"## Scaling: {domain}", "",
                   f"Widths {', '.join(map(str, sorted(group['width'].unique())))}; "
-                  f"{seeds.min()}–{seeds.max()} seeds per variant and width; snapshots at steps "
+                  f"{_count(seeds)} seeds per variant and width; snapshots at steps "
                   f"{', '.join(map(str, sorted(group['step'].unique())))}.", "",
                   f"![scaling {domain}]({figure.name})", ""]
         for metric in [primary, *robust]:
