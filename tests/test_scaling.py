@@ -6,7 +6,7 @@ from conftest import make_record
 
 from common.records import write_record
 from runners.cli import main as cli
-from runners.results.scaling import _band, curve_points, differences
+from runners.results.scaling import _band, curve_points, differences, probe_table
 
 
 def write_curves(root):
@@ -39,6 +39,7 @@ def test_the_report_has_curves_probes_and_the_delta_table(tmp_path):
     assert "## Scaling: vision" in text and "![scaling vision](scaling_vision.png)" in text
     assert (out.parent / "scaling_vision.png").stat().st_size > 0
     assert "| 8       | 10     | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
+    assert "max_logit peak" in text
 
 
 def test_runs_without_curves_are_a_clear_error(tmp_path):
@@ -53,3 +54,15 @@ def test_probe_bands_span_the_seeds_and_accuracy_bands_stay_in_range():
     assert (low[1], high[1]) == (2.0, 40.0) and mean[1] == pytest.approx(47 / 3)
     low, mean, high = _band(data.groupby("step")["acc"], "acc")
     assert 0 <= low[1] < mean[1] and high[1] == 1.0  # the t-interval over three seeds passes 1
+
+
+def test_the_probe_table_gives_each_probe_peak_and_end_per_width_and_variant():
+    rows = [{"domain": "vision", "width": 8, "variant": variant, "seed": seed, "step": step, "max_logit": logit,
+             "q_norm_max": 1.0, "k_norm_max": 1.0}
+            for variant in ("quest", "standard") for seed in (0, 1)
+            for step, logit in ((0, 1.0), (10, 50.0 + seed), (20, 5.0 + seed))]
+    header, _, first, second = probe_table(pd.DataFrame(rows), "vision").splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in (header, first, second)]
+    assert cells[0][:4] == ["width", "variant", "max_logit peak", "max_logit end"]
+    assert cells[1][:4] == ["8", "standard", "51", "6"]  # standard first, the peak over seeds and steps
+    assert cells[2][1] == "quest"

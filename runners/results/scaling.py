@@ -92,6 +92,24 @@ def delta_table(points: pd.DataFrame, metric: str) -> str:
     return cells.to_markdown(index=False, disable_numparse=True)  # "+0.02" stays as written
 
 
+def probe_table(probes: pd.DataFrame, domain: str) -> str:
+    """Markdown: per width and variant, each probe's peak (the largest over training and seeds) and its value at
+    the last probed step (the largest over seeds): whether normalised keys keep query norms and logits bounded
+    at each size."""
+    data = probes[probes["domain"] == domain]
+    if data.empty:
+        return ""
+    last = data[data["step"] == data.groupby(["width", "variant", "seed"])["step"].transform("max")]
+    peak = data.groupby(["width", "variant"])[list(PROBES)].max()
+    end = last.groupby(["width", "variant"])[list(PROBES)].max()
+    table = pd.concat({"peak": peak, "end": end}, axis=1).swaplevel(axis=1)[[(p, w) for p in PROBES for w in ("peak", "end")]]
+    table.columns = [f"{probe} {when}" for probe, when in table.columns]
+    table = table.reset_index()
+    table["order"] = table["variant"].map({v: i for i, v in enumerate(variant_order(table["variant"]))})
+    table = table.sort_values(["width", "order"]).drop(columns="order")
+    return table.to_markdown(index=False, floatfmt=".3g")
+
+
 def _band(by_step, column: str) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Lower edge, mean and upper edge of one variant's band. A probe's band is the range over seeds: whether a
     quantity stays bounded is a claim about the worst seed. A metric's band is the 95% interval of its mean, cut
@@ -164,4 +182,8 @@ def report(*roots: str | Path, out: Path) -> str:
                   f"![scaling {domain}]({figure.name})", ""]
         for metric in [primary, *robust]:
             lines += [f"Δ{metric} vs standard (+ is better):", "", delta_table(group, metric), ""]
+        probed = probe_table(probes, domain)
+        if probed:
+            lines += ["Probes, the largest over layers: peak over training and seeds, and the largest over seeds at "
+                      "the last probed step (query and key norms before normalisation):", "", probed, ""]
     return "\n".join(lines)
