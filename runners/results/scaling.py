@@ -184,6 +184,9 @@ def report(*roots: str | Path, out: Path) -> str:
             lines += [f"Δ{metric} vs standard (+ is better):", "", delta_table(group, metric), ""]
         probed = probe_table(probes, domain)
         if probed:
-            lines += ["Probes, the largest over layers: peak over training and seeds, and the largest over seeds at "
-                      "the last probed step (query and key norms before normalisation):", "", probed, ""]
+            steps = probes[probes["domain"] == domain].groupby(["width", "variant", "seed"])["step"].nunique()
+            lines += [f"Probes, the largest over layers: peak over the {_count(steps)} probed steps each record holds "
+                      "(an archived record keeps evenly spaced ones, so a brief spike between them is missed) and "
+                      "over seeds, and the largest over seeds at the last probed step (query and key norms before "
+                      "normalisation):", "", probed, ""]
     return "\n".join(lines)
