@@ -156,8 +156,9 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
     return out
 
 
-def _count(seeds: pd.Series) -> str:
-    return str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
+def _count(counts: pd.Series) -> str:
+    """"3" when every group counts the same, else the range, "2–3"."""
+    return str(counts.min()) if counts.min() == counts.max() else f"{counts.min()}–{counts.max()}"
 
 
 def report(*roots: str | Path, out: Path) -> str:
