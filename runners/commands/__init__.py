@@ -7,7 +7,7 @@ import argparse
 # command -> its module under runners.commands (each has ``main(argv) -> exit status``)
 COMMANDS = {"train": "train", "list": "listing", "sweep": "sweep", "ensemble": "ensemble", "aggregate": "aggregate",
             "stability": "stability", "bench": "bench", "feed": "feed", "robustness": "robustness",
-            "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling"}
+            "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling", "power": "power"}
 
 
 # quest sweep and quest ensemble: a worker's threads, when the default share would oversubscribe the machine

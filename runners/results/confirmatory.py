@@ -10,6 +10,7 @@ The file is markdown for people with one fenced ``yaml`` block for this module::
     alpha: 0.05                  # two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested
     hypotheses:
       - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard}
+        # a hypothesis may add target: 0.01, the difference worth detecting in its metric's units (quest power)
 
 A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
 *contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
@@ -55,6 +56,10 @@ def read_plan(path: Path) -> dict:
     for hypothesis in plan["hypotheses"]:
         if lacking := FIELDS - set(hypothesis):
             raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")
+        target = hypothesis.get("target")  # optional: the difference worth detecting (quest power)
+        if "target" in hypothesis and (isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0):
+            raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: target must be a positive number "
+                              f"in {hypothesis['metric']}'s units, got {target!r}")
     return plan
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from common.attention import ABLATIONS
 from runners.results.runs import IDENTITY, baseline, variant_order
@@ -30,7 +31,8 @@ def half_width(values: pd.Series) -> float:
 def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> float:
     """The smallest true mean difference a two-sided paired t-test over ``n`` pairs detects with probability
     ``power`` at level ``alpha``, for pair differences of standard deviation ``sd``: (t_{1-α/2} + t_{power}) ·
-    sd / √n on n - 1 degrees of freedom, the usual approximation of the noncentral t. NaN below 2 pairs."""
+    sd / √n on n - 1 degrees of freedom, the usual approximation of the noncentral t, and the formula the plan
+    pre-registers (``runners.results.power.mde`` is the exact one, for planning). NaN below 2 pairs."""
     if n < 2 or not np.isfinite(sd):
         return np.nan
     return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))
@@ -57,10 +59,7 @@ def equivalents(ok: pd.DataFrame) -> dict[str, str]:
 
 def holm(pvalues: pd.Series) -> pd.Series:
     """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
-    order = pvalues.sort_values()
-    m = len(order)
-    adjusted = (order * np.arange(m, 0, -1)).cummax().clip(upper=1.0)
-    return adjusted.reindex(pvalues.index)
+    return pd.Series(multipletests(pvalues.to_numpy(dtype=float), method="holm")[1], index=pvalues.index)
 
 
 def paired_p(diff: pd.Series) -> float:

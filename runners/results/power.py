@@ -1,0 +1,106 @@
+"""Seeds and compute a pre-registered plan (``runners.results.confirmatory``) needs, from pilot records.
+
+Per claim of the plan: the paired standard deviation of its contrast on the pilot runs (the plan's protocol, the
+claim's domain, pairs by seed as the confirmatory test makes them), the fewest seeds whose minimum detectable effect
+(two-sided paired t-test, 80% power, the exact noncentral t) is at most the claim's ``target:``, that effect, and
+the training time those seeds cost. Each is given at two test levels, since Holm's correction tests a claim at
+α / m for the smallest p of a family of m and at α for the last: α / m, Holm's first step, is the level a claim
+is sure to be tested at whatever the others do (the plan's seeds must hold there), α the level it is tested at
+only when every other claim is rejected first. A claim without a target is reported at the plan's seeds.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, stats
+from statsmodels.stats.power import TTestPower
+
+from common.errors import ConfigError
+from common.records import read_record
+from runners.results.confirmatory import _pairs, read_plan
+from runners.results.stats import POWER, detectable
+
+HOUR_S = 3600.0
+
+
+def power(effect: float, n: int, alpha: float) -> float:
+    """Power of a two-sided paired t-test over ``n`` pairs at level ``alpha`` for a true mean difference of
+    ``effect`` standard deviations. Each tail is statsmodels' one-sided power: its two-sided call reads the lower
+    tail from scipy's ``nct.cdf``, which returns NaN over much of the range asked here (scipy/scipy#25470). Where
+    scipy's noncentral t fails, the lower tail is below Φ(−effect·√n) (counted as 0) and the upper one, past a
+    noncentrality of about 36, is 1 to double precision."""
+    one_sided = TTestPower().power
+    upper = one_sided(effect, n, alpha / 2, alternative="larger")
+    lower = one_sided(-effect, n, alpha / 2, alternative="larger")
+    return float(np.nan_to_num(upper, nan=1.0) + np.nan_to_num(lower, nan=0.0))
+
+
+def mde(sd: float, n: int, alpha: float) -> float:
+    """The smallest mean difference a two-sided paired t-test over ``n`` pairs detects with 80% power at ``alpha``
+    (``power`` solved for the effect), for pair differences of standard deviation ``sd``."""
+    high = 2 * detectable(1.0, n, alpha)  # the usual approximation, within a few percent: brackets the root
+    while power(high, n, alpha) < POWER:
+        high *= 2
+    return sd * optimize.brentq(lambda effect: power(effect, n, alpha) - POWER, 0.0, high, xtol=1e-12, rtol=1e-12)
+
+
+def seeds_needed(sd: float, target: float, alpha: float) -> int:
+    """The fewest pairs (at least 2) whose ``mde`` at ``alpha`` is at most ``target``. A z-test needs fewer than the
+    t-test, so its count is where the upward search starts."""
+    effect = target / sd
+    n = max(2, math.floor(((stats.norm.isf(alpha / 2) + stats.norm.ppf(POWER)) / effect) ** 2))
+    while power(effect, n, alpha) < POWER:
+        n += 1
+    return n
+
+
+def pilot_sd(runs: pd.DataFrame, claim: dict) -> tuple[float, int]:
+    """The standard deviation of the claim's paired differences over the pilot ``runs`` (one protocol), and how
+    many pairs it rests on. A ``ConfigError`` where fewer than two pairs, or no spread, leave nothing to plan from."""
+    diff, _ = _pairs(runs, claim, sorted(runs["seed"].unique()))
+    where = f"{claim['variant']} − {claim['against']} on {claim['metric']} in {claim['domain']}"
+    if len(diff) < 2:
+        raise ConfigError(f"claim {claim['id']}: {len(diff)} pilot pair(s) of {where}; at least 2 are needed")
+    if not diff.std() > 0:
+        raise ConfigError(f"claim {claim['id']}: the pilot differences of {where} do not vary; no power to plan from")
+    return float(diff.std()), len(diff)
+
+
+def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
+    """Hours one seed of ``domain`` costs: the sum over ``variants`` of their pilot runs' mean ``wall_time_s``."""
+    here = runs[(runs["domain"] == domain) & runs["variant"].isin(variants)]
+    wall = here["run_dir"].map(lambda run_dir: read_record(Path(run_dir))["wall_time_s"])
+    return float(wall.groupby(here["variant"]).mean().sum()) / HOUR_S
+
+
+def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Per claim and per domain, the seeds, effects and hours at Holm's first step (``_holm``) and at α
+    (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.runs.load_runs``)."""
+    plan = read_plan(path)
+    pilot = runs[runs["protocol"] == plan["protocol"]]
+    family, planned = len(plan["hypotheses"]), len(plan["seeds"])
+    levels = {"holm": plan["alpha"] / family, "alpha": plan["alpha"]}
+    claims = []
+    for claim in plan["hypotheses"]:
+        sd, pairs = pilot_sd(pilot, claim)
+        row = {"id": claim["id"], "domain": claim["domain"], "metric": claim["metric"],
+               "contrast": f"{claim['variant']} − {claim['against']}", "pairs": pairs, "sd": sd,
+               "target": claim.get("target", np.nan),
+               "seed_hours": seed_hours(pilot, claim["domain"], {claim["variant"], claim["against"]})}
+        for level, alpha in levels.items():
+            n = seeds_needed(sd, claim["target"], alpha) if "target" in claim else planned
+            row |= {f"n_{level}": n, f"mde_{level}": mde(sd, n, alpha), f"hours_{level}": n * row["seed_hours"]}
+        claims.append(row)
+    claims = pd.DataFrame(claims)
+    domains = []
+    for domain, here in claims.groupby("domain", sort=False):
+        used = {v for h in plan["hypotheses"] if h["domain"] == domain for v in (h["variant"], h["against"])}
+        row = {"domain": domain, "variants": ", ".join(sorted(used)), "seed_hours": seed_hours(pilot, domain, used)}
+        for level in levels:
+            n = int(here[f"n_{level}"].max())  # a seed trains every variant once, so the domain runs its largest n
+            row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
+        domains.append(row)
+    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": family, "planned_seeds": planned, **levels}
