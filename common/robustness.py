@@ -1,6 +1,7 @@
 """Robust accuracy of a trained classifier: white-box L∞ attacks (FGSM, PGD), AutoAttack (standard
 version, from the ``pyautoattack`` package, Croce & Hein's code) and, for images in [0, 1], the common
-corruptions of Hendrycks & Dietterich (ImageNet-C) at five severities.
+corruptions of Hendrycks & Dietterich (ImageNet-C) at five severities, from ``imagecorruptions``, their
+reference implementation.
 
 Batches are ``(inputs, labels)``; ``inputs`` is the Tensor to perturb or a tuple whose first element is
 (the rest, e.g. lengths, pass through unchanged). Attacks work in input units and are clipped to
@@ -12,7 +13,7 @@ gradients treat it as a constant; their attacked accuracies may be optimistic (g
 """
 from __future__ import annotations
 
-import io
+import inspect
 import math
 from collections.abc import Callable, Iterable
 
@@ -21,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
+
+from common.errors import ConfigError
+from common.optional import require
 
 Inputs = Tensor | tuple
 
@@ -85,113 +89,60 @@ def pgd(model: nn.Module, inputs: Inputs, labels: Tensor, eps: float, *, steps: 
 def autoattack(model: nn.Module, images: Tensor, labels: Tensor, eps: float, *, version: str = "standard",
                seed: int = 0, batch_size: int = 100) -> Tensor:
     """Adversarial images from AutoAttack (APGD-CE, APGD-T, FAB-T, Square in its standard version)."""
-    try:
-        from pyautoattack import AutoAttack
-    except ImportError:
-        raise ImportError("AutoAttack needs the pyautoattack package: pip install pyautoattack") from None
-    attack = AutoAttack(model, norm="Linf", eps=eps, version=version, seed=seed, device=images.device)
+    attack = require("pyautoattack", extra="vision").AutoAttack(model, norm="Linf", eps=eps, version=version, seed=seed,
+                                                                device=images.device)
     return attack.run_standard_evaluation(images, labels, batch_size=batch_size)[0]
 
 
 # --- common corruptions (images [B, C, H, W] in [0, 1]) --------------------------------------------
 
-# Severity 1..5 parameters of ImageNet-C (Hendrycks & Dietterich 2019, `imagecorruptions`). Blur sizes
-# are in pixels of a 224-pixel image and scale with the image, so a severity means the same relative blur.
-SEVERITIES = {
-    "gaussian_noise": (0.08, 0.12, 0.18, 0.26, 0.38),     # noise std
-    "shot_noise": (60, 25, 12, 5, 3),                     # photons per unit intensity
-    "impulse_noise": (0.03, 0.06, 0.09, 0.17, 0.27),      # salt-and-pepper fraction
-    "speckle_noise": (0.15, 0.2, 0.35, 0.45, 0.6),        # multiplicative noise std
-    "gaussian_blur": (1, 2, 3, 4, 6),                     # sigma
-    "defocus_blur": (3, 4, 6, 8, 10),                     # disk radius
-    "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),               # contrast factor
-    "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),              # added to HSV value
-    "pixelate": (0.6, 0.5, 0.4, 0.3, 0.25),               # downsampling factor
-    "jpeg_compression": (25, 18, 15, 10, 7),              # JPEG quality
-}
-CORRUPTIONS = tuple(SEVERITIES)
+# The suite the configs draw from: ImageNet-C's noise, blur and digital corruptions and two of its held-out
+# ones (speckle noise, Gaussian blur), computed by `imagecorruptions`, the reference implementation of
+# Hendrycks & Dietterich (2019), at its parameters. Sizes in those parameters (blur radii, shifts) are pixels
+# of a 224-pixel ImageNet image and do not scale with the image: docs/domains.md says what they do at 28.
+CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "gaussian_blur", "defocus_blur",
+               "contrast", "brightness", "pixelate", "jpeg_compression")
 
 
-def _depthwise(images: Tensor, kernel: Tensor) -> Tensor:
-    channels = images.shape[1]
-    pad = kernel.shape[-1] // 2
-    padded = F.pad(images, (pad,) * 4, mode="reflect" if pad < min(images.shape[-2:]) else "replicate")
-    return F.conv2d(padded, kernel.expand(channels, 1, -1, -1), groups=channels)
-
-
-def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    radius = max(1, math.ceil(4 * sigma))
-    offsets = torch.arange(-radius, radius + 1, device=images.device, dtype=images.dtype)
-    line = torch.exp(-offsets**2 / (2 * sigma**2))
-    line = line / line.sum()
-    return _depthwise(images, (line[:, None] * line[None, :])[None, None])
-
-
-def _defocus_blur(images: Tensor, radius: float) -> Tensor:
-    """Mean over a disk; its rim pixels are weighted by how much of them the disk covers (roughly), so
-    radii below a pixel still blur a little."""
-    size = math.ceil(radius)
-    offsets = torch.arange(-size, size + 1, device=images.device, dtype=images.dtype)
-    distance = (offsets[:, None] ** 2 + offsets[None, :] ** 2).sqrt()
-    disk = (radius + 0.5 - distance).clamp(0, 1)
-    return _depthwise(images, (disk / disk.sum())[None, None])
-
-
-def _brightness(images: Tensor, amount: float) -> Tensor:
-    """+amount on the HSV value channel: hue and saturation fixed means scaling RGB by V'/V."""
-    value = images.amax(1, keepdim=True)
-    brighter = (value + amount).clamp(max=1)
-    return torch.where(value > 0, images * brighter / value.clamp_min(1e-12), brighter)
-
-
-def _jpeg(images: Tensor, quality: int) -> Tensor:
-    out = []
-    for image in (images.clamp(0, 1) * 255).round().to(torch.uint8).cpu():
-        array = image.permute(1, 2, 0).numpy()
-        buffer = io.BytesIO()
-        Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array).save(buffer, format="JPEG", quality=quality)
-        decoded = np.array(Image.open(buffer))
-        out.append(torch.from_numpy(decoded.reshape(array.shape)).permute(2, 0, 1))
-    return torch.stack(out).to(images.device, images.dtype) / 255
-
-
-def _randn_like(images: Tensor, generator: torch.Generator | None) -> Tensor:
-    return torch.randn(images.shape, generator=generator, device=images.device, dtype=images.dtype)
+def check_corruption(name: str, severity: int) -> None:
+    """A ``ConfigError`` naming ``name`` or ``severity`` unless both are in the suite."""
+    if name not in CORRUPTIONS:
+        raise ConfigError(f"unknown corruption {name!r}; the suite (docs/domains.md) is {', '.join(CORRUPTIONS)}")
+    if severity not in (1, 2, 3, 4, 5):
+        raise ConfigError(f"corruption severity must be 1..5, not {severity!r}")
 
 
 def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator | None = None) -> Tensor:
-    """``images`` [B, C, H, W] in [0, 1] under corruption ``name`` at ``severity`` 1..5, in [0, 1]."""
-    if name not in SEVERITIES:
-        raise ValueError(f"unknown corruption {name!r}; choose from {', '.join(CORRUPTIONS)}")
-    if not 1 <= severity <= 5:
-        raise ValueError(f"corruption severity must be 1..5, not {severity}")
-    c = SEVERITIES[name][severity - 1]
-    relative = images.shape[-1] / 224  # blur sizes are given for 224-pixel images
-    if name == "gaussian_noise":
-        out = images + c * _randn_like(images, generator)
-    elif name == "shot_noise":
-        out = torch.poisson(images * c, generator=generator) / c
-    elif name == "impulse_noise":
-        u = torch.rand(images.shape, generator=generator, device=images.device, dtype=images.dtype)
-        out = torch.where(u < c / 2, 0.0, torch.where(u < c, 1.0, images))
-    elif name == "speckle_noise":
-        out = images + images * c * _randn_like(images, generator)
-    elif name == "gaussian_blur":
-        out = _gaussian_blur(images, c * relative)
-    elif name == "defocus_blur":
-        out = _defocus_blur(images, c * relative)
-    elif name == "contrast":
-        mean = images.mean((1, 2, 3), keepdim=True)
-        out = (images - mean) * c + mean
-    elif name == "brightness":
-        out = _brightness(images, c)
-    elif name == "pixelate":
-        size = images.shape[-2:]
-        small = F.interpolate(images, size=[max(1, int(s * c)) for s in size], mode="area")
-        out = F.interpolate(small, size=size, mode="nearest")
-    else:  # jpeg_compression
-        out = _jpeg(images, c)
-    return out.clamp(0, 1)
+    """``images`` [B, C, H, W] (C = 1 or 3) in [0, 1] under corruption ``name`` at ``severity`` 1..5: float
+    images of the same shape, dtype and device, in [0, 1] and multiples of 1/255.
+
+    Each image goes to the library as uint8 H x W x 3, a grey one as three equal channels (as the library's
+    ``corrupt`` makes it), and a grey one comes back as the first channel, so noise drawn per channel keeps
+    the library's per-pixel strength. The library draws from numpy's global generator (impulse noise from a
+    seed it is given): each image gets a seed drawn from ``generator``, so equal images and generator states
+    give equal outputs; numpy's global state is left as it was."""
+    check_corruption(name, severity)
+    channels = images.shape[1]
+    if channels not in (1, 3):
+        raise ValueError(f"corruptions need 1 or 3 channels, not {channels}")
+    import imagecorruptions  # here, not above: it loads numba, OpenCV and scikit-image, a second or more
+
+    function = imagecorruptions.corruption_dict[name]
+    takes_seed = "seed" in inspect.signature(function).parameters
+    device = generator.device if generator is not None else torch.device("cpu")
+    seeds = torch.randint(2**32, (len(images),), generator=generator, device=device).tolist()
+    pixels = (images.detach().clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1)
+    outputs, numpy_state = [], np.random.get_state()
+    try:
+        for image, seed in zip(pixels.permute(0, 2, 3, 1).cpu().numpy(), seeds):
+            np.random.seed(seed)
+            kwargs = {"seed": seed} if takes_seed else {}
+            # np.uint8 of the float result, as the library's ``corrupt`` returns it
+            outputs.append(np.uint8(function(Image.fromarray(image), severity, **kwargs)))
+    finally:
+        np.random.set_state(numpy_state)
+    corrupted = torch.from_numpy(np.stack(outputs)).permute(0, 3, 1, 2)[:, :channels]
+    return corrupted.to(images.device, images.dtype) / 255
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -238,6 +189,11 @@ def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg) -> dict[str,
     if (cfg["corruptions"] or autoattack_samples) and input_range != (0.0, 1.0):
         raise ValueError("corruptions and AutoAttack need images in [0, 1] (robustness.input_range: [0, 1]); "
                          "otherwise set robustness.corruptions: [] and robustness.autoattack.max_samples: 0")
+    for name in cfg["corruptions"]:  # a wrong name or a missing package is found before any attack runs
+        for severity in cfg["severities"]:
+            check_corruption(name, severity)
+    if autoattack_samples:
+        require("pyautoattack", extra="vision")
     generator = torch.Generator(device).manual_seed(int(cfg["seed"]))
     correct: dict[str, int] = {}
 

@@ -2,10 +2,15 @@
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from common import robustness
+from common.data import load_mnist
+from common.errors import ConfigError
 from common.robustness import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
 
 CFG = {"input_range": [0.0, 1.0], "eps": [0.05, 0.1, 0.2],
@@ -94,16 +99,85 @@ def test_tuple_inputs_perturb_only_the_first_element():
         evaluate_robustness(model, [((features, lengths), labels)], {**cfg, "corruptions": ["contrast"]})
 
 
-def test_corruptions_stay_in_range_and_grow_with_severity():
-    images = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """16 MNIST digits [16, 1, 28, 28] in [0, 1], the vision domain's default images."""
+    return load_mnist(tmp_path_factory.mktemp("cache"))["images"][:16].float() / 255
+
+
+def scenes(digits):
+    """Colour images of the size of segmentation's digit scenes: [4, 3, 32, 32] in [0, 1]."""
+    padded = F.pad(digits[:4], (2, 2, 2, 2))
+    return torch.cat([padded, padded.flip(-1) * 0.5, 1 - padded], 1)
+
+
+RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")  # the rest draw nothing
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_each_corruption_keeps_shape_dtype_and_range_and_is_deterministic_given_the_generator(digits, name):
+    numpy_state = np.random.get_state()
+    for images in (digits, scenes(digits).double()):
+        for severity in range(1, 6):
+            out = corrupt(images, name, severity, torch.Generator().manual_seed(0))
+            assert out.shape == images.shape and out.dtype == images.dtype and out.device == images.device
+            assert out.min() >= 0 and out.max() <= 1 and torch.equal(out, (out * 255).round() / 255)
+            assert torch.equal(out, corrupt(images, name, severity, torch.Generator().manual_seed(0)))
+            assert torch.equal(out, corrupt(images, name, severity, torch.Generator().manual_seed(1))) == (name not in RANDOM)
+    assert np.random.get_state()[1].tolist() == numpy_state[1].tolist()  # numpy's global generator left as it was
+
+
+def test_corruptions_grow_with_severity_on_average(digits):
     for name in CORRUPTIONS:
-        outs = [corrupt(images, name, s, torch.Generator().manual_seed(0)) for s in (1, 5)]
-        for out in outs:
-            assert out.shape == images.shape and out.min() >= 0 and out.max() <= 1
-        assert (outs[1] - images).abs().mean() > (outs[0] - images).abs().mean(), name
-    assert corrupt(images[:, :1], "jpeg_compression", 3).shape == (4, 1, 32, 32)  # grayscale
-    with pytest.raises(ValueError, match="unknown corruption"):
-        corrupt(images, "fog", 1)
+        change = [(corrupt(digits, name, s, torch.Generator().manual_seed(0)) - digits).abs().mean() for s in range(1, 6)]
+        assert all(a < b for a, b in zip(change, change[1:])), (name, change)
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_corrupt_is_the_library_on_each_image(digits, name):
+    """Grey and colour images of 32 pixels (the library's smallest) against ``imagecorruptions.corrupt``
+    given the seed that ``corrupt`` draws for each image."""
+    import imagecorruptions
+
+    for images in (F.pad(digits[:2], (2, 2, 2, 2)), scenes(digits)[:2]):
+        for severity in range(1, 6):
+            out = corrupt(images, name, severity, torch.Generator().manual_seed(3))
+            seeds = torch.randint(2**32, (len(images),), generator=torch.Generator().manual_seed(3)).tolist()
+            for image, corrupted, seed in zip(images, out, seeds):
+                pixels = (image * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+                np.random.seed(seed)
+                expected = imagecorruptions.corrupt(pixels.squeeze(-1) if len(image) == 1 else pixels, severity=severity,
+                                                    corruption_name=name, **({"seed": seed} if name == "impulse_noise" else {}))
+                assert np.array_equal((corrupted * 255).round().to(torch.uint8).permute(1, 2, 0).numpy(),
+                                      expected[..., :len(image)]), (name, severity)
+
+
+def test_variants_of_one_seed_face_the_same_corrupted_images(tiny, monkeypatch):
+    """Two models, the same robustness seed: PGD draws as much from the generator for either, so the
+    corruptions after it draw the same noise."""
+    model, images, labels = tiny
+    seen = []
+    monkeypatch.setattr(robustness, "corrupt", lambda *args: seen.append(corrupt(*args)) or seen[-1])
+    cfg = {**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]}
+    evaluate_robustness(model, loader(images, labels), cfg)
+    other = nn.Sequential(nn.Flatten(), nn.Linear(16, 4))
+    first, seen[:] = list(seen), []
+    evaluate_robustness(other, loader(images, labels), cfg)
+    assert len(seen) == len(first) == 3 * 2 * 2 and all(torch.equal(a, b) for a, b in zip(first, seen))
+
+
+def test_a_corruption_outside_the_suite_is_refused_before_any_attack(tiny):
+    model, images, labels = tiny
+    with pytest.raises(ConfigError, match="unknown corruption 'frost'"):
+        corrupt(images, "frost", 1)
+    with pytest.raises(ConfigError, match="severity must be 1..5"):
+        corrupt(images, "contrast", 6)
+    attacked = []
+    model = nn.Sequential(model, nn.Identity())
+    model.register_forward_hook(lambda *_: attacked.append(1))
+    with pytest.raises(ConfigError, match="unknown corruption 'glass_blur'"):
+        evaluate_robustness(model, loader(images, labels), {**CFG, "corruptions": ["contrast", "glass_blur"]})
+    assert not attacked
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pyautoattack") is None, reason="pyautoattack not installed")
