@@ -27,6 +27,13 @@ def write_runs(root, runs):
         write_record(root / name, record(variant, seed, metrics, **fields))
 
 
+def ablation(seeds, value=10.0, **fields):
+    """`uniform` runs far from every variant on each seed: attention matters, so the table can be ranked (a table
+    without its own ablation cannot show that, and is not)."""
+    metric = "acc" if fields.get("mode") == "max" else "mse"
+    return [("uniform", seed, {metric: value + 0.01 * seed}, fields) for seed in seeds]
+
+
 def sections(text):
     """Markdown section title -> its body."""
     return {part.split("\n", 1)[0]: part for part in text.split("\n## ")[1:]}
@@ -121,8 +128,9 @@ def test_only_bad_records_is_a_user_error(tmp_path, capsys):
 def test_two_datasets_of_a_domain_get_their_own_table_and_plots(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "R.md"
     values = {"d1": {"standard": 1.0, "quest": 2.0}, "d2": {"standard": 8.0, "quest": 4.0}}
-    write_runs(runs, [(v, 0, {"mse": x}, {"dataset": d}) for d, by_variant in values.items()
-                      for v, x in by_variant.items()])
+    write_runs(runs, [(v, seed, {"mse": x}, {"dataset": d}) for d, by_variant in values.items()
+                      for v, x in by_variant.items() for seed in (0, 1)])
+    write_runs(runs, [row for d in values for row in ablation((0, 1), dataset=d)])
     for d, by_variant in values.items():  # probe logs, so each group gets its probe figure too
         for v, x in by_variant.items():
             (runs / f"a-{d}-{v}-0" / "metrics.csv").write_text(f"step,probe/max_logit\n0,{x}\n10,{2 * x}\n")
@@ -165,8 +173,9 @@ def test_a_metric_no_record_gives_a_direction_for_gets_no_arrow_and_no_best(tmp_
 def test_tables_counts_paired_test_and_ranks(tmp_path):
     values = {"standard": [1.0, 2.0, 3.0], "quest": [0.5, 1.0, 2.0]}
     write_runs(tmp_path, [(v, seed, {"mse": x}, {}) for v, xs in values.items() for seed, x in enumerate(xs)])
-    write_runs(tmp_path, [("quest", 3, {}, {"status": "diverged"}),
-                          ("standard", 0, {"mse": 1.0}, {"domain": "b"}), ("quest", 0, {"mse": 2.0}, {"domain": "b"})])
+    write_runs(tmp_path, [("quest", 3, {}, {"status": "diverged"}), *ablation(range(3)), *ablation((0, 1), domain="b"),
+                          *[(v, seed, {"mse": x}, {"domain": "b"}) for v, x in (("standard", 1.0), ("quest", 2.0))
+                            for seed in (0, 1)]])
     runs = results_runs.load_runs(tmp_path)
     table = tables.domain_table(runs[runs["domain"] == "a"])
     t = t_dist.ppf(0.975, 2)  # means carry the half-width of their 95% t-interval
@@ -201,6 +210,7 @@ def test_equivalent_variants_are_marked_not_ranked_and_verdicts_counted(tmp_path
     runs = {"standard": base, "elliptical": base, "quest": base - 0.5 + rng.normal(0, 0.01, 6),
             "qnorm": base + np.array([0.1, -0.1, 0.05, -0.05, 0.02, -0.03])}
     write_runs(tmp_path, [(v, seed, {"mse": float(x)}, {}) for v, xs in runs.items() for seed, x in enumerate(xs)])
+    write_runs(tmp_path, ablation(range(6)))
     loaded = results_runs.load_runs(tmp_path)
     table = tables.domain_table(loaded)
     assert table.loc["elliptical", "Δmse vs standard ± 95% (p, Holm, n, MDE)"] == "≡ standard"
@@ -251,6 +261,7 @@ def test_a_table_that_does_not_beat_its_trivial_baseline_is_not_ranked(tmp_path)
         write_runs(tmp_path, [(v, seed, {"acc": acc + 0.001 * seed * (1 + (v == "quest")), "acc_baseline": 0.5},
                                {"domain": domain, "primary_metric": "acc", "mode": "max"})
                               for v, acc in zip(("standard", "quest"), accs) for seed in range(3)])
+        write_runs(tmp_path, ablation(range(3), 0.0, domain=domain, primary_metric="acc", mode="max"))
     runs = results_runs.load_runs(tmp_path)
     learned_a, sentence_a = stats.learns(runs[runs["domain"] == "a"])
     learned_b, sentence_b = stats.learns(runs[runs["domain"] == "b"])
@@ -348,12 +359,30 @@ def test_a_table_where_removing_attention_is_undetectable_is_not_ranked(tmp_path
     assert tables.verdict_table(runs).loc["quest"].tolist() == [1, 0, 0, 0]  # a only
 
 
+def test_a_table_without_its_attention_ablation_is_not_ranked(tmp_path, capsys):
+    """Domains a and b hold the same clear quest gain; only a ran the `uniform` ablation. b cannot show that
+    attention matters there, so it is neither ranked nor counted, and the counts' caption says why."""
+    for domain in "ab":
+        write_runs(tmp_path / "runs", [(v, seed, {"mse": 1.0 - 0.3 * (v == "quest") + 0.01 * seed * (v == "quest")},
+                                        {"domain": domain}) for v in ("standard", "quest") for seed in range(3)])
+    write_runs(tmp_path / "runs", ablation(range(3)))
+    runs = results_runs.load_runs(tmp_path / "runs")
+    assert stats.attention_matters(runs[runs["domain"] == "b"]) is None
+    assert stats.rankable(runs[runs["domain"] == "a"]) and not stats.rankable(runs[runs["domain"] == "b"])
+    assert [c for c in tables.summary_table(runs).columns if c.startswith("rank")] == ["rank a/d (study)"]
+    assert tables.verdict_table(runs).loc["quest"].tolist() == [1, 0, 0, 0]  # a only
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "-o", str(out), "--no-plots"]) == 0
+    assert "a table without its own attention ablation cannot show that attention matters there" in out.read_text()
+
+
 def test_the_verdict_table_corrects_over_every_test_it_counts(tmp_path):
     """Three domains where quest beats standard at p ≈ 0.03 each: significant in each table alone, not once
     Holm's correction runs over the three tests the verdict table counts (3 x 0.03 > 0.05)."""
     for domain in "abc":
         write_runs(tmp_path, [(v, seed, {"mse": 1.0 - (v == "quest") * (0.1 + 0.03 * [1, -1, 0.5][seed])},
                                {"domain": domain}) for v in ("standard", "quest") for seed in range(3)])
+        write_runs(tmp_path, ablation(range(3), domain=domain))
     runs = results_runs.load_runs(tmp_path)
     p = ttest_rel([0.87, 0.93, 0.885], [1, 1, 1]).pvalue
     assert 0.0167 < p < 0.05
@@ -461,15 +490,15 @@ def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, pr
 def write_second_setting(tmp_path):
     """The fair study's second init: a sweep with `label:` whose tables sit beside the first sweep's, taking its
     choices (every one the recipe's, so each sweep's two protocols hold the same runs). quest beats standard
-    clearly in both; qknorm beats it under the first setting only."""
+    clearly in both; qknorm beats it under the first setting only; the first sweep's ablation shows attention matters."""
     for root, label, qknorm_gain in ((tmp_path / "main", None, 0.2), (tmp_path / "init", "PyTorch init", 0.0)):
         root.mkdir()
         (root / "selection.json").write_text(json.dumps({
             "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
             "label": label, "recipe": {"a": {"optim.lr": 1e-3}},
-            "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm")}},
+            "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm", "uniform")}},
             **({"from": "runs/main/selection.json"} if label else {})}))
-        for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain)):
+        for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain), *(() if label else [("uniform", -9.0)])):
             for seed in range(3):
                 noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
                 write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
@@ -531,7 +560,34 @@ def test_each_accuracy_claim_is_retested_under_a_second_setting(tmp_path):
     assert (found.loc["H1", "verdict"], found.loc["H1", "confirmed"]) == ("contradicted", "supported")
     text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
     row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
-    assert row.replace(" ", "").endswith("|contradicted|supported|no|no|")
+    assert "|contradicted|supported|no|no|" in row.replace(" ", "")
+
+
+def test_whether_a_second_setting_changes_a_claim_is_a_paired_test_of_the_two_differences(tmp_path):
+    """quest's gain over standard in domain a is 0.3 under the first setting and -0.05 under the second, and
+    seed 0's quest run under the second is 0.03 worse still: per seed the claim's difference moves by -0.38, -0.35,
+    -0.35, tested against no change over those seeds."""
+    write_tuned_sweep(tmp_path / "main")
+    write_tuned_sweep(tmp_path / "init", gain=-0.05, label="PyTorch init")
+    worse = read_record(tmp_path / "init" / "a-quest-0.003-0")
+    worse["metrics"]["test/mse"] += 0.03
+    write_record(tmp_path / "init" / "a-quest-0.003-0", worse)
+    from runners.results import confirmatory
+
+    runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
+    (tmp_path / "plan.md").write_text(PLAN)
+    plan = confirmatory.read_plan(tmp_path / "plan.md")
+    change = confirmatory.setting_change(runs, plan["hypotheses"][0], "tuned", "tuned, PyTorch init", [0, 1, 2])
+    assert change.to_dict() == pytest.approx({0: -0.38, 1: -0.35, 2: -0.35})
+    found = confirmatory.under_second_settings(runs, plan, confirmatory.tests(runs, plan)).set_index("id")
+    moved = [-0.38, -0.35, -0.35]
+    half = t_dist.ppf(0.975, 2) * np.std(moved, ddof=1) / 3 ** 0.5
+    p = ttest_rel(moved, [0, 0, 0]).pvalue
+    assert found.loc["H1", "change"] == pytest.approx(-0.36) and found.loc["H1", "change_half"] == pytest.approx(half)
+    assert found.loc["H1", "change_p"] == pytest.approx(p) and found.loc["H1", "change_n"] == 3
+    text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
+    row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
+    assert row.rstrip(" |").endswith(f"-0.36 ± {half:.2g} (n=3, p={p:.2g})")
 
 
 @pytest.mark.parametrize("variants, warned", [(("standard", "quest"), False), (("standard", "elliptical"), True)])

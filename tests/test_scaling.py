@@ -1,12 +1,14 @@
 """`quest scaling`: learning curves from tested snapshots, the paired difference to standard at each length and
-width, and the probes along training."""
+width, its change with width, and the probes along training."""
 import pandas as pd
 import pytest
 from conftest import make_record
+from scipy.stats import t as t_dist
+from scipy.stats import ttest_1samp
 
 from common.records import write_record
 from runners.cli import main as cli
-from runners.results.scaling import _band, curve_points, differences, probe_table
+from runners.results.scaling import _band, curve_points, delta_table, differences, probe_table, width_changes
 
 
 def write_curves(root):
@@ -40,6 +42,27 @@ def test_the_report_has_curves_probes_and_the_delta_table(tmp_path):
     assert (out.parent / "scaling_vision.png").stat().st_size > 0
     assert "| 8       | 10     | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
     assert "max_logit peak" in text
+    assert "| 8 → 16   | 10     | +0 ± 0 (p=1, MDE 0) |" in text  # quest's gain is the same at both widths
+
+
+def test_the_width_interaction_is_the_change_of_each_seeds_paired_difference():
+    """Standard's accuracy differs by seed and width; quest is 0.10, 0.12, 0.11 above it at width 8 and 0.20,
+    0.15, 0.25 at width 16 (seeds 0, 1, 2): per seed its gain grows by 0.10, 0.03, 0.14, tested over the seeds."""
+    gains = {8: [0.10, 0.12, 0.11], 16: [0.20, 0.15, 0.25]}
+    standard = {8: [0.5, 0.55, 0.6], 16: [0.4, 0.42, 0.44]}
+    rows = [{"domain": "vision", "width": width, "step": 10, "seed": seed, "variant": variant, "primary": "acc",
+             "mode": "max", "acc": standard[width][seed] + (variant == "quest") * gains[width][seed]}
+            for width in (8, 16) for seed in range(3) for variant in ("standard", "quest")]
+    points = pd.DataFrame(rows)
+    found = width_changes(points, "acc").set_index(["widths", "variant"]).loc[("8 → 16", "quest")]
+    change = [0.10, 0.03, 0.14]
+    half = t_dist.ppf(0.975, 2) * pd.Series(change).std() / 3 ** 0.5
+    assert found["diff"] == pytest.approx(0.09) and found["half"] == pytest.approx(half) and found["n"] == 3
+    assert found["p"] == pytest.approx(ttest_1samp(change, 0.0).pvalue)
+    row = delta_table(points, "acc", by="widths").splitlines()[2]
+    assert row.startswith("| 8 → 16 ") and f"+0.09 ± {half:.2g} (p={found['p']:.2g}" in row
+    points["mode"] = "min"  # the same numbers as a loss, where lower is better: the sign turns
+    assert width_changes(points, "acc")["diff"].iloc[0] == pytest.approx(-0.09)
 
 
 def test_runs_without_curves_are_a_clear_error(tmp_path):

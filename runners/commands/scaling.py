@@ -2,8 +2,9 @@
 
 From runs that kept snapshots and tested them (a sweep with `snapshots:`, or `quest curve`): per domain and
 width, each variant's test metric (and, for classifiers, its corruption and PGD accuracy) against training steps
-with 95% intervals over seeds, the stability probes along training, and a table of each variant's paired
-difference to standard at every length. `quest aggregate --report SCALING.md` puts it in RESULTS.md.
+with 95% intervals over seeds, the stability probes along training, a table of each variant's paired
+difference to standard at every length, and one of how that difference changes from one width to the next
+(paired by seed). `quest aggregate --report SCALING.md` puts it in RESULTS.md.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The confirmatory section of RESULTS.md (``quest aggregate --confirm PREREGISTRATION.md``): hypotheses, test,
+"""The confirmatory section of RESULTS.md (``quest aggregate --confirm RESULTS/preregistration.md``): hypotheses, test,
 α, correction family, protocol and seeds fixed in a committed file before its runs, and computed from those
 runs alone.
 
@@ -102,11 +102,21 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
     return table
 
 
+def setting_change(runs: pd.DataFrame, h: dict, protocol: str, setting: str, seeds: list[int]) -> pd.Series:
+    """Per seed run under both, how much a contrast (``h``: domain, metric, variant, against; signed so that positive
+    favours the variant) moves from ``protocol``'s runs to ``setting``'s ("tuned" to "tuned, PyTorch init"): the
+    difference of the two paired differences, whose paired t-test over seeds asks whether the setting changes it."""
+    first, _ = _pairs(runs[runs["protocol"] == protocol], h, seeds)
+    second, _ = _pairs(runs[runs["protocol"] == setting], h, seeds)
+    return (second - first).dropna()
+
+
 def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -> pd.DataFrame:
     """Exploratory: per second setting of the plan's protocol (a sweep's ``label``, "tuned, PyTorch init") and per
     hypothesis on its domain's primary metric (the accuracy claims, which the plan's init check names), the same
     paired test on that setting's runs at the plan's seeds, Holm over the hypotheses re-tested in the domain
-    under the setting, beside the confirmatory verdict. Empty where no such setting ran."""
+    under the setting, beside the confirmatory verdict; and whether the setting changes the contrast
+    (``setting_change``, uncorrected). Empty where no such setting ran."""
     rows = []
     for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan['protocol']}, ")):
         setting = runs[runs["protocol"] == protocol]
@@ -117,10 +127,12 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
                 if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
                     continue
                 diff, _ = _pairs(in_domain, h, plan["seeds"])
+                change = setting_change(runs, h, plan["protocol"], protocol, plan["seeds"])
                 found.append({"id": h["id"], "setting": second_setting(protocol), "n": len(diff),
                               "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
                               "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
-                              "confirmed_diff": confirmed["diff"]})
+                              "confirmed_diff": confirmed["diff"], "change": change.mean() if len(change) else np.nan,
+                              "change_half": half_width(change), "change_n": len(change), "change_p": paired_p(change)})
             if found:
                 found = pd.DataFrame(found)
                 tested = found["p"].notna()
@@ -207,11 +219,16 @@ def _second_setting_lines(found: pd.DataFrame) -> list[str]:
         "Holm p (domain)": found["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
         "verdict under the setting": found["verdict"], "confirmatory verdict": found["confirmed"],
         "same direction": ["yes" if np.sign(a) == np.sign(b) else "no" for a, b in zip(found["diff"], found["confirmed_diff"])],
-        "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])]})
+        "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])],
+        "change under the setting ± 95% (n, p)": [
+            f"{_difference(d, h)} (n={n}{'' if np.isnan(p) else f', p={p:.2g}'})"
+            for d, h, n, p in zip(found["change"], found["change_half"], found["change_n"], found["change_p"])]})
     return ["Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
             "setting's runs (a sweep's `select: label:`, such as another init) at the plan's seeds, with the same "
-            "paired test and Holm's correction over the claims re-tested in that domain under that setting.", "",
-            shown.to_markdown(index=False), ""]
+            "paired test and Holm's correction over the claims re-tested in that domain under that setting. Whether "
+            "the setting changes the claim's difference is tested directly: per seed run under both, the difference "
+            "under the setting less the one under the plan's protocol, paired t-test over those seeds (uncorrected).",
+            "", shown.to_markdown(index=False), ""]
 
 
 def _difference(diff: float, half: float) -> str:

@@ -59,8 +59,10 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
         parts += ["", *describe_launches(launches), *extra, "## Across domains", "", summary_table(runs).to_markdown(), "",
                   "Tables where each variant is better than, not different from, or worse than `standard` "
                   "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
-                  "learn and where the attention ablation is detectable; a table holding the same runs as another counts "
-                  "once; a second setting's tables, such as another init, are not counted here but below):", "",
+                  "learn and whose own attention ablation is detectable, as in the ranks above (a table without its own "
+                  "attention ablation cannot show that attention matters there, and is not ranked); a table holding the "
+                  "same runs as another counts once; a second setting's tables, such as another init, are not counted "
+                  "here but below):", "",
                   verdict_table(runs).to_markdown(), ""]
         if (agreement := setting_agreement_table(runs)) is not None:
             parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "

@@ -1,7 +1,8 @@
 """Learning curves across training length and width (``quest scaling``): from runs that kept snapshots and tested
 them (``runners.runs.curve``), per domain and width, each variant's test metrics against training steps (mean and
-95% interval over seeds), the difference to `standard` at each length paired by seed, and the stability probes
-(max logit, largest query and key norms) along training, with their range over seeds."""
+95% interval over seeds), the difference to `standard` at each length paired by seed, how that difference changes
+with width (paired by seed), and the stability probes (max logit, largest query and key norms) along training,
+with their range over seeds."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,21 +56,47 @@ def probe_points(*roots: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _to_standard(group: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
+    """Per variant of one cell (domain, width, step), its ``metric`` less `standard`'s, per seed run by both,
+    signed so that positive is better."""
+    lower = group["mode"].iloc[0] == "min" if metric == group["primary"].iloc[0] else not metric.startswith("acc")
+    sign = -1.0 if lower else 1.0
+    base = group[group["variant"] == "standard"].set_index("seed")[metric]
+    return {variant: sign * (group[group["variant"] == variant].set_index("seed")[metric] - base).dropna()
+            for variant in variant_order(group["variant"]) if variant != "standard"}
+
+
+def _tested(diff: pd.Series) -> dict:
+    """The mean of paired differences with its 95% interval, p (uncorrected: exploratory) and minimum detectable
+    effect."""
+    return {"n": len(diff), "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
+            "mde": detectable(diff.std(), len(diff))}
+
+
 def differences(points: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per domain, width, step and variant: the paired difference to `standard` on ``metric``, signed so that
-    positive is better, with its 95% interval, p (uncorrected: exploratory) and minimum detectable effect."""
+    positive is better (``_tested``)."""
     rows = []
     for (domain, width, step), group in points.groupby(["domain", "width", "step"]):
-        lower = group["mode"].iloc[0] == "min" if metric == group["primary"].iloc[0] else not metric.startswith("acc")
-        sign = -1.0 if lower else 1.0
-        base = group[group["variant"] == "standard"].set_index("seed")[metric]
-        for variant in variant_order(group["variant"]):
-            if variant == "standard":
-                continue
-            diff = sign * (group[group["variant"] == variant].set_index("seed")[metric] - base).dropna()
-            rows.append({"domain": domain, "width": width, "step": step, "variant": variant, "n": len(diff),
-                         "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
-                         "mde": detectable(diff.std(), len(diff))})
+        for variant, diff in _to_standard(group, metric).items():
+            rows.append({"domain": domain, "width": width, "step": step, "variant": variant, **_tested(diff)})
+    return pd.DataFrame(rows)
+
+
+def width_changes(points: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Whether a variant's difference to `standard` depends on width (the width × variant interaction): per domain,
+    step, variant and pair of consecutive widths, the paired difference at the wider less the one at the narrower,
+    per seed run at both, tested over those seeds (``_tested``; positive: the variant gains on `standard` with width)."""
+    rows = []
+    for (domain, step), group in points.groupby(["domain", "step"]):
+        widths = sorted(group["width"].unique())
+        for narrow, wide in zip(widths, widths[1:]):
+            before = _to_standard(group[group["width"] == narrow], metric)
+            after = _to_standard(group[group["width"] == wide], metric)
+            for variant in [v for v in after if v in before]:
+                change = (after[variant] - before[variant]).dropna()
+                rows.append({"domain": domain, "widths": f"{narrow} → {wide}", "step": step, "variant": variant,
+                             **_tested(change)})
     return pd.DataFrame(rows)
 
 
@@ -81,13 +108,14 @@ def _cell(row: pd.Series) -> str:
     return f"{row['diff']:+.3g}{spread}{tested}"
 
 
-def delta_table(points: pd.DataFrame, metric: str) -> str:
-    """Markdown: rows = width and training steps, columns = variants, cells = Δ vs standard (+ is better)."""
-    table = differences(points, metric)
+def delta_table(points: pd.DataFrame, metric: str, by: str = "width") -> str:
+    """Markdown: rows = width (``by="width"``: ``differences``) or pair of widths (``by="widths"``:
+    ``width_changes``) and training steps, columns = variants, cells = the paired difference (+ is better)."""
+    table = (differences if by == "width" else width_changes)(points, metric)
     if table.empty:
         return ""
     cells = table.assign(cell=table.apply(_cell, axis=1)).pivot_table(
-        index=["width", "step"], columns="variant", values="cell", aggfunc="first")
+        index=[by, "step"], columns="variant", values="cell", aggfunc="first")
     cells = cells[variant_order(cells.columns)].fillna("–").reset_index()
     return cells.to_markdown(index=False, disable_numparse=True)  # "+0.02" stays as written
 
@@ -183,6 +211,11 @@ def report(*roots: str | Path, out: Path) -> str:
                   f"![scaling {domain}]({figure.name})", ""]
         for metric in [primary, *robust]:
             lines += [f"Δ{metric} vs standard (+ is better):", "", delta_table(group, metric), ""]
+        if group["width"].nunique() > 1:
+            for metric in [primary, *robust]:
+                lines += [f"Width × variant, Δ{metric} vs standard: its change from one width to the next, per seed run at "
+                          "both, paired t-test over those seeds (+: the variant gains on standard with width; p "
+                          "uncorrected, exploratory):", "", delta_table(group, metric, by="widths"), ""]
         probed = probe_table(probes, domain)
         if probed:
             steps = probes[probes["domain"] == domain].groupby(["width", "variant", "seed"])["step"].nunique()

@@ -144,9 +144,11 @@ def attention_matters(runs: pd.DataFrame) -> tuple[bool, str] | None:
 
 
 def rankable(runs: pd.DataFrame) -> bool:
-    """A table enters the cross-domain ranks and counts when it learns (``learns``) and attention matters in it
-    (``attention_matters``), each where it can be told."""
-    return all(found is None or found[0] for found in (learns(runs), attention_matters(runs)))
+    """A table enters the cross-domain ranks and counts when it learns (``learns``, where a baseline tells) and
+    its own attention ablation shows that attention matters in it (``attention_matters``). A table without the
+    ablation cannot show that, so it is not ranked: its differences could be as undetectable as removing attention."""
+    learned, matters = learns(runs), attention_matters(runs)
+    return (learned is None or learned[0]) and matters is not None and matters[0]
 
 
 def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:
