@@ -105,7 +105,7 @@ def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
     return interleaved_seconds(jobs, repeats, device, warmup)
 
 
-def _status_mb(field: str) -> float:
+def proc_status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
@@ -121,9 +121,9 @@ def peak_memory_mb(shape, variant: str, naive: bool, device: str, dtype=torch.fl
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
         f.write("5")
-    base = _status_mb("VmRSS")
+    base = proc_status_mb("VmRSS")
     step(variant, inputs, naive=naive)
-    return _status_mb("VmHWM") - base
+    return proc_status_mb("VmHWM") - base
 
 
 def memory_in_child(shape, variant: str, naive: bool, device: str, dtype: str, layout: str) -> float:

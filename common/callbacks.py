@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from common.probes import Probe, attention_probes, summarize
@@ -39,6 +40,9 @@ class ProbeCallback(pl.Callback):
 
     def _switch(self, on: bool) -> None:
         self._probing = on
+        # A compiled training step (``Task.compile_training``) runs eagerly while probed: the probes' explicit
+        # logits and Python-side statistics would otherwise be traced into a second graph for one step in k.
+        torch.compiler.set_stance("force_eager" if on else "default")
         for probe in self._probes.values():
             probe.enabled, probe.max_samples = on, self.max_samples
             if on:

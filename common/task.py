@@ -102,6 +102,7 @@ class Task(pl.LightningModule):
         self.seed = seed
         self.train_loss: Tensor | None = None  # the last training step's, for ``on_train_batch_end`` to log
         self.logged_steps = 0  # the optimiser steps ``on_train_batch_end`` has seen
+        self.compiled_forward = None  # ``compile_training``'s; a plain function, so no second copy in the state dict
 
     # --- what a domain's task defines -------------------------------------------------------------
     def unpack(self, batch) -> tuple:
@@ -123,9 +124,17 @@ class Task(pl.LightningModule):
     def forward(self, inputs):
         return self.net(inputs)
 
+    def compile_training(self, **options) -> None:
+        """Run training steps' ``forward`` (and so its backward) through ``torch.compile(**options)``. Only
+        training steps: evaluation, test-time perturbations and attacks keep the eager model, so what is measured
+        after training is computed as in an eager run; probe steps run eagerly too (``ProbeCallback``), since a
+        probe's explicit logits are no part of the step being sped up."""
+        self.compiled_forward = torch.compile(self.forward, **options)
+
     def step(self, batch, stage: str) -> Tensor:
         inputs, target = self.unpack(batch)
-        output = self(inputs)
+        compiled = stage == "train" and self.compiled_forward is not None
+        output = self.compiled_forward(inputs) if compiled else self(inputs)
         loss = self.loss(output, target, stage)
         if stage == "train":
             self.train_loss = loss.detach()

@@ -28,10 +28,10 @@ discover("domains")  # the project's own domains; plugins add theirs through the
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
-# Keys that change where or how loudly a run goes, not what it computes (``attention.l2norm_kernel``: the same map,
-# another kernel, equal to float rounding): left out of the run's hash.
-UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "trainer.enable_progress_bar", "logging",
-            "progress")
+# Keys that change where, how fast or how loudly a run goes, not what it computes (``attention.l2norm_kernel``: the
+# same map, another kernel; ``compile``: the same step, compiled; each equal to float rounding): left out of the hash.
+UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "compile", "trainer.enable_progress_bar",
+            "logging", "progress")
 
 
 def _load(path: Path, what: str) -> DictConfig:
@@ -220,9 +220,16 @@ def _domain_config(name: str) -> DictConfig:
     return _load(domain.config or path, f"domain {name!r}")
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
 def _check_choices(cfg: DictConfig) -> None:
-    """The names a config picks: attention variant and dataset (these need torch and the domain)."""
+    """The names a config picks: compile mode, attention variant and dataset (the last two need torch and the
+    domain)."""
     from common.attention import ABLATIONS, VARIANTS
+
+    if cfg.compile.mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile.mode={cfg.compile.mode!r}; choose from {', '.join(COMPILE_MODES)}")
 
     if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
         raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "

@@ -33,7 +33,9 @@ def edge_elliptical_metric(values: Tensor, prev_values: Tensor, batch: Tensor | 
     delta = (values - prev_values).abs()
     if batch is None:
         return _unit_max(delta.mean(0, keepdim=True), eps)
-    m = scatter(delta, batch, dim=0, reduce="mean")
+    # One row per node bounds the graph count without reading it off the device (index.max().item(), a sync and a
+    # graph break under torch.compile); the rows no graph id reaches stay 0 and are never gathered.
+    m = scatter(delta, batch, dim=0, dim_size=delta.shape[0], reduce="mean")
     return _unit_max(m, eps)[batch]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from functools import partial
 
 import torch
@@ -40,6 +41,9 @@ def main(argv: list[str]) -> int:
                         help="time a domain's own training step instead (domain=<d> preset=<p> ...; repeatable): "
                         "every variant's bare step as a ratio to standard's, and quest train's loop beside the bare one")
     parser.add_argument("--steps", type=positive_int, default=10, help="--model: training steps per round")
+    parser.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                        help="--model: every variant's step eager and through torch.compile (MODE: its mode, default "
+                        "'default'): steps/s, compile time cold and warm, peak memory, and a whole run's speed-up")
     parser.add_argument("--fixed-cost", nargs="+", action="append", metavar="KEY=VALUE",
                         help="where one whole quest train run's time goes (a fresh process; repeatable): start and "
                         "imports, data and model, fit, checkpoint writes, test")
@@ -88,6 +92,8 @@ def model_bench(args) -> int:
     ``--fixed-cost``: where one whole run's time goes."""
     from runners.runs.stepbench import fixed_cost, measure  # Lightning and the domains: only here
 
+    if args.compile and args.model:
+        return compiled_bench(args)
     if args.fixed_cost:
         results = [fixed_cost(run) for run in args.fixed_cost]
         parts = list(results[0]["parts_s"])
@@ -109,6 +115,34 @@ def model_bench(args) -> int:
     print(f"{'run':36s}" + "".join(f"{c:>{width}s}" for c in columns))
     for result, row in zip(results, rows):
         print(f"{' '.join(result['config']):36s}" + "".join(f"{cell:>{width}s}" for cell in row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def compiled_bench(args) -> int:
+    """``--model ... --compile``: per model and variant, the bare step eager and compiled side by side."""
+    from runners.config import COMPILE_MODES
+    from runners.runs.compilebench import measure_compiled
+
+    if args.compile not in COMPILE_MODES:
+        print(f"quest bench: --compile {args.compile!r} is not a torch.compile mode; choose from "
+              f"{', '.join(COMPILE_MODES)}", file=sys.stderr)
+        return 2
+    results = [measure_compiled(model, list(VARIANTS), args.steps, args.repeats, args.compile) for model in args.model]
+    columns = ["eager it/s", "compiled it/s", "speed-up", "compile s cold", "warm", "MB eager", "MB compiled",
+               "run speed-up"]
+    keys = ["eager_steps_per_s", "compiled_steps_per_s", "speedup", "compile_cold_s", "compile_warm_s",
+            "peak_mb_eager", "peak_mb_compiled", "run_speedup"]
+    for result in results:
+        print(f"{' '.join(result['config'])}: training step on cpu ({result['threads']} threads), eager and "
+              f"torch.compile(mode={result['mode']!r}), median of {result['rounds']} rounds of {result['steps']} steps; "
+              f"run speed-up: {result['run_steps']} steps, warm compile paid once")
+        width = max(len(c) for c in columns) + 2
+        print(f"{'variant':18s}" + "".join(f"{c:>{width}s}" for c in columns))
+        for variant, row in result["variants"].items():
+            print(f"{variant:18s}" + "".join(f"{row[key]:>{width}.{3 if 'speed' in key else 1}f}" for key in keys))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -63,15 +63,17 @@ def train_batches(datamodule, count: int) -> list:
 
 def bare_step(cfg: DictConfig, task, augment: Callable = lambda batch: batch) -> Callable[[object], None]:
     """One step of a plain PyTorch loop: ``augment`` (a datamodule's augmentation on the device, part of the
-    step), the task's forward and loss, backward, the config's gradient clipping, ``torch.optim.AdamW`` (the
+    step), the task's forward (compiled, if the task is) and loss, backward, the config's gradient clipping, ``torch.optim.AdamW`` (the
     config's lr and weight decay on every parameter)."""
     task.train()
     optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     clip = cfg.trainer.get("gradient_clip_val")
 
+    forward = task.compiled_forward or task  # as ``Task.step`` trains: compiled where ``compile_training`` was called
+
     def step(batch) -> None:
         inputs, target = task.unpack(augment(batch))
-        task.loss(task(inputs), target, "train").backward()
+        task.loss(forward(inputs), target, "train").backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(task.parameters(), clip)
         optimizer.step()
@@ -151,7 +153,8 @@ def _measure(args: list[str], variants: list[str], steps: int, rounds: int, base
         seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, device)
     per_step = {variant: seconds[variant] / steps for variant in variants}
     loop_s = sorted(timed[1:])[len(timed[1:]) // 2] / steps  # the warm-up round's fit is not counted
-    return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(), "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
+    return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
+            "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
             "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
             "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
             "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}

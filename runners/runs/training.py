@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -68,6 +68,11 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
             datamodule, task = domain.build(settings)
         except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
             raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
+        if cfg.compile.enabled:
+            # Each run from a clean slate: a sweep worker's earlier runs would count against dynamo's recompile
+            # limit, past which it runs the step eagerly without a word. Inductor's cache on disk is kept.
+            torch._dynamo.reset()
+            task.compile_training(mode=cfg.compile.mode)
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
         record["primary_metric"], record["mode"] = domain.primary_of(task)
         run_dir = run_directory(cfg)
