@@ -48,6 +48,7 @@ def contents(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_stopped_run_says_so_in_one_line_and_records_the_step(tmp_path, signum, code):
     process, run_dir = start_training(tmp_path)
@@ -102,6 +103,7 @@ def test_a_finished_rerun_replaces_the_earlier_result(toy_domain, run_args):
     assert [p.name for p in run_dir.parent.iterdir() if not p.name.endswith(".lock")] == [run_dir.name]
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_sweeps_process_group_records_its_runs_as_stopped(tmp_path):
     spec = tmp_path / "long.yaml"
     spec.write_text(json.dumps({"domains": ["retrieval"], "variants": ["quest", "standard"], "seeds": [0],

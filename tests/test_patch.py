@@ -216,9 +216,20 @@ def test_torch_call_signature_is_kept():
 
 
 def test_gps_reset_parameters_still_works():
-    model, _, _ = _pyg_gps()
+    """PyG's ``GPSConv.reset_parameters`` calls torch's ``_reset_parameters`` on its attention: after patching
+    it re-draws the projections (torch's init: Xavier-uniform weights, zero biases) and leaves the patch."""
+    model, run, _ = _pyg_gps()
     replace_attention(model, "quest")
+    attn = model.attn
+    with torch.no_grad():
+        for parameter in (attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.bias):
+            parameter.fill_(3.0)
     model.reset_parameters()
+    bound = (6 / (DIM + 3 * DIM)) ** 0.5  # Xavier-uniform over [3 * DIM, DIM]
+    assert attn.in_proj_weight.abs().max() <= bound and attn.in_proj_weight.std() > bound / 4
+    assert not attn.in_proj_bias.any() and not attn.out_proj.bias.any()
+    assert model.attn is attn and isinstance(attn, PatchedMultiheadAttention) and attn.variant.name == "quest"
+    assert torch.isfinite(run(model)).all()
 
 
 def test_probes_see_patched_modules():

@@ -187,6 +187,7 @@ def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
         slurm.launch_slurm([], {"slurm": {"queue": "x"}}, tmp_path / "slurm", cluster="debug")
 
 
+@pytest.mark.slow
 def test_ddp_on_cpu_with_two_processes(tmp_path):
     """Lightning DDP (gloo) over two CPU processes: one record, written by rank 0."""
     import subprocess

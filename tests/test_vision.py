@@ -359,6 +359,7 @@ pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=2, limit_tra
 """
 
 
+@pytest.mark.slow
 def test_repeated_augmentation_survives_lightning_ddp(tmp_path):
     """Lightning replaces a plain sampler by its DistributedSampler under DDP; ours must stay, split by rank,
     with its epoch set by Lightning."""

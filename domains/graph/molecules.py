@@ -21,6 +21,7 @@ from torch_geometric.data import Data
 
 from common.data import DataError, check_finite, require_path
 from common.errors import ConfigError
+from common.optional import install_command, require
 
 from .splits import LoadedGraphs, by_members, check_split_by, column_split, random_split, scaffold_split
 
@@ -47,9 +48,7 @@ def ring_size_class(mol) -> Tensor:
 
 def gasteiger_charge(mol) -> Tensor:
     """Per atom, RDKit's Gasteiger partial charge (charge equalised over the bond graph)."""
-    from rdkit.Chem import rdPartialCharges
-
-    rdPartialCharges.ComputeGasteigerCharges(mol)
+    require("rdkit.Chem.rdPartialCharges", extra="graph").ComputeGasteigerCharges(mol)
     return torch.tensor([a.GetDoubleProp("_GasteigerCharge") for a in mol.GetAtoms()], dtype=torch.float32)
 
 
@@ -58,9 +57,8 @@ ATOM_TARGETS = {"ring": ring_size_class, "charge": gasteiger_charge}
 
 def read_molecule(smiles):
     """The RDKit molecule of a SMILES string; None when RDKit cannot read it or it has no atoms."""
-    from rdkit import Chem, RDLogger
-
-    RDLogger.DisableLog("rdApp.*")  # one summary line instead of an RDKit message per bad SMILES
+    Chem, logger = require("rdkit.Chem", extra="graph"), require("rdkit.RDLogger", extra="graph")
+    logger.DisableLog("rdApp.*")  # one summary line instead of an RDKit message per bad SMILES
     mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) else None
     return mol if mol is not None and mol.GetNumAtoms() > 0 else None
 
@@ -167,7 +165,7 @@ def qm9pack_folder() -> Path:
     # qm9pack's own loader imports pkg_resources (absent from recent setuptools): read its CSVs directly.
     spec = importlib.util.find_spec("qm9pack")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("package qm9pack is not installed (pip install qm9pack)")
+        raise ConfigError(f"qm9pack is not installed; install it with {install_command('graph')}")
     return Path(spec.submodule_search_locations[0]) / "data"
 
 

@@ -17,6 +17,7 @@ from torch_geometric.data import Data
 
 from common.data import SPLITS, DataError, Split, check_fractions, split_names
 from common.errors import ConfigError
+from common.optional import require
 
 SPLIT_BY = ("random", "scaffold")
 # What a CSV's split column may hold, and the split each value names (OGB writes "valid").
@@ -58,9 +59,7 @@ def check_split_by(data: dict, has_smiles: bool) -> None:
 def scaffold(smiles: str) -> str:
     """The Bemis–Murcko scaffold of a molecule as canonical SMILES, without chirality (MoleculeNet's
     choice); "" for a molecule without rings."""
-    from rdkit.Chem.Scaffolds import MurckoScaffold
-
-    return MurckoScaffold.MurckoScaffoldSmiles(smiles=smiles, includeChirality=False)
+    return require("rdkit.Chem.Scaffolds.MurckoScaffold", extra="graph").MurckoScaffoldSmiles(smiles=smiles, includeChirality=False)
 
 
 def scaffold_parts(smiles: list[str], fractions) -> tuple[list[int], list[int], list[int]]:

@@ -18,7 +18,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import open3d as o3d
 import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
@@ -40,10 +39,13 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.optional import require
 from common.registry import load
 
 from . import DATASETS
 from .shapes import SHAPES, generate_shapes
+
+o3d = require("open3d", extra="pointcloud")
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import open3d as o3d
 import torch
 from scipy.spatial.transform import Rotation
 
+from common.optional import require
+
+o3d = require("open3d", extra="pointcloud")
 Mesh = o3d.geometry.TriangleMesh
 
 

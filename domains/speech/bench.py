@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torchaudio
 
+from common.optional import require
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
 from .model import ConformerEncoder
+
+torchaudio = require("torchaudio", extra="speech")
 
 
 def train_steps(model: torch.nn.Module, x: torch.Tensor, lengths: torch.Tensor, n: int):

