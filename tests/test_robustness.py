@@ -1,6 +1,7 @@
 """Adversarial attacks, corruptions and the `quest robustness` command."""
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,6 +179,15 @@ def test_a_corruption_outside_the_suite_is_refused_before_any_attack(tiny):
     with pytest.raises(ConfigError, match="unknown corruption 'glass_blur'"):
         evaluate_robustness(model, loader(images, labels), {**CFG, "corruptions": ["contrast", "glass_blur"]})
     assert not attacked
+
+
+def test_a_segmentation_corruption_outside_the_suite_stops_the_run_before_training(run_args, capsys):
+    from runners.cli import main
+
+    assert main(["train", "domain=segmentation", "preset=smoke", "task.perturbations.corruptions=[contrast,frost]",
+                 *run_args]) == 2
+    assert "unknown corruption 'frost'" in capsys.readouterr().err
+    assert not list((Path(run_args[0].split("=", 1)[1])).rglob("record.json"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pyautoattack") is None, reason="pyautoattack not installed")

@@ -22,7 +22,7 @@ from common.blocks import Encoder
 from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
 from common.metrics import MajorityClassIoU
-from common.robustness import corrupt
+from common.robustness import check_corruption, corrupt
 from common.task import Optim, Task
 
 ENCODER = ("patch_embed", "pos_embed", "encoder")  # what a vision run's ViT and the Segmenter share
@@ -157,7 +157,10 @@ def init_encoder_from_vision(net: Segmenter, path: str, model: dict, variant: st
 
 def corruption_conditions(corruptions: list[str], severities: list[int]) -> dict[str, dict]:
     """The test-time conditions of ``task.perturbations``: every corruption at every severity, named
-    ``<corruption>_<severity>``."""
+    ``<corruption>_<severity>``; an unknown one is a ``ConfigError`` here, before training."""
+    for name in corruptions:
+        for severity in severities:
+            check_corruption(name, severity)
     return {f"{name}_{severity}": {"name": name, "severity": severity}
             for name in corruptions for severity in severities}
 
