@@ -73,16 +73,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per round (default: context-1)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--vocab", type=int, default=256, help="vocabulary size (bytes: 256; Tiny Shakespeare's characters: 65)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each model's training step through torch.compile (the first round compiles, "
+                        "uncounted)")
     add_device_arguments(parser)
     args = parser.parse_args(argv)
     device = device_from(args)
 
     size = {"context": args.context, "dim": args.dim, "depth": args.depth, "heads": args.heads, "mlp_ratio": 4.0}
     torch.manual_seed(0)
-    ours = {v: GPT(256, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True, attention={"variant": v}).to(device)
+    ours = {v: GPT(args.vocab, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True, attention={"variant": v}).to(device)
             for v in ("standard", "quest")}
-    models = {"torch": TorchGPT(256, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
-    tokens = torch.randint(256, (args.batch_size, args.context + 1), device=device)
+    models = {"torch": TorchGPT(args.vocab, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
+    if args.compile:  # the same modules (same weights), called through torch.compile
+        models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}
+    tokens = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
     train = rates({name: train_steps(m.train(), tokens) for name, m in models.items()}, args.steps, args.rounds, device)
 
     new = args.new_tokens or args.context - 1
@@ -91,14 +97,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     gen = rates({f"{name} cache": lambda n, cache=cache: generate(net, prompt, n, temperature=0, use_cache=cache)
                  for name, cache in (("with", True), ("without", False))}, new, max(3, args.rounds // 2), device)
 
-    print(f"GPT on {device}: dim {args.dim}, depth {args.depth}, heads {args.heads}, context {args.context}, "
-          f"batch {args.batch_size}")
+    print(f"GPT on {device} ({torch.get_num_threads()} threads): dim {args.dim}, depth {args.depth}, heads {args.heads}, "
+          f"context {args.context}, batch {args.batch_size}, vocabulary {args.vocab}")
     for name, rate in train.items():
         params = sum(p.numel() for p in models[name].parameters())
-        print(f"  train {name:10s} {rate:8.2f} steps/s  {params:,} parameters")
+        print(f"  train {name:19s} {rate:8.2f} steps/s  {1e3 / rate:8.1f} ms/step  {params:,} parameters")
     ratios = {"standard/torch": train["standard"] / train["torch"],
               "quest/standard": train["quest"] / train["standard"],
               "cache/no cache": gen["with cache"] / gen["without cache"]}
+    if args.compile:
+        ratios |= {f"{name} compiled/eager": train[f"{name} compiled"] / train[name] for name in ("torch", "standard", "quest")}
+        ratios["standard/torch compiled"] = train["standard compiled"] / train["torch compiled"]
     for name, rate in gen.items():
         print(f"  generate (quest) {name:13s} {rate:8.1f} tokens/s  ({new} tokens from a 1-token prompt)")
     print("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
