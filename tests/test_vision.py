@@ -493,3 +493,62 @@ def test_an_unreadable_image_is_one_line_with_or_without_loader_workers(tmp_path
                 "trainer.enable_progress_bar=false"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"quest: error: {broken}: unreadable image") and err.count("\n") == 1, err
+
+
+ELPV_LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)  # the defect probabilities ELPV annotates
+
+
+def write_elpv(root, per_level=5, size=24):
+    """ELPV's layout: grayscale PNGs in images/, and labels.csv with one whitespace-aligned line per image
+    (path, defect probability as Python prints it, module type)."""
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir(parents=True)
+    lines = []
+    for i in range(per_level * len(ELPV_LEVELS)):
+        name = f"images/cell{i + 1:04d}.png"
+        Image.fromarray(rng.integers(0, 256, (size, size), dtype=np.uint8)).save(root / name)
+        lines.append(f"{name}  {ELPV_LEVELS[i % 4]!r:<20}{('mono', 'poly')[i % 2]}")
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+
+
+def elpv(root, cache_dir, *overrides):
+    return build(config(cache_dir, "data.dataset=elpv", f"data.root={root}", "data.image_size=16", "model.patch_size=4",
+                        "data.batch_size=4", "data.split=[0.6,0.2,0.2]", *overrides))
+
+
+def test_elpv_reads_its_labels_file_and_images(tmp_path, cache_dir):
+    write_elpv(tmp_path)
+    dm, task = elpv(tmp_path, cache_dir)
+    assert dm.classes == ["defect 0", "defect 0.333", "defect 0.667", "defect 1"]
+    found = members(dm)
+    assert {s: len(names) for s, names in found.items()} == {"train": 12, "val": 4, "test": 4}
+    assert sorted(sum(found.values(), [])) == sorted(p.as_posix() for p in (tmp_path / "images").glob("*.png"))
+    labels = {path.name: label for s in SPLITS for path, label in dm.datasets[s].files}
+    assert [labels[f"cell{i + 1:04d}.png"] for i in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert dm.split_info["source"] == "random" and dm.split_info["rule"].startswith("ELPV's 20 solar cells")
+    assert elpv(tmp_path, cache_dir, "seed=1")[0].split_info == dm.split_info  # the training seed changes nothing
+    assert members(elpv(tmp_path, cache_dir, "data.split_seed=1")[0]) != found
+    dm.setup("fit")
+    images, labels = next(iter(dm.test_dataloader()))
+    assert images.shape == (4, 1, 16, 16) and images.min() >= 0 and images.max() <= 1
+    assert task(images).shape == (4, 4)
+
+
+def test_elpv_errors_name_the_file_or_the_extra(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "elpv_dataset", None)  # not installed: its default root names the extra
+    with pytest.raises(ConfigError, match=r"elpv_dataset .*quest-study\[vision\]"):
+        build(config(cache_dir, "data.dataset=elpv"))
+    with pytest.raises(DataError, match="labels.csv does not exist"):
+        elpv(tmp_path, cache_dir)
+    write_elpv(tmp_path)
+    labels = tmp_path / "labels.csv"
+    labels.write_text(labels.read_text().replace("1.0 ", "high", 1))
+    with pytest.raises(DataError, match="distinct image and its defect probability"):
+        elpv(tmp_path, cache_dir)
+
+
+def test_elpv_default_is_the_packages_2624_cells(cache_dir):
+    pytest.importorskip("elpv_dataset")
+    dm, _ = build(config(cache_dir, "data.dataset=elpv"))
+    assert {s: len(d) for s, d in dm.datasets.items()} == {"train": 2099, "val": 262, "test": 263}
+    assert dm.num_classes == 4 and all(path.is_file() for path, _ in dm.datasets["test"].files)

@@ -4,7 +4,8 @@ robustness via ``quest robustness`` (``common.robustness``); ImageNet-ReaL, -C a
 ``quest imagenet`` (``evaluate.py``)."""
 from common.registry import BuildConfig, register_domain
 
-DATASETS = {"mnist": "domains.vision.data:mnist_splits", "imagefolder": "domains.vision.data:imagefolder_splits"}
+DATASETS = {"mnist": "domains.vision.data:mnist_splits", "elpv": "domains.vision.data:elpv_splits",
+            "imagefolder": "domains.vision.data:imagefolder_splits"}
 
 
 @register_domain("vision", metric="acc", mode="max", datasets=DATASETS, commands={"imagenet": "domains.vision.evaluate"})

