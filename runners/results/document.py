@@ -20,6 +20,7 @@ from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, l
 from runners.results.tables import (
     _fmt,
     ablation_lines,
+    borrowed_ablations,
     domain_table,
     initial_sharpness_table,
     setting_agreement_table,
@@ -56,13 +57,16 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                       "computes the same function there: marked ≡ and not ranked. A table whose `standard` closes "
                       f"less than {CLEAR_MARGIN:.0%} of the gap from its trivial baseline (`<metric>_baseline`, "
                       "described under the table) to a perfect score is not ranked.")
+        borrowed = borrowed_ablations(runs)
         parts += ["", *describe_launches(launches), *extra, "## Across domains", "", summary_table(runs).to_markdown(), "",
+                  *([borrowed, ""] if borrowed else []),
                   "Tables where each variant is better than, not different from, or worse than `standard` "
                   "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
-                  "learn and whose own attention ablation is detectable, as in the ranks above (a table without its own "
-                  "attention ablation cannot show that attention matters there, and is not ranked); a table holding the "
-                  "same runs as another counts once; a second setting's tables, such as another init, are not counted "
-                  "here but below):", "",
+                  "learn and whose attention ablation is detectable, as in the ranks above (a table without its own "
+                  "attention ablation cannot show that attention matters there: a tuned table without one is judged by "
+                  "its same-recipe table's, the same sweep's runs of the same data, model and size that differ only in "
+                  "the learning rate, and a table with neither is not ranked); a table holding the same runs as another "
+                  "counts once; a second setting's tables, such as another init, are not counted here but below):", "",
                   verdict_table(runs).to_markdown(), ""]
         if (agreement := setting_agreement_table(runs)) is not None:
             parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "

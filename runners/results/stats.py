@@ -143,11 +143,13 @@ def attention_matters(runs: pd.DataFrame) -> tuple[bool, str] | None:
                         "cannot rank variants here, so this table is left out of the cross-domain ranks and counts."))
 
 
-def rankable(runs: pd.DataFrame) -> bool:
+def rankable(runs: pd.DataFrame, ablation: pd.DataFrame | None = None) -> bool:
     """A table enters the cross-domain ranks and counts when it learns (``learns``, where a baseline tells) and
-    its own attention ablation shows that attention matters in it (``attention_matters``). A table without the
-    ablation cannot show that, so it is not ranked: its differences could be as undetectable as removing attention."""
-    learned, matters = learns(runs), attention_matters(runs)
+    an attention ablation shows that attention matters in it (``attention_matters``): that of ``ablation``, the
+    table whose ablation speaks for this one (``runners.results.tables.ablation_sources``), by default its own.
+    Without an ablation it cannot show that, so it is not ranked: its differences could be as undetectable as
+    removing attention."""
+    learned, matters = learns(runs), attention_matters(runs if ablation is None else ablation)
     return (learned is None or learned[0]) and matters is not None and matters[0]
 
 

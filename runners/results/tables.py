@@ -5,8 +5,19 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
-from runners.results.runs import GROUP, IDENTITY, INITIAL, direction, repeats, second_setting, variant_order
-from runners.results.stats import TIE_RTOL, comparisons, equivalents, half_width, holm, paired_differences, rankable, verdict, verdicts
+from runners.results.runs import GROUP, IDENTITY, INITIAL, PROTOCOLS, direction, repeats, second_setting, variant_order
+from runners.results.stats import (
+    TIE_RTOL,
+    attention_matters,
+    comparisons,
+    equivalents,
+    half_width,
+    holm,
+    paired_differences,
+    rankable,
+    verdict,
+    verdicts,
+)
 
 
 def _fmt(mean: float, half: float) -> str:
@@ -129,15 +140,48 @@ def short_name(key: tuple[str, ...]) -> str:
     return f"{domain}/{dataset} ({preset}{f', {protocol}' if protocol else ''})"
 
 
+def ablation_sources(groups: dict[tuple[str, ...], pd.DataFrame]) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Per table of ``groups`` (``GROUP`` key -> runs), the table whose attention ablation tells whether attention
+    matters in it: its own where it ran one; for a tuned table (a sweep's `select:` protocol) without one, the same
+    sweep's same-recipe table of its domain, dataset and preset, which differs from it only in the learning rate,
+    so its ablation is the evidence at that data, model and size. A table with neither maps to itself."""
+    sources = {}
+    for key, group in groups.items():
+        domain, dataset, preset, protocol = key
+        name, _, label = protocol.partition(", ")
+        sibling = (domain, dataset, preset, ", ".join(filter(None, (PROTOCOLS[0], label))))
+        borrows = name == PROTOCOLS[1] and attention_matters(group) is None and sibling in groups
+        sources[key] = sibling if borrows else key
+    return sources
+
+
 def counted_groups(runs: pd.DataFrame):
-    """The (key, group) of the tables that enter the cross-domain ranks and counts: ``rankable`` ones (where the
-    model beats no constant predictor, or attention changes nothing, ranks are noise), each set of runs once
-    (``repeats``), and no second setting's rerun of a counted table (``setting_agreement_table`` reports those;
-    counting them would weigh a domain twice)."""
-    repeated = repeats(runs)
-    for key, group in runs.groupby(GROUP, sort=True):
-        if rankable(group) and not second_setting(key[GROUP.index("protocol")]) and key not in repeated:
+    """The (key, group) of the tables that enter the cross-domain ranks and counts: ``rankable`` ones on the
+    ablation that speaks for them (``ablation_sources``; where the model beats no constant predictor, or attention
+    changes nothing, ranks are noise), each set of runs once (``repeats``), and no second setting's rerun of a
+    counted table (``setting_agreement_table`` reports those; counting them would weigh a domain twice)."""
+    repeated, groups = repeats(runs), dict(iter(runs.groupby(GROUP, sort=True)))
+    sources = ablation_sources(groups)
+    for key, group in groups.items():
+        if (rankable(group, groups[sources[key]]) and not second_setting(key[GROUP.index("protocol")])
+                and key not in repeated):
             yield key, group
+
+
+def borrowed_ablations(runs: pd.DataFrame) -> str:
+    """One sentence naming the tuned tables judged by their same-recipe table's attention ablation
+    (``ablation_sources``; a second setting's are left out, as they are not counted), those ranked on it and those
+    not; empty where none is."""
+    groups = dict(iter(runs.groupby(GROUP, sort=True)))
+    counted = {key for key, _ in counted_groups(runs)}
+    borrowing = [key for key, source in ablation_sources(groups).items()
+                 if source != key and not second_setting(key[GROUP.index("protocol")])]
+    if not borrowing:
+        return ""
+    said = {ranked: ", ".join(short_name(key) for key in borrowing if (key in counted) == ranked) or "none"
+            for ranked in (True, False)}
+    return (f"Tuned tables without an ablation of their own, judged by their same-recipe table's: ranked "
+            f"{said[True]}; not ranked {said[False]}.")
 
 
 def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
