@@ -405,20 +405,20 @@ hypotheses:
 """
 
 
-def write_tuned_sweep(root, commit=None, gain=0.3, label=None):
+def write_tuned_sweep(root, commit=None, gain=0.3, label=None, seeds=(0, 1, 2)):
     """A sweep with a tuned protocol: in domain a, quest at its chosen lr 3e-3 is better than standard by about
     ``gain`` mse and uniform is far worse (variants rank); in domain b nothing differs (they cannot). ``label``:
     the sweep's own setting (another init)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "selection.json").write_text(json.dumps({
-        "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
+        "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": list(seeds), "confirm_seeds": list(seeds),
         "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": label,
         "chosen": {d: {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}} for d in "ab"}}))
     for domain, domain_gain, cost in (("a", gain, 0.5), ("b", 0.0, 0.0)):
         for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -domain_gain),
                                    ("uniform", 1e-3, cost)):
-            for seed in range(3):
-                noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
+            for seed in seeds:
+                noise = 0.01 * [1, -1, 0.5][seed % 3] * (variant != "standard") + 0.003 * seed
                 write_record(root / f"{domain}-{variant}-{lr}-{seed}", record(
                     variant, seed, {"mse": 1.0 + shift + noise}, domain=domain, config={"optim": {"lr": lr}},
                     git_commit=commit))
@@ -627,7 +627,7 @@ def test_each_accuracy_claim_is_retested_under_a_second_setting(tmp_path):
     assert list(found.index) == ["H1"] and found.loc["H1", "setting"] == "PyTorch init"
     assert found.loc["H1", "diff"] == pytest.approx(-0.05 - 0.01 * (1 - 1 + 0.5) / 3)
     assert (found.loc["H1", "verdict"], found.loc["H1", "confirmed"]) == ("contradicted", "supported")
-    text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
+    text = "\n".join(confirmatory.section(runs, confirmatory.confirm(runs, [tmp_path / "plan.md"])))
     row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
     assert "|contradicted|supported|no|no|" in row.replace(" ", "")
 
@@ -654,7 +654,7 @@ def test_whether_a_second_setting_changes_a_claim_is_a_paired_test_of_the_two_di
     p = ttest_rel(moved, [0, 0, 0]).pvalue
     assert found.loc["H1", "change"] == pytest.approx(-0.36) and found.loc["H1", "change_half"] == pytest.approx(half)
     assert found.loc["H1", "change_p"] == pytest.approx(p) and found.loc["H1", "change_n"] == 3
-    text = "\n".join(confirmatory.section(runs, tmp_path / "plan.md"))
+    text = "\n".join(confirmatory.section(runs, confirmatory.confirm(runs, [tmp_path / "plan.md"])))
     row = next(line for line in text.splitlines() if line.startswith("| H1 ") and "PyTorch init" in line)
     assert row.rstrip(" |").endswith(f"-0.36 ± {half:.2g} (n=3, p={p:.2g})")
 
@@ -666,3 +666,158 @@ def test_the_gradient_masking_caveat_stands_where_an_elliptical_variant_was_atta
     out = tmp_path / "RESULTS.md"
     assert cli(["aggregate", str(tmp_path / "runs"), "-o", str(out), "--no-plots"]) == 0
     assert ("possible gradient masking" in out.read_text()) == warned
+
+
+def markdown_rows(text):
+    """The rows of the first markdown table in ``text``: its first cell -> {column: cell}."""
+    table = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
+             if line.startswith("|")]
+    header, rows = table[0], table[2:]
+    return {row[0]: dict(zip(header, row)) for row in rows}
+
+
+def paired_mde(diffs):
+    """The pre-registered minimum detectable effect, (t₀.₉₇₅ + t₀.₈) · sd / √n on n − 1 degrees of freedom."""
+    n = len(diffs)
+    return (t_dist.ppf(0.975, n - 1) + t_dist.ppf(0.8, n - 1)) * np.std(diffs, ddof=1) / n ** 0.5
+
+
+# The section PLAN's tests on write_tuned_sweep's runs gave before plans could stand side by side.
+ONE_PLAN = "\n".join([
+    "## Confirmatory tests", "",
+    "Pre-registered in `{plan}`: tuned protocol, seeds [0, 1, 2] only, two-sided paired t-tests by seed, α = 0.05, "
+    "Holm's correction over the 1 hypotheses tested. `{plan}` is not committed: nothing shows the plan came before "
+    "the runs.", "",
+    "| hypothesis   | claim                | metric   | contrast         | n (dropped)   | difference ± 95% (+ favours "
+    "the claim)   |       p | Holm p   |   MDE (80%) | verdict                   |",
+    "|:-------------|:---------------------|:---------|:-----------------|:--------------|:------------------------"
+    "-----------------|--------:|:---------|------------:|:--------------------------|",
+    "| H1           | quest beats standard | mse      | quest − standard | 3 (0)         | +0.298 ± 0.026          "
+    "                 | 0.00041 | 0.00041  |       0.032 | supported                 |",
+    "| H2           | quest beats standard | mse      | quest − standard | 3 (0)         | -0.00167 ± 0.026        "
+    "                 | 0.81    | –        |       0.032 | cannot rank variants here |", "",
+    "Verdicts: 1 supported, 1 cannot rank variants here.", ""])
+
+
+def test_one_plan_keeps_its_section_and_shows_power_only_where_it_sets_targets(tmp_path):
+    from runners.results import confirmatory
+
+    write_tuned_sweep(tmp_path / "runs")
+    runs = results_runs.load_runs(tmp_path / "runs")
+    plan = tmp_path / "plan.md"
+    plan.write_text(PLAN)
+    assert "\n".join(confirmatory.section(runs, confirmatory.confirm(runs, [plan]))) == ONE_PLAN.format(plan=plan)
+    plan.write_text(PLAN.replace("against: standard}\n  - {id: H2", "against: standard, target: 0.05}\n  - {id: H2"))
+    rows = markdown_rows("\n".join(confirmatory.section(runs, confirmatory.confirm(runs, [plan]))))
+    before = markdown_rows(ONE_PLAN.format(plan=plan))
+    mde = paired_mde([0.29, 0.31, 0.295])  # domain a: quest's gain 0.3 less its noise 0.01 · (1, −1, 0.5)
+    assert mde <= 0.05
+    assert (rows["H1"]["target"], rows["H1"]["power"]) == ("0.05", "powered")
+    assert (rows["H2"]["target"], rows["H2"]["power"]) == ("–", "no target")
+    assert all({k: v for k, v in rows[h].items() if k not in ("target", "power")} == before[h] for h in before)
+
+
+PLAN_2 = """# A replication
+
+```yaml
+protocol: tuned
+seeds: [3, 4, 5]
+recipe_seeds: [3, 4, 5]
+alpha: 0.05
+hypotheses:
+  - {id: H1, claim: quest beats standard, domain: a, metric: mse, variant: quest, against: standard, target: 0.05}
+  - {id: H2, claim: quest beats standard, domain: b, metric: mse, variant: quest, against: standard, target: 0.02}
+  - {id: H3, claim: standard beats quest, domain: a, metric: mse, variant: standard, against: quest}
+```
+"""
+
+
+def test_two_plans_stand_side_by_side_each_on_its_own_runs_and_holm_family(tmp_path):
+    """The first plan at seeds 0–2 (quest's gain 0.3), a replication at seeds 3–5 (gain 0.2) with targets: each plan's
+    columns hold the tests on its own seeds, Holm over its own family, and whether its MDE reaches its target."""
+    write_tuned_sweep(tmp_path / "main")
+    write_tuned_sweep(tmp_path / "replication", gain=0.2, seeds=(3, 4, 5))
+    first, second = tmp_path / "preregistration.md", tmp_path / "replication.md"
+    first.write_text(PLAN)
+    second.write_text(PLAN_2)
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "main"), str(tmp_path / "replication"), "--confirm", str(first),
+                "--confirm", str(second), "-o", str(out), "--no-plots"]) == 0
+    text = out.read_text()
+    rows = markdown_rows(sections(text)["Confirmatory tests"])
+    assert list(rows) == ["H1", "H2", "H3"]
+    # the first plan: as alone (seeds 0–2), no targets
+    assert {k.removeprefix("preregistration: "): v for k, v in rows["H1"].items() if k.startswith("preregistration: ")} == {
+        "difference ± 95% (n)": "+0.298 ± 0.026 (n=3)", "Holm p": "0.00041", "MDE (80%)": "0.032", "target": "–",
+        "power": "no target", "verdict": "supported"}
+    assert {v for k, v in rows["H3"].items() if k.startswith("preregistration: ")} == {"—"}  # not in that plan
+    # the replication, by hand: per seed 3, 4, 5 (noise 0.01 · (1, −1, 0.5) on all but standard)
+    h1, h2 = [0.19, 0.21, 0.195], [-0.01, 0.01, -0.005]  # H3 is H1 the other way round
+    mde1, mde2 = paired_mde(h1), paired_mde(h2)
+    assert mde1 <= 0.05 and mde2 > 0.02
+    p = ttest_rel(h1, [0, 0, 0]).pvalue  # Holm over H1 and H3, of equal p (H2's domain b cannot rank): 2p each
+    replication = {h: {k.removeprefix("replication: "): v for k, v in rows[h].items() if k.startswith("replication: ")}
+                   for h in rows}
+    assert replication["H1"]["Holm p"] == replication["H3"]["Holm p"] == f"{2 * p:.2g}"
+    assert replication["H1"]["difference ± 95% (n)"].startswith(f"{np.mean(h1):+.3g} ± ")
+    assert replication["H1"]["MDE (80%)"] == f"{mde1:.2g}" and replication["H1"]["power"] == "powered"
+    assert replication["H2"]["power"] == f"not powered (MDE {mde2:.3g} > target 0.02)"
+    assert (replication["H3"]["target"], replication["H3"]["power"]) == ("–", "no target")
+    assert [replication[h]["verdict"] for h in rows] == ["supported", "cannot rank variants here", "contradicted"]
+    # what each found and what its sizes cannot show, at the top
+    top = text.split("\n## ")[0]
+    assert (f"- `{first}`: of its 2 claims, 1 supported (H1), 0 contradicted, 0 cannot tell, 1 cannot rank variants "
+            "here. It sets no target, so no claim is labelled powered or not; each claim's MDE (80% power) is in the "
+            "table.") in top
+    assert (f"- `{second}`: of its 3 claims, 1 supported (H1), 1 contradicted (H3), 0 cannot tell, 1 cannot rank "
+            f"variants here. Its sizes cannot show an effect of the target's size for H2 (MDE {mde2:.3g} > target "
+            "0.02).") in top
+
+
+def test_a_plan_without_all_its_runs_is_tested_on_the_seeds_present_and_says_so(tmp_path):
+    """A plan of five seeds whose runs reach seed 2 (domain b's only seed 1), and one none of whose seeds has run:
+    the aggregate goes on, the first tested on the seeds present and labelled as not the registered analysis."""
+    write_tuned_sweep(tmp_path / "runs")
+    for run in (tmp_path / "runs").glob("b-*-2"):
+        shutil.rmtree(run)
+    partial, none = tmp_path / "partial.md", tmp_path / "none.md"
+    partial.write_text(PLAN.replace("seeds: [0, 1, 2]\nrecipe", "seeds: [0, 1, 2, 3, 4]\nrecipe"))
+    none.write_text(PLAN.replace("seeds: [0, 1, 2]\nrecipe", "seeds: [7, 8]\nrecipe")
+                    .replace("against: standard}\n  - {id: H2", "against: standard, target: 0.05}\n  - {id: H2"))
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(partial), "--confirm", str(none), "-o", str(out),
+                "--no-plots"]) == 0
+    text = out.read_text()
+    confirm = sections(text)["Confirmatory tests"]
+    rows = markdown_rows(confirm)
+    assert rows["H1"]["partial: difference ± 95% (n)"] == "+0.298 ± 0.026 (n=3)"  # the numbers of seeds 0–2
+    assert rows["H1"]["partial: verdict"] == "supported (3 of 5 seeds; not the registered analysis)"
+    assert rows["H2"]["partial: verdict"].endswith(" (2 of 5 seeds; not the registered analysis)")
+    assert "Runs so far: 2–3 of 5 seeds, by claim; the tests use the seeds present and are not the registered " \
+           "analysis until all 5 are in." in confirm
+    assert [rows[h]["none: verdict"] for h in rows] == ["runs not yet made (0 of 2 seeds)"] * 2
+    assert rows["H1"]["none: power"] == "unknown (fewer than 2 pairs)" and rows["H1"]["none: MDE (80%)"] == "–"
+    assert "Runs not yet made (0 of 2 seeds)." in confirm and "Verdicts, none: 2 runs not yet made." in confirm
+    top = text.split("\n## ")[0]
+    assert f"- `{partial}` (runs so far: 2–3 of 5 seeds, by claim; not the registered analysis): of its 2 claims, " \
+           "1 supported (H1)" in top
+    assert (f"- `{none}`: runs not yet made (0 of 2 seeds); nothing is found yet. Whether its sizes reach the target "
+            "of H1 is unknown until 2 seeds are paired.") in top
+
+
+@pytest.mark.parametrize("second, problem", [
+    (PLAN.replace("domain: a,", "domain: c,"), "hypothesis H1 tests quest − standard on c's mse, but quest − standard "
+                                               "on a's mse in"),
+    (PLAN.replace("id: H2,", "id: H1,"), "hypothesis id H1 is used more than once"),
+])
+def test_plans_that_cannot_stand_side_by_side_are_one_line_and_write_nothing(tmp_path, capsys, second, problem):
+    write_tuned_sweep(tmp_path / "runs")
+    (tmp_path / "first.md").write_text(PLAN)
+    (tmp_path / "second.md").write_text(second)
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(tmp_path / "first.md"), "--confirm",
+                str(tmp_path / "second.md"), "-o", str(out)]) == 2
+    assert problem in capsys.readouterr().err and not out.exists()
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(tmp_path / "first.md"), "--confirm",
+                str(tmp_path / "first.md"), "-o", str(out)]) == 2
+    assert "the same plan given twice" in capsys.readouterr().err and not out.exists()

@@ -17,7 +17,8 @@ section: its headings one level down, its figures copied beside the CSV. ``--not
 reading of the numbers: each ``## <heading>`` section of the notes file goes under the generated heading of
 the same text, marked as written by hand, so RESULTS.md is regenerated, never edited, and the prose stays
 beside the numbers it reads. A note whose heading matches nothing is an error (exit 2): it would be lost.
-``--confirm`` adds the confirmatory tests of a pre-registered plan (``runners.results.confirmatory``), and a sweep
+``--confirm`` adds the confirmatory tests of a pre-registered plan (``runners.results.confirmatory``; repeated, several
+plans side by side, each on its own runs, with a summary of what each found at the top), and a sweep
 with a tuned protocol (``select:``) adds the table of its choices; runs of a sweep with a ``label:`` (another init)
 beside those without add whether each verdict holds under that setting.
 """
@@ -39,8 +40,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--notes", type=Path, metavar="NOTES_MD", help="hand-written reading, by section heading")
     parser.add_argument("--anchors", type=Path, metavar="ANCHORS_YAML",
                         help="the paper's numbers and the settings here nearest to them (a Paper anchors section)")
-    parser.add_argument("--confirm", type=Path, metavar="PREREGISTRATION_MD",
-                        help="a committed analysis plan: its hypotheses tested on its runs only (Confirmatory tests)")
+    parser.add_argument("--confirm", action="append", default=[], type=Path, metavar="PREREGISTRATION_MD",
+                        help="a committed analysis plan: its hypotheses tested on its runs only (Confirmatory tests); "
+                             "repeatable, the plans side by side")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     if not args.runs and not args.report:

@@ -17,12 +17,20 @@ A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed
 metric yet). One whose domain cannot rank variants (``runners.results.stats.attention_matters`` on the same-recipe
 runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file. A pair
 with a run that did not finish ok is dropped and counted. The section also says whether the file's commit precedes every confirmatory run's.
+A hypothesis with a ``target`` is *powered* where its minimum detectable effect (``stats.detectable``, the formula
+the first plan registered) is at most the target.
+
+Several plans (a replication with new seeds) are each tested on their own runs, with their own Holm family, and
+shown side by side per hypothesis id. A plan whose seeds are not all run yet is tested on the seeds present and
+labelled "k of N seeds", not the registered analysis; one with none says its runs are not yet made.
 """
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +61,9 @@ def read_plan(path: Path) -> dict:
         raise ConfigError(f"{path}: the plan lacks {', '.join(sorted(missing))}")
     if not isinstance(plan["hypotheses"], list) or not all(isinstance(h, dict) for h in plan["hypotheses"]):
         raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
+    ids = [h.get("id") for h in plan["hypotheses"]]
+    if twice := sorted({str(i) for i in ids if ids.count(i) > 1}):
+        raise ConfigError(f"{path}: hypothesis id {', '.join(twice)} is used more than once")
     for hypothesis in plan["hypotheses"]:
         if lacking := FIELDS - set(hypothesis):
             raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")
@@ -61,6 +72,22 @@ def read_plan(path: Path) -> dict:
             raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: target must be a positive number "
                               f"in {hypothesis['metric']}'s units, got {target!r}")
     return plan
+
+
+def read_plans(paths: Sequence[Path]) -> list[dict]:
+    """Each plan (``read_plan``). A hypothesis id two plans share must name the same contrast in both: their
+    columns stand side by side as one claim tested twice."""
+    if twice := sorted({str(p) for p in paths if list(paths).count(p) > 1}):
+        raise ConfigError(f"{', '.join(twice)}: the same plan given twice")
+    plans = [read_plan(path) for path in paths]
+    first = {}
+    for path, plan in zip(paths, plans):
+        for h in plan["hypotheses"]:
+            contrast = f"{h['variant']} − {h['against']} on {h['domain']}'s {h['metric']}"
+            where, tested = first.setdefault(h["id"], (path, contrast))
+            if tested != contrast:
+                raise ConfigError(f"{path}: hypothesis {h['id']} tests {contrast}, but {tested} in {where}")
+    return plans
 
 
 def _pairs(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
@@ -79,9 +106,17 @@ def _pairs(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, in
     return sign * (pairs["variant"] - pairs["against"]), len(dropped)
 
 
+def _seeds_run(runs: pd.DataFrame, h: dict, seeds: list[int]) -> int:
+    """How many of the plan's seeds have a run of both sides of ``h``'s contrast, finished or not."""
+    wanted = runs[(runs["domain"] == h["domain"]) & runs["seed"].isin(seeds)]
+    variant, against = (set(wanted.loc[wanted["variant"] == h[side], "seed"]) for side in ("variant", "against"))
+    return len(variant & against)
+
+
 def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
-    """One row per hypothesis: n, the difference (positive favours the claimed variant), its 95% interval, p,
-    Holm p over the family, minimum detectable effect, and the verdict."""
+    """One row per hypothesis: the seeds run, n, the difference (positive favours the claimed variant), its 95%
+    interval, p, Holm p over the family, minimum detectable effect at the plan's α, the target (NaN where none), and
+    the verdict."""
     confirm = runs[runs["protocol"] == plan["protocol"]]
     recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
     rows = []
@@ -92,13 +127,15 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
         rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
                      "contrast": f"{h['variant']} − {h['against']}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
-                     "mde": detectable(diff.std(), len(diff)), "ranks": ranks is None or ranks[0]})
+                     "mde": detectable(diff.std(), len(diff), plan["alpha"]), "target": h.get("target", np.nan),
+                     "seeds": _seeds_run(confirm, h, plan["seeds"]), "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
     family = table["ranks"] & table["p"].notna()
     table["p_holm"] = np.nan
     if family.any():
         table.loc[family, "p_holm"] = holm(table.loc[family, "p"]).values
-    table["verdict"] = [_verdict(row, plan["alpha"]) for _, row in table.iterrows()]
+    table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan["alpha"])
+                        for _, row in table.iterrows()]
     return table
 
 
@@ -186,49 +223,194 @@ def provenance(path: Path, runs: pd.DataFrame) -> str:
     return f"The plan was committed in `{planned[:12]}`; {verdict}."
 
 
-def section(runs: pd.DataFrame, path: Path) -> list[str]:
-    """The confirmatory section's markdown."""
-    plan = read_plan(path)
-    table = tests(runs, plan)
-    used = runs[(runs["protocol"] == plan["protocol"]) & runs["seed"].isin(plan["seeds"])]
+@dataclass
+class Confirmation:
+    """One plan's tests on its own runs: its protocol at its seeds, its Holm family."""
+    path: Path
+    plan: dict
+    table: pd.DataFrame  # tests()
+    used: pd.DataFrame  # the runs it reads
+    second: pd.DataFrame  # under_second_settings()
+
+    @property
+    def planned(self) -> int:
+        return len(self.plan["seeds"])
+
+    @property
+    def progress(self) -> str:
+        """How many of the plan's seeds have runs, where not every hypothesis has all: until then the tests are not
+        the registered analysis. Empty where all are in."""
+        fewest, most = self.table["seeds"].min(), self.table["seeds"].max()
+        if fewest == self.planned:
+            return ""
+        return f"{fewest} of {self.planned} seeds" if fewest == most else f"{fewest}–{most} of {self.planned} seeds, by claim"
+
+
+def confirm(runs: pd.DataFrame, paths: Sequence[Path]) -> list[Confirmation]:
+    """Each plan of ``paths`` tested on its own runs."""
+    found = []
+    for path, plan in zip(paths, read_plans(paths)):
+        table = tests(runs, plan)
+        used = runs[(runs["protocol"] == plan["protocol"]) & runs["seed"].isin(plan["seeds"])]
+        found.append(Confirmation(path, plan, table, used, under_second_settings(runs, plan, table)))
+    return found
+
+
+def powered(mde: float, target: float) -> str:
+    """Whether the test detects the plan's target with 80% power: its minimum detectable effect against it."""
+    if np.isnan(target):
+        return "no target"
+    if np.isnan(mde):
+        return "unknown (fewer than 2 pairs)"
+    return "powered" if mde <= target else f"not powered ({_short_of(mde, target)})"
+
+
+def _short_of(mde: float, target: float) -> str:
+    return f"MDE {mde:.3g} > target {target:g}"  # three digits: an MDE just above its target must not print as equal
+
+
+def _status(row: pd.Series, planned: int) -> str:
+    """The verdict, and how far the plan's runs are where they are not all in."""
+    if row["seeds"] == 0:
+        return f"runs not yet made (0 of {planned} seeds)"
+    if row["seeds"] < planned:
+        return f"{row['verdict']} ({row['seeds']} of {planned} seeds; not the registered analysis)"
+    return row["verdict"]
+
+
+def _described(c: Confirmation) -> str:
+    tested = int((c.table["ranks"] & c.table["p"].notna()).sum())
+    partial = (f" Runs so far: {c.progress}; the tests use the seeds present and are not the registered analysis "
+               f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
+    return (f"Pre-registered in `{c.path}`: {c.plan['protocol']} protocol, seeds {c.plan['seeds']} only, two-sided "
+            f"paired t-tests by seed, α = {c.plan['alpha']}, Holm's correction over the {tested} hypotheses tested. "
+            f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
+
+
+def _verdict_counts(c: Confirmation) -> str:
+    return ", ".join(f"{n} {verdict}" for verdict, n in c.table["verdict"].value_counts().items())
+
+
+def _results(c: Confirmation) -> pd.DataFrame:
+    """A plan's numbers as the section shows them, one row per hypothesis; target and power only where the plan
+    sets a target."""
+    table = c.table
     shown = pd.DataFrame({
-        "hypothesis": table["id"], "claim": table["claim"], "metric": table["metric"], "contrast": table["contrast"],
         "n (dropped)": [f"{n} ({d})" for n, d in zip(table["n"], table["dropped"])],
         "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(table["diff"], table["half"])],
-        "p": table["p"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
-        "Holm p": table["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
-        "MDE (80%)": table["mde"].map(lambda m: "–" if np.isnan(m) else f"{m:.2g}"),
-        "verdict": table["verdict"]})
-    counts = table["verdict"].value_counts()
-    return ["## Confirmatory tests", "",
-            f"Pre-registered in `{path}`: {plan['protocol']} protocol, seeds {plan['seeds']} only, two-sided paired "
-            f"t-tests by seed, α = {plan['alpha']}, Holm's correction over the {int((table['ranks'] & table['p'].notna()).sum())} "
-            f"hypotheses tested. {provenance(path, used) if len(used) else 'No confirmatory run yet.'}", "",
-            shown.to_markdown(index=False), "",
-            "Verdicts: " + ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) + ".", "",
-            *_second_setting_lines(under_second_settings(runs, plan, table))]
+        "p": table["p"].map(_p), "Holm p": table["p_holm"].map(_p), "MDE (80%)": table["mde"].map(_p)})
+    if table["target"].notna().any():
+        shown["target"] = table["target"].map(lambda t: "–" if np.isnan(t) else f"{t:g}")
+        shown["power"] = [powered(m, t) for m, t in zip(table["mde"], table["target"])]
+    shown["verdict"] = [_status(row, c.planned) for _, row in table.iterrows()]
+    return shown
 
 
-def _second_setting_lines(found: pd.DataFrame) -> list[str]:
+def section(runs: pd.DataFrame, confirmations: Sequence[Confirmation]) -> list[str]:
+    """The confirmatory section's markdown: one plan's table, or several plans side by side per hypothesis id."""
+    if len(confirmations) == 1:
+        (c,) = confirmations
+        claims = pd.DataFrame({"hypothesis": c.table["id"], "claim": c.table["claim"], "metric": c.table["metric"],
+                               "contrast": c.table["contrast"]})
+        return ["## Confirmatory tests", "", _described(c), "",
+                pd.concat([claims, _results(c)], axis=1).to_markdown(index=False), "",
+                f"Verdicts: {_verdict_counts(c)}.", "", *_second_setting_lines(c.second)]
+    names = _names(confirmations)
+    lines = ["## Confirmatory tests", "", f"{len(confirmations)} pre-registered plans, each tested on its own runs "
+             "(its protocol and seeds) with its own Holm family; per hypothesis, each plan's columns side by side "
+             "(— where the plan does not hold the hypothesis; differences signed so that + favours the claim).", ""]
+    lines += [f"- **{name}**: {_described(c)}" for name, c in zip(names, confirmations)]
+    lines += ["", _side_by_side(confirmations, names).to_markdown(index=False), ""]
+    lines += [f"Verdicts, {name}: {_verdict_counts(c)}." for name, c in zip(names, confirmations)]
+    lines.append("")
+    for name, c in zip(names, confirmations):
+        lines += _second_setting_lines(c.second, name)
+    return lines
+
+
+def _names(confirmations: Sequence[Confirmation]) -> list[str]:
+    """A short name per plan for its columns: the file's stem, or its path where two stems coincide."""
+    stems = [c.path.stem for c in confirmations]
+    return stems if len(set(stems)) == len(stems) else [str(c.path) for c in confirmations]
+
+
+def _side_by_side(confirmations: Sequence[Confirmation], names: list[str]) -> pd.DataFrame:
+    claims = {}  # every plan's hypotheses, in the order they first appear
+    for c in confirmations:
+        for _, row in c.table.iterrows():
+            claims.setdefault(row["id"], {"hypothesis": row["id"], "claim": row["claim"], "metric": row["metric"],
+                                          "contrast": row["contrast"]})
+    shown = pd.DataFrame(list(claims.values()), index=list(claims))
+    for name, c in zip(names, confirmations):
+        results = _results(c).set_axis(c.table["id"].tolist())
+        results["difference ± 95% (n)"] = [f"{d} (n={n})" if n else d for d, n in
+                                           zip(results["difference ± 95% (+ favours the claim)"], c.table["n"])]
+        if "target" not in results:
+            results["target"], results["power"] = "–", "no target"
+        for column in ("difference ± 95% (n)", "Holm p", "MDE (80%)", "target", "power", "verdict"):
+            shown[f"{name}: {column}"] = results[column].reindex(shown.index).fillna("—")
+    return shown
+
+
+def headline(confirmations: Sequence[Confirmation]) -> list[str]:
+    """For the top of RESULTS.md, per plan: what it found, and what its sizes cannot show."""
+    lines = ["Pre-registered confirmatory tests, in brief (the numbers are under “Confirmatory tests”):", ""]
+    return lines + [f"- {_found(c)} {_cannot_show(c)}" for c in confirmations]
+
+
+def _found(c: Confirmation) -> str:
+    if not c.table["seeds"].any():
+        return f"`{c.path}`: runs not yet made (0 of {c.planned} seeds); nothing is found yet."
+    always = ("supported", "contradicted", "cannot tell")
+    found = []
+    for verdict in [*always, *(v for v in c.table["verdict"].unique() if v not in always)]:
+        named = c.table.loc[c.table["verdict"] == verdict, "id"]
+        found.append(f"{len(named)} {verdict}" + (f" ({', '.join(named)})" if verdict in always[:2] and len(named) else ""))
+    partial = f" (runs so far: {c.progress}; not the registered analysis)" if c.progress else ""
+    return f"`{c.path}`{partial}: of its {len(c.table)} claims, {', '.join(found)}."
+
+
+def _cannot_show(c: Confirmation) -> str:
+    targeted = c.table[c.table["target"].notna()]
+    if targeted.empty:
+        return "It sets no target, so no claim is labelled powered or not; each claim's MDE (80% power) is in the table."
+    short = targeted[targeted["mde"] > targeted["target"]]
+    unknown = targeted[targeted["mde"].isna()]
+    said = []
+    if len(short):
+        said.append("Its sizes cannot show an effect of the target's size for " + ", ".join(
+            f"{row['id']} ({_short_of(row['mde'], row['target'])})" for _, row in short.iterrows()) + ".")
+    elif len(targeted) > len(unknown):
+        said.append(f"Each of its {len(targeted) - len(unknown)} claims with a target and an MDE is powered (MDE ≤ target).")
+    if len(unknown):
+        said.append(f"Whether its sizes reach the target of {', '.join(unknown['id'])} is unknown until 2 seeds are paired.")
+    return " ".join(said)
+
+
+def _second_setting_lines(found: pd.DataFrame, name: str = "") -> list[str]:
     if found.empty:
         return []
     shown = pd.DataFrame({
         "hypothesis": found["id"], "setting": found["setting"], "n": found["n"],
         "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(found["diff"], found["half"])],
-        "p": found["p"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
-        "Holm p (domain)": found["p_holm"].map(lambda p: "–" if np.isnan(p) else f"{p:.2g}"),
+        "p": found["p"].map(_p), "Holm p (domain)": found["p_holm"].map(_p),
         "verdict under the setting": found["verdict"], "confirmatory verdict": found["confirmed"],
         "same direction": ["yes" if np.sign(a) == np.sign(b) else "no" for a, b in zip(found["diff"], found["confirmed_diff"])],
         "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])],
         "change under the setting ± 95% (n, p)": [
             f"{_difference(d, h)} (n={n}{'' if np.isnan(p) else f', p={p:.2g}'})"
             for d, h, n, p in zip(found["change"], found["change_half"], found["change_n"], found["change_p"])]})
-    return ["Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
+    whose = f"**{name}**: " if name else ""
+    return [f"{whose}Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
             "setting's runs (a sweep's `select: label:`, such as another init) at the plan's seeds, with the same "
             "paired test and Holm's correction over the claims re-tested in that domain under that setting. Whether "
             "the setting changes the claim's difference is tested directly: per seed run under both, the difference "
             "under the setting less the one under the plan's protocol, paired t-test over those seeds (uncorrected).",
             "", shown.to_markdown(index=False), ""]
+
+
+def _p(value: float) -> str:
+    return "–" if np.isnan(value) else f"{value:.2g}"
 
 
 def _difference(diff: float, half: float) -> str:
