@@ -1,6 +1,8 @@
-"""Retrieval domain: the generated answer and shortcut distributions, seeding and training order, the
-biased/unbiased accuracies and success, the answer-key-norm statistics (also under vmap), the variants
-this one-layer model makes equivalent, the query norm that QUEST keeps and QKNorm drops, and the report."""
+"""Retrieval domain: the generated answer and shortcut distributions (isotropic and anisotropic Sigma),
+seeding and training order, the biased/unbiased accuracies and success, the answer-key-norm statistics (also
+under vmap), the variants this one-layer model makes equivalent, the query norm that QUEST keeps and QKNorm
+drops, and the reports."""
+import hashlib
 import math
 import tempfile
 from pathlib import Path
@@ -11,8 +13,17 @@ import torch
 
 from common.records import write_record
 from common.registry import build_config, get_domain
-from domains.retrieval import report
-from domains.retrieval.data import RetrievalDataModule, bias_vector, make_retrieval, shortcut_oracles
+from domains.retrieval import anisotropy, report
+from domains.retrieval.data import (
+    RetrievalDataModule,
+    answer_shape,
+    answer_spectrum,
+    bias_vector,
+    direction_oracles,
+    generated,
+    make_retrieval,
+    shortcut_oracles,
+)
 from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
 from runners.config import compose, run_directory
 from runners.runs.record import new_record
@@ -221,7 +232,7 @@ def test_standard_attention_finds_a_far_out_answer_in_the_faithful_model():
 
 
 def test_the_shortcut_oracles_conflict_for_a_weak_bias_and_agree_for_a_strong_one():
-    data = {**SPEC, "bias_seed": 7}
+    data = {**SPEC, "bias_seed": 7, "answer_kappa": 1.0, "answer_basis_seed": 0}
     weak, strong = (shortcut_oracles(data, norm, n=4000) for norm in (1.0, 8.0))
     assert weak["nearest_b_acc"] > 0.95 and strong["nearest_b_acc"] > 0.95  # the shortcut always finds a biased answer
     assert weak["largest_norm_acc"] < 0.05 and weak["disagree"] > 0.95  # a weak b: the norm rule misses it
@@ -239,3 +250,72 @@ def test_the_ablation_report_gives_each_variant_a_row_per_factor_cell(tmp_path):
     assert "| qknorm | q, k from x^k, no bias | 0.0% [" in text and "| 0/2 |" in text
     assert "| qknorm | q, k from x^k, with bias | 50.0% [" in text
     assert (tmp_path / "report" / "ablations.md").exists()
+
+
+def aniso_data(kappa: float, **changes) -> dict:
+    return {**SPEC, "p_bias": 0.0, "bias_norm": 4.0, "bias_seed": 7, "answer_kappa": kappa, "answer_basis_seed": 3,
+            "train_size": 30000, "val_size": 1, "test_size": 1, **changes}
+
+
+def test_the_anisotropic_answer_has_the_covariance_it_claims():
+    p, std = SPEC["key_dim"], SPEC["answer_std"]
+    spectrum = answer_spectrum(p, 50.0)
+    assert spectrum.mean().item() == pytest.approx(1.0) and (spectrum[0] / spectrum[-1]).item() == pytest.approx(50.0)
+    assert torch.all(spectrum[1:] / spectrum[:-1] - spectrum[1] / spectrum[0] < 1e-5)  # geometric
+    shape = answer_shape(p, 50.0, seed=3)
+    sigma = std ** 2 * shape @ shape.T
+    assert torch.linalg.eigvalsh(sigma).flip(0) == pytest.approx(std ** 2 * spectrum, rel=1e-4)
+    assert torch.trace(sigma).item() == pytest.approx(p * std ** 2, rel=1e-4)  # the isotropic design's trace
+    x, _, _, answer = generated(aniso_data(50.0), seed=0)["train"].tensors
+    answers = x[torch.arange(len(x)), answer, :p]
+    empirical = answers.T @ answers / len(answers)  # mean zero by design
+    assert (empirical - sigma).abs().max().item() < 0.06 * sigma.diagonal().max().item()
+    assert not torch.allclose(sigma, sigma.diagonal().diag(), atol=0.5)  # rotated off the coordinate axes
+    assert torch.equal(answer_shape(p, 50.0, seed=3), shape) and not torch.equal(answer_shape(p, 50.0, seed=4), shape)
+
+
+def test_kappa_one_draws_exactly_what_the_isotropic_task_drew():
+    """The draws of the sampler as it was before Sigma could be anisotropic, pinned by their digest: runs with
+    answer_kappa 1 (every preset and sweep before the option) see the same data."""
+    assert answer_shape(SPEC["key_dim"], 1.0, seed=3) is None
+    out = make_retrieval(500, bias=bias_vector(6, 4.0, 7), generator=torch.Generator().manual_seed(11), **SPEC)
+    digest = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in out)).hexdigest()
+    assert digest == "258292e0376effcd24ac6103f7b85044b5e9e92d567e95f550c8d9a713084eff"
+    split = generated(aniso_data(1.0, train_size=50), seed=2)["train"].tensors
+    again = make_retrieval(50, p_bias=0.0, bias=bias_vector(6, 4.0, 7), generator=torch.Generator().manual_seed(2), **{
+        k: v for k, v in SPEC.items() if k != "p_bias"})
+    assert all(torch.equal(a, b) for a, b in zip(split, again))
+
+
+def test_the_answer_direction_is_a_distractors_at_kappa_one_and_not_above():
+    """The direction-only oracle (unit keys, the likelihood-ratio choice) finds the answer at chance when Sigma is
+    isotropic, where the norm oracle finds it, and well above chance when it is not."""
+    chance = 1 / SPEC["num_tokens"]
+    flat, tilted = (direction_oracles(aniso_data(kappa), n=8000) for kappa in (1.0, 100.0))
+    assert abs(flat["direction_acc"] - chance) < 4 * math.sqrt(chance * (1 - chance) / 8000)
+    assert tilted["direction_acc"] > 5 * chance
+    assert flat["largest_norm_acc"] > 0.8
+
+
+def test_seeds_are_sized_for_a_twenty_point_difference():
+    """statsmodels' answer against the closed form per group n = 2 ((z_0.975 + z_0.8) / h)², Cohen's h of 40% vs 60%."""
+    h = 2 * math.asin(math.sqrt(0.6)) - 2 * math.asin(math.sqrt(0.4))
+    assert anisotropy.runs_needed() == math.ceil(2 * ((1.959964 + 0.841621) / h) ** 2) == 97
+    assert anisotropy.seeds_needed() * anisotropy.GRID_CELLS >= anisotropy.runs_needed()
+    assert anisotropy.runs_needed(alpha=0.0125) > anisotropy.runs_needed()
+
+
+def test_the_aniso_report_tests_contrasts_per_cell_with_holm_and_names_each_reading(tmp_path):
+    for kappa, quest_wins in ((1.0, 0), (1000.0, 12)):
+        extra = [f"data.answer_kappa={kappa}", "model.form=faithful"]
+        for seed in range(12):
+            fake_run(tmp_path, "quest", seed, 1e-2, success=seed < quest_wins, extra=extra)
+            fake_run(tmp_path, "qknorm", seed, 1e-2, success=False, extra=extra)
+    tests = anisotropy.contrasts(report.load(tmp_path))
+    assert len(tests) == 2 and set(tests["kappa"]) == {1.0, 1000.0}  # standard not run: no quest-standard contrast
+    top = tests.set_index("kappa").loc[1000.0]
+    assert top["a_counts"] == "12/12" and top["b_counts"] == "0/12" and top["difference"] == 1.0
+    assert top["p"] == pytest.approx(2 / math.comb(24, 12))  # Fisher: only the two extreme tables are as unlikely
+    assert top["p_holm"] == pytest.approx(2 * top["p"]) and tests.set_index("kappa").loc[1.0, "p_holm"] == 1.0
+    assert "direction carries no signal" in anisotropy.reading(1.0, 0.5, 1 / 64)
+    assert "control without the shortcut" in anisotropy.reading(100.0, 0.0, 0.87)

@@ -61,9 +61,12 @@ def load(root: str | Path) -> pd.DataFrame:
         if record["domain"] != "retrieval":
             continue
         config, metrics = record["config"], record["metrics"]
+        data = config["data"]
         rows.append({"variant": record["variant"], "seed": record["seed"], "status": record["status"],
                      "lr": config["optim"]["lr"], "wd": config["optim"]["weight_decay"],
-                     "hidden": config["model"]["hidden"], "p_bias": config["data"]["p_bias"],
+                     "hidden": config["model"]["hidden"], "p_bias": data["p_bias"], "bias_norm": data["bias_norm"],
+                     "num_tokens": data["num_tokens"], "key_dim": data["key_dim"],
+                     "kappa": data.get("answer_kappa", 1.0),  # records from before the key: the isotropic task
                      **{key: config["model"].get(key) for key in ("form", "qk_input", "qk_bias")},
                      "acc": metrics.get("test/acc", math.nan), "acc_biased": metrics.get("test/acc_biased", math.nan),
                      "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent)})
@@ -238,22 +241,37 @@ def design(root: Path, out: Path) -> str:
     return text
 
 
-def shortcut(out: Path) -> str:
-    """The rule for the shortcut's strength (``SHORTCUT_RULE``) applied to the task as configured: for each
-    candidate ‖b‖, the two oracles of ``shortcut_oracles`` on biased samples, and the norm chosen."""
-    data = dict(OmegaConf.to_container(OmegaConf.load(CONFIG).data))
+def shortcut_rule(data: dict) -> tuple[list[dict], float | None]:
+    """The rule for the shortcut's strength (``SHORTCUT_RULE``) applied to the task ``data``: for each
+    candidate ‖b‖, the two oracles of ``shortcut_oracles`` on biased samples, and the norm chosen (None if
+    no candidate passes)."""
     table = [shortcut_oracles(data, norm) for norm in SHORTCUT_NORMS]
     conflicting = [row["bias_norm"] for row in table if row["disagree"] >= SHORTCUT_RULE]
-    chosen = max(conflicting) if conflicting else None
+    return table, max(conflicting) if conflicting else None
+
+
+def shortcut_lines(table: list[dict]) -> list[str]:
+    lines = ["| ‖b‖ | largest-norm oracle acc | nearest-to-b oracle acc | oracles disagree |", "|---|---|---|---|"]
+    return lines + [f"| {row['bias_norm']:g} | {row['largest_norm_acc']:.3f} | {row['nearest_b_acc']:.3f} | "
+                    f"{row['disagree']:.3f} |" for row in table]
+
+
+def domain_data() -> dict:
+    """The ``data`` section of the domain's default config."""
+    return dict(OmegaConf.to_container(OmegaConf.load(CONFIG).data))
+
+
+def shortcut(out: Path) -> str:
+    """The shortcut rule applied to the task as configured, as ``shortcut.md``."""
+    data = domain_data()
+    table, chosen = shortcut_rule(data)
     lines = ["# Mechanism study: the shortcut's strength", "",
              f"Rule, fixed before any variant is compared: the largest ‖b‖ among {', '.join(map(str, SHORTCUT_NORMS))} "
              f"at which the largest-norm-token oracle and the nearest-to-b oracle pick different tokens on at least "
              f"{SHORTCUT_RULE:.0%} of biased samples (the strongest shortcut that still conflicts with the robust rule "
              f"on most of them). {data['num_tokens']} tokens, {data['key_dim']} key dimensions, answer std "
              f"{data['answer_std']}, bias std {data['bias_std']}; 20,000 biased samples per row.", "",
-             "| ‖b‖ | largest-norm oracle acc | nearest-to-b oracle acc | oracles disagree |", "|---|---|---|---|"]
-    lines += [f"| {row['bias_norm']:g} | {row['largest_norm_acc']:.3f} | {row['nearest_b_acc']:.3f} | "
-              f"{row['disagree']:.3f} |" for row in table]
+             *shortcut_lines(table)]
     lines += ["", f"Chosen: data.bias_norm = {chosen:g}." if chosen is not None else "No candidate passes.", ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
