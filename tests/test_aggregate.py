@@ -547,6 +547,7 @@ def test_a_table_says_how_many_runs_were_still_improving(tmp_path):
     ("```yaml\n- a\n```\n", "the plan is a mapping of"),
     ("no block here\n", "no ```yaml block holds the analysis plan"),
     (PLAN.replace("  - {id: H2", "  - 3\n  - {id: H2"), "hypotheses must be a list of mappings"),
+    (PLAN.split("hypotheses:")[0] + "hypotheses: []\n```\n", "the plan lists no hypotheses"),
 ])
 def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, problem):
     write_tuned_sweep(tmp_path / "runs")
@@ -821,3 +822,24 @@ def test_plans_that_cannot_stand_side_by_side_are_one_line_and_write_nothing(tmp
     assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(tmp_path / "first.md"), "--confirm",
                 str(tmp_path / "first.md"), "-o", str(out)]) == 2
     assert "the same plan given twice" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_replication_labelled_as_a_setting_of_the_protocol_is_its_own_plans_runs(tmp_path):
+    """The second plan's runs come from a sweep labelled "confirmation 2" at seeds of their own: its protocol reads
+    "tuned, confirmation 2", which the first plan would otherwise re-test as a second setting (such as another init)
+    at its own seeds, where those runs have none."""
+    write_tuned_sweep(tmp_path / "main")
+    write_tuned_sweep(tmp_path / "replication", gain=0.2, seeds=(3, 4, 5), label="confirmation 2")
+    first, second = tmp_path / "first.md", tmp_path / "second.md"
+    first.write_text(PLAN)
+    second.write_text(PLAN_2.replace("protocol: tuned", "protocol: tuned, confirmation 2"))
+    from runners.results import confirmatory
+
+    runs = results_runs.load_runs(tmp_path / "main", tmp_path / "replication")
+    confirmations = confirmatory.confirm(runs, [first, second])
+    assert all(c.second.empty for c in confirmations)
+    text = "\n".join(confirmatory.section(runs, confirmations))
+    assert "Exploratory" not in text
+    rows = markdown_rows(text)
+    assert rows["H1"]["second: difference ± 95% (n)"].startswith(f"{np.mean([0.19, 0.21, 0.195]):+.3g} ± ")
+    assert rows["H1"]["second: verdict"] == "supported" and rows["H1"]["first: verdict"] == "supported"

@@ -61,6 +61,8 @@ def read_plan(path: Path) -> dict:
         raise ConfigError(f"{path}: the plan lacks {', '.join(sorted(missing))}")
     if not isinstance(plan["hypotheses"], list) or not all(isinstance(h, dict) for h in plan["hypotheses"]):
         raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
+    if not plan["hypotheses"]:
+        raise ConfigError(f"{path}: the plan lists no hypotheses")
     ids = [h.get("id") for h in plan["hypotheses"]]
     if twice := sorted({str(i) for i in ids if ids.count(i) > 1}):
         raise ConfigError(f"{path}: hypothesis id {', '.join(twice)} is used more than once")
@@ -153,10 +155,11 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
     hypothesis on its domain's primary metric (the accuracy claims, which the plan's init check names), the same
     paired test on that setting's runs at the plan's seeds, Holm over the hypotheses re-tested in the domain
     under the setting, beside the confirmatory verdict; and whether the setting changes the contrast
-    (``setting_change``, uncorrected). Empty where no such setting ran."""
+    (``setting_change``, uncorrected). Empty where no such setting ran at the plan's seeds (a replication at
+    seeds of its own, labelled as a setting of the same protocol, is another plan's runs, not a second setting)."""
     rows = []
     for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan['protocol']}, ")):
-        setting = runs[runs["protocol"] == protocol]
+        setting = runs[(runs["protocol"] == protocol) & runs["seed"].isin(plan["seeds"])]
         for domain, in_domain in setting.groupby("domain"):
             primary = in_domain["primary_metric"].iloc[0]
             found = []
