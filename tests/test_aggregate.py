@@ -806,6 +806,26 @@ def test_a_plan_without_all_its_runs_is_tested_on_the_seeds_present_and_says_so(
             "of H1 is unknown until 2 seeds are paired.") in top
 
 
+def test_a_claim_may_have_seeds_of_its_own_among_the_plans(tmp_path, capsys):
+    """Claims needing fewer seeds than others (the second confirmation's QKNorm contrasts): H1 on seeds 0–1 of the
+    plan's 0–11 (written as a run), H2 on all twelve; each counted against its own seeds."""
+    write_tuned_sweep(tmp_path / "runs")
+    plan = tmp_path / "plan.md"
+    plan.write_text(PLAN.replace("seeds: [0, 1, 2]\nrecipe", "seeds: {first: 0, count: 12}\nrecipe")
+                    .replace("against: standard}\n  - {id: H2", "against: standard, seeds: [0, 1]}\n  - {id: H2"))
+    out = tmp_path / "RESULTS.md"
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(plan), "-o", str(out), "--no-plots"]) == 0
+    confirm = sections(out.read_text())["Confirmatory tests"]
+    rows = markdown_rows(confirm)
+    assert rows["H1"]["n (dropped)"] == "2 (0)" and "(" not in rows["H1"]["verdict"]  # its own two seeds: all in
+    assert rows["H2"]["verdict"].endswith("(3 of 12 seeds; not the registered analysis)")
+    assert "seeds 0–11 only (some claims on a part of them, as the plan says)" in confirm
+    assert "Runs so far: by claim, H2 3 of 12 seeds;" in confirm
+    plan.write_text(PLAN.replace("against: standard}\n  - {id: H2", "against: standard, seeds: [0, 9]}\n  - {id: H2"))
+    assert cli(["aggregate", str(tmp_path / "runs"), "--confirm", str(plan), "-o", str(out), "--no-plots"]) == 2
+    assert "hypothesis H1: seeds [9] are not among the plan's seeds" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("second, problem", [
     (PLAN.replace("domain: a,", "domain: c,"), "hypothesis H1 tests quest − standard on c's mse, but quest − standard "
                                                "on a's mse in"),

@@ -144,6 +144,24 @@ def test_using_choices_that_do_not_exist_is_a_one_line_error(tmp_path, scored_ru
     assert "selection.json does not exist; run that sweep's selection first" in capsys.readouterr().err
 
 
+def test_a_sweep_sharing_another_ones_output_dir_and_choices_is_a_one_line_error(tmp_path, scored_run, capsys):
+    """Two sweep files borrowing choices for different variants into one folder: the second would find the first's
+    selection.json, which has no choice for its variants."""
+    from runners.cli import main as cli
+
+    assert sweep.main([tuned_spec(tmp_path)]) == 0
+    specs = []
+    for variant in ("quest", "standard"):
+        (tmp_path / variant).mkdir()
+        specs.append(write_spec(tmp_path / variant, variants=[variant], seeds=[0], output_dir=str(tmp_path / "shared"),
+                                select={"use": str(tmp_path / "runs"), "recipe": False}))
+    first, second = specs
+    assert cli(["sweep", first, "--dry-run"]) == 0
+    assert cli(["sweep", second, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "has no choice for toy/standard" in err and "output_dir of its own" in err
+
+
 def test_tuned_runs_fill_the_grid_and_recipe_false_leaves_the_recipe_out(tmp_path, scored_run):
     assert sweep.main([tuned_spec(tmp_path)]) == 0
     scored_run.clear()

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     print(f"Pilot: {len(runs)} run records under {', '.join(args.pilot)}. Test levels: α/m = {levels['alpha']:g}/"
           f"{levels['family']}, Holm's first step, the level each claim is sure to be tested at; and α, the level of "
           f"Holm's last step, reached only when every other claim is rejected first. Claims without a target are at "
-          f"the plan's {levels['planned_seeds']} seeds. Hours: the records' training wall time on the pilot's machine "
+          f"their seeds in the plan. Hours: the records' training wall time on the pilot's machine "
           f"(evaluations run after training, `quest robustness`, are not in it).\n")
     print(_claims_table(claims, levels) + "\n")
     print(_domains_table(domains, levels) + "\n")

@@ -10,7 +10,10 @@ The file is markdown for people with one fenced ``yaml`` block for this module::
     alpha: 0.05                  # two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested
     hypotheses:
       - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard}
-        # a hypothesis may add target: 0.01, the difference worth detecting in its metric's units (quest power)
+        # a hypothesis may add target: 0.01, the difference worth detecting in its metric's units (quest power),
+        # and seeds of its own (a list, or {first: 200, count: 20}), which the plan's seeds must hold
+
+A list of seeds may be written as a run ``{first: 200, count: 120}``.
 
 A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
 *contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
@@ -63,6 +66,7 @@ def read_plan(path: Path) -> dict:
         raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
     if not plan["hypotheses"]:
         raise ConfigError(f"{path}: the plan lists no hypotheses")
+    plan["seeds"], plan["recipe_seeds"] = (_seed_list(plan[key], f"{path}: {key}") for key in ("seeds", "recipe_seeds"))
     ids = [h.get("id") for h in plan["hypotheses"]]
     if twice := sorted({str(i) for i in ids if ids.count(i) > 1}):
         raise ConfigError(f"{path}: hypothesis id {', '.join(twice)} is used more than once")
@@ -73,7 +77,28 @@ def read_plan(path: Path) -> dict:
         if "target" in hypothesis and (isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0):
             raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: target must be a positive number "
                               f"in {hypothesis['metric']}'s units, got {target!r}")
+        where = f"{path}: hypothesis {hypothesis['id']}: seeds"
+        hypothesis["seeds"] = _seed_list(hypothesis.get("seeds", plan["seeds"]), where)
+        if outside := sorted(set(hypothesis["seeds"]) - set(plan["seeds"])):
+            raise ConfigError(f"{where} {outside} are not among the plan's seeds")
     return plan
+
+
+def _seed_list(value, where: str) -> list[int]:
+    """Seeds as a plan writes them: a list of integers, or ``{first: a, count: n}`` for a, a+1, ..., a+n-1."""
+    if isinstance(value, dict) and set(value) == {"first", "count"}:
+        value = list(range(value["first"], value["first"] + value["count"])) if all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()) else None
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"{where} must be a list of integers or {{first: <seed>, count: <n>}}")
+    return value
+
+
+def seed_text(seeds: list[int]) -> str:
+    """A long run of seeds without a gap (``[200, ..., 319]``) as "200–319", else the list."""
+    if len(seeds) > 10 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return str(seeds)
 
 
 def read_plans(paths: Sequence[Path]) -> list[dict]:
@@ -123,14 +148,15 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
     recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
     rows = []
     for h in plan["hypotheses"]:
-        diff, dropped = _pairs(confirm, h, plan["seeds"])
+        diff, dropped = _pairs(confirm, h, h["seeds"])
         domain_recipe = recipe[recipe["domain"] == h["domain"]]
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
         rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
                      "contrast": f"{h['variant']} − {h['against']}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
                      "mde": detectable(diff.std(), len(diff), plan["alpha"]), "target": h.get("target", np.nan),
-                     "seeds": _seeds_run(confirm, h, plan["seeds"]), "ranks": ranks is None or ranks[0]})
+                     "seeds": _seeds_run(confirm, h, h["seeds"]), "planned": len(h["seeds"]),
+                     "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
     family = table["ranks"] & table["p"].notna()
     table["p_holm"] = np.nan
@@ -166,8 +192,8 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
             for h, (_, confirmed) in zip(plan["hypotheses"], table.iterrows()):
                 if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
                     continue
-                diff, _ = _pairs(in_domain, h, plan["seeds"])
-                change = setting_change(runs, h, plan["protocol"], protocol, plan["seeds"])
+                diff, _ = _pairs(in_domain, h, h["seeds"])
+                change = setting_change(runs, h, plan["protocol"], protocol, h["seeds"])
                 found.append({"id": h["id"], "setting": second_setting(protocol), "n": len(diff),
                               "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
                               "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
@@ -243,9 +269,13 @@ class Confirmation:
     def progress(self) -> str:
         """How many of the plan's seeds have runs, where not every hypothesis has all: until then the tests are not
         the registered analysis. Empty where all are in."""
-        fewest, most = self.table["seeds"].min(), self.table["seeds"].max()
-        if fewest == self.planned:
+        table = self.table
+        if (table["seeds"] == table["planned"]).all():
             return ""
+        if table["planned"].nunique() > 1:  # claims with seeds of their own: each against its own count
+            return "by claim, " + ", ".join(f"{row['id']} {row['seeds']} of {row['planned']}" for _, row in table.iterrows()
+                                            if row["seeds"] < row["planned"]) + " seeds"
+        fewest, most = table["seeds"].min(), table["seeds"].max()
         return f"{fewest} of {self.planned} seeds" if fewest == most else f"{fewest}–{most} of {self.planned} seeds, by claim"
 
 
@@ -272,8 +302,9 @@ def _short_of(mde: float, target: float) -> str:
     return f"MDE {mde:.3g} > target {target:g}"  # three digits: an MDE just above its target must not print as equal
 
 
-def _status(row: pd.Series, planned: int) -> str:
-    """The verdict, and how far the plan's runs are where they are not all in."""
+def _status(row: pd.Series) -> str:
+    """The verdict, and how far the claim's runs are where they are not all in."""
+    planned = row["planned"]
     if row["seeds"] == 0:
         return f"runs not yet made (0 of {planned} seeds)"
     if row["seeds"] < planned:
@@ -285,7 +316,8 @@ def _described(c: Confirmation) -> str:
     tested = int((c.table["ranks"] & c.table["p"].notna()).sum())
     partial = (f" Runs so far: {c.progress}; the tests use the seeds present and are not the registered analysis "
                f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
-    return (f"Pre-registered in `{c.path}`: {c.plan['protocol']} protocol, seeds {c.plan['seeds']} only, two-sided "
+    own = " (some claims on a part of them, as the plan says)" if (c.table["planned"] < c.planned).any() else ""
+    return (f"Pre-registered in `{c.path}`: {c.plan['protocol']} protocol, seeds {seed_text(c.plan['seeds'])} only{own}, two-sided "
             f"paired t-tests by seed, α = {c.plan['alpha']}, Holm's correction over the {tested} hypotheses tested. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
 
@@ -305,7 +337,7 @@ def _results(c: Confirmation) -> pd.DataFrame:
     if table["target"].notna().any():
         shown["target"] = table["target"].map(lambda t: "–" if np.isnan(t) else f"{t:g}")
         shown["power"] = [powered(m, t) for m, t in zip(table["mde"], table["target"])]
-    shown["verdict"] = [_status(row, c.planned) for _, row in table.iterrows()]
+    shown["verdict"] = [_status(row) for _, row in table.iterrows()]
     return shown
 
 

@@ -81,7 +81,7 @@ def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFra
     (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.runs.load_runs``)."""
     plan = read_plan(path)
     pilot = runs[runs["protocol"] == plan["protocol"]]
-    family, planned = len(plan["hypotheses"]), len(plan["seeds"])
+    family = len(plan["hypotheses"])
     levels = {"holm": plan["alpha"] / family, "alpha": plan["alpha"]}
     claims = []
     for claim in plan["hypotheses"]:
@@ -91,7 +91,7 @@ def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFra
                "target": claim.get("target", np.nan),
                "seed_hours": seed_hours(pilot, claim["domain"], {claim["variant"], claim["against"]})}
         for level, alpha in levels.items():
-            n = seeds_needed(sd, claim["target"], alpha) if "target" in claim else planned
+            n = seeds_needed(sd, claim["target"], alpha) if "target" in claim else len(claim["seeds"])
             row |= {f"n_{level}": n, f"mde_{level}": mde(sd, n, alpha), f"hours_{level}": n * row["seed_hours"]}
         claims.append(row)
     claims = pd.DataFrame(claims)
@@ -103,4 +103,4 @@ def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFra
             n = int(here[f"n_{level}"].max())  # a seed trains every variant once, so the domain runs its largest n
             row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
         domains.append(row)
-    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": family, "planned_seeds": planned, **levels}
+    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": family, **levels}

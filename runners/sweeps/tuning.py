@@ -161,7 +161,8 @@ class Tuning:
         """The choice of each domain and variant once the selection is complete (written to ``selection.json``
         and returned), None while selection runs are left; an existing ``selection.json`` stands."""
         if self.file.exists():
-            return read_selection(self.file)
+            return self._covering(read_selection(self.file), self.file,
+                                  "it belongs to another sweep: give this sweep an output_dir of its own")
         if self.use:
             return self._borrow()
         records = self._records()
@@ -180,16 +181,21 @@ class Tuning:
         self.file.write_text(json.dumps(selection, indent=1) + "\n")
         return selection
 
+    def _covering(self, selection: dict, source: Path, why: str) -> dict:
+        """``selection`` if it chose for every domain and variant of this sweep, else a ``ConfigError`` naming what
+        it lacks and ``why``."""
+        lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in selection["chosen"].get(d, {})]
+        if lacking:
+            raise ConfigError(f"{source} has no choice for {', '.join(lacking)}: {why}")
+        return selection
+
     def _borrow(self) -> dict | None:
         """``use``: the other sweep's choices for this sweep's domains and variants (None until it has them);
         the recipe is this sweep's own, which may differ from the other's in what the choices do not set."""
         source = Path(self.use) / SELECTION_FILE
         if not source.exists():
             raise ConfigError(f"select: use: {source} does not exist; run that sweep's selection first")
-        other = read_selection(source)
-        lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in other["chosen"].get(d, {})]
-        if lacking:
-            raise ConfigError(f"select: use: {source} has no choice for {', '.join(lacking)}")
+        other = self._covering(read_selection(source), source, "select: use: names a sweep without them")
         self.scale = dict.fromkeys(other["keys"], [1.0])
         selection = {**other, "recipe_seeds": self.recipe_seeds, "confirm_seeds": self.confirm_seeds,
                      "variants": self.variants, "from": str(source), "label": self.label,
