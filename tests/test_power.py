@@ -102,7 +102,10 @@ def test_seeds_effects_and_hours_per_claim_and_per_plan(tmp_path, capsys):
             assert row[f"hours_{level}"] == pytest.approx(n * seed_hours[claim])
             assert target is None or row[f"mde_{level}"] <= target < nct_mde(sd[claim], n - 1, alpha)
         domain_n[level] = {"a": max(claims["C1"][f"n_{level}"], 7), "b": claims["C3"][f"n_{level}"]}
-        total = domain_n[level]["a"] * 3.5 + domain_n[level]["b"] * 0.3  # a seed of a trains its three variants once
+        # each variant runs the most seeds any of its claims needs: in a, standard (1.0 h a run) C1's, quest (2.0 h)
+        # C1's or C2's, qknorm (0.5 h) C2's seven; in b, standard and quest (0.3 h together) C3's
+        n_c1 = claims["C1"][f"n_{level}"]
+        total = n_c1 * 1.0 + max(n_c1, 7) * 2.0 + 7 * 0.5 + domain_n[level]["b"] * 0.3
         assert found["total_hours"][level] == pytest.approx(total)
         assert f"{total:.2f} hours at {'α/m' if level == 'holm' else 'α'}" in printed
     assert domain_n["holm"]["b"] > domain_n["alpha"]["b"] > 7  # the cases reach beyond the plan's seeds

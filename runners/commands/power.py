@@ -40,8 +40,8 @@ def _claims_table(claims: pd.DataFrame, levels: dict) -> str:
 
 
 def _domains_table(domains: pd.DataFrame, levels: dict) -> str:
-    shown = pd.DataFrame({"domain": domains["domain"], "variants per seed": domains["variants"],
-                          "hours per seed": domains["seed_hours"].map(lambda h: f"{h:.3f}")})
+    shown = pd.DataFrame({"domain": domains["domain"], "variant": domains["variants"],
+                          "hours per run": domains["seed_hours"].map(lambda h: f"{h:.3f}")})
     for level, name in (("holm", f"α/m = {levels['holm']:.3g}"), ("alpha", f"α = {levels['alpha']:g}")):
         shown[f"seeds ({name})"] = domains[f"n_{level}"]
         shown[f"hours ({name})"] = domains[f"hours_{level}"].map(lambda h: f"{h:.2f}")
@@ -55,11 +55,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--plan", type=Path, required=True, metavar="PREREGISTRATION_MD",
                         help="the analysis plan: a markdown file with one ```yaml block (runners.results.confirmatory)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the tables and levels as JSON")
+    parser.add_argument("--protocol", metavar="NAME",
+                        help="the pilot runs' protocol (default: the plan's; a replication labelled 'tuned, confirmation "
+                        "2' plans from the first study's 'tuned' runs)")
     args = parser.parse_args(argv)
     if not args.plan.is_file():
         raise ConfigError(f"{args.plan}: no such plan file")
     runs = load_runs(*args.pilot)
-    claims, domains, levels = plan_power(runs, args.plan)
+    claims, domains, levels = plan_power(runs, args.plan, args.protocol)
     print(f"Pilot: {len(runs)} run records under {', '.join(args.pilot)}. Test levels: α/m = {levels['alpha']:g}/"
           f"{levels['family']}, Holm's first step, the level each claim is sure to be tested at; and α, the level of "
           f"Holm's last step, reached only when every other claim is rejected first. Claims without a target are at "

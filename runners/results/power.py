@@ -76,11 +76,15 @@ def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
     return float(wall.groupby(here["variant"]).mean().sum()) / HOUR_S
 
 
-def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Per claim and per domain, the seeds, effects and hours at Holm's first step (``_holm``) and at α
-    (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.runs.load_runs``)."""
+    (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.runs.load_runs``), of which those of
+    ``protocol`` (default: the plan's own; a replication plans from the first study's protocol) are read."""
     plan = read_plan(path)
-    pilot = runs[runs["protocol"] == plan["protocol"]]
+    protocol = protocol or plan["protocol"]
+    pilot = runs[runs["protocol"] == protocol]
+    if pilot.empty:
+        raise ConfigError(f"no pilot run of protocol {protocol!r}; the runs have {', '.join(map(repr, runs['protocol'].unique()))}")
     family = len(plan["hypotheses"])
     levels = {"holm": plan["alpha"] / family, "alpha": plan["alpha"]}
     claims = []
@@ -95,12 +99,13 @@ def plan_power(runs: pd.DataFrame, path: Path) -> tuple[pd.DataFrame, pd.DataFra
             row |= {f"n_{level}": n, f"mde_{level}": mde(sd, n, alpha), f"hours_{level}": n * row["seed_hours"]}
         claims.append(row)
     claims = pd.DataFrame(claims)
-    domains = []
-    for domain, here in claims.groupby("domain", sort=False):
-        used = {v for h in plan["hypotheses"] if h["domain"] == domain for v in (h["variant"], h["against"])}
-        row = {"domain": domain, "variants": ", ".join(sorted(used)), "seed_hours": seed_hours(pilot, domain, used)}
-        for level in levels:
-            n = int(here[f"n_{level}"].max())  # a seed trains every variant once, so the domain runs its largest n
-            row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
-        domains.append(row)
+    domains = []  # one row per variant of a domain: a claim's seeds train both its variants, shared with other claims
+    for domain in claims["domain"].unique():
+        claimed = [(h, row) for h, (_, row) in zip(plan["hypotheses"], claims.iterrows()) if h["domain"] == domain]
+        for variant in dict.fromkeys(v for h, _ in claimed for v in (h["variant"], h["against"])):
+            row = {"domain": domain, "variants": variant, "seed_hours": seed_hours(pilot, domain, {variant})}
+            for level in levels:
+                n = max(int(claim[f"n_{level}"]) for h, claim in claimed if variant in (h["variant"], h["against"]))
+                row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
+            domains.append(row)
     return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": family, **levels}
