@@ -319,3 +319,8 @@ def test_the_aniso_report_tests_contrasts_per_cell_with_holm_and_names_each_read
     assert top["p_holm"] == pytest.approx(2 * top["p"]) and tests.set_index("kappa").loc[1.0, "p_holm"] == 1.0
     assert "direction carries no signal" in anisotropy.reading(1.0, 0.5, 1 / 64)
     assert "control without the shortcut" in anisotropy.reading(100.0, 0.0, 0.87)
+    text = anisotropy.write_report(tmp_path, tmp_path / "report")
+    assert "| 1000 | 0.5 | quest − qknorm | 12/12 vs 0/12 | +100.0% |" in text
+    assert "### κ = 1, p_bias = 0.5\n\nReading: the paper's task (shortcut on half the samples); Sigma read as a scaled" in text
+    assert "### κ = 1000, p_bias = 0.5 (the headline cell)" in text and "- κ = 10, p_bias = 0: standard" in text
+    assert (tmp_path / "report" / "success_by_kappa.png").exists()

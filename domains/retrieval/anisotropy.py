@@ -109,22 +109,34 @@ def contrasts(runs: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def success_plot(runs: pd.DataFrame, path: Path) -> Path:
-    cells = sorted(runs["p_bias"].unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 3.4), squeeze=False, sharey=True)
-    for ax, p_bias in zip(axes[0], cells):
-        for variant in study._variants(runs):
+def success_plot(runs: pd.DataFrame, threshold: float, path: Path) -> Path:
+    """Per shortcut cell, against κ: each variant's success rate (95% Wilson), and the unbiased test accuracy of
+    its runs (median and interquartile range over the grid's runs), beside the success threshold. Variants are
+    spread a little along κ so that equal points stay visible."""
+    cells, variants = sorted(runs["p_bias"].unique(), reverse=True), study._variants(runs)
+    fig, axes = plt.subplots(2, len(cells), figsize=(5.2 * len(cells), 6.2), squeeze=False, sharex=True)
+    for column, p_bias in enumerate(cells):
+        top, bottom = axes[0][column], axes[1][column]
+        for i, variant in enumerate(variants):
             group = runs[(runs["p_bias"] == p_bias) & (runs["variant"] == variant)]
             if group.empty:
                 continue
             table = study.rates(group, "kappa").sort_index()
-            ax.errorbar(table.index, table["rate"], yerr=[table["rate"] - table["low"], table["high"] - table["rate"]],
-                        marker="o", capsize=3, label=variant)
-        ax.set_xscale("log")
-        ax.set_xlabel("condition number κ of Sigma (1: isotropic)")
-        ax.set_title("with the shortcut (p_bias 0.5)" if p_bias > 0 else "control (p_bias 0)", fontsize=10)
-        ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel("success rate over the grid (95% Wilson)")
+            x = table.index * 1.12 ** (i - (len(variants) - 1) / 2)
+            top.errorbar(x, table["rate"], yerr=[table["rate"] - table["low"], table["high"] - table["rate"]],
+                         marker="o", capsize=3, label=variant)
+            acc = group[group["status"] != "failed"].groupby("kappa")["acc"].quantile([0.25, 0.5, 0.75]).unstack()
+            bottom.errorbar(x, acc[0.5], yerr=[acc[0.5] - acc[0.25], acc[0.75] - acc[0.5]], marker="o", capsize=3)
+        bottom.axhline(threshold, color="grey", ls="--", lw=1)
+        top.set_title("with the shortcut (p_bias 0.5)" if p_bias > 0 else "control (p_bias 0)", fontsize=10)
+        top.set_ylim(-0.02, 1.02)
+        bottom.set_ylim(0, 1)
+        bottom.set_xscale("log")
+        bottom.set_xticks(KAPPAS, [f"{kappa:g}" for kappa in KAPPAS])
+        bottom.set_xlim(KAPPAS[0] / 2, KAPPAS[-1] * 2)
+        bottom.set_xlabel("condition number κ of Sigma (1: isotropic)")
+    axes[0][0].set_ylabel("success rate over the grid\n(95% Wilson interval)")
+    axes[1][0].set_ylabel(f"unbiased test accuracy\n(median, IQR; dashed: threshold {threshold:g})")
     axes[0][-1].legend(fontsize=7)
     return study._save(fig, path)
 
@@ -170,7 +182,7 @@ def write_report(root: Path, out: Path) -> str:
     threshold = success_threshold()
     tasks = task_table(threshold)
     out.mkdir(parents=True, exist_ok=True)
-    success_plot(runs, out / "success_by_kappa.png")
+    success_plot(runs, threshold, out / "success_by_kappa.png")
     lines = ["# Mechanism study with an anisotropic Sigma", "",
              f"{len(runs)} run records from `{root}`. A run succeeds when its unbiased test accuracy reaches "
              f"{threshold:g}; diverged runs count as failures, failed runs are left out. The paper says only "
@@ -197,7 +209,7 @@ def write_report(root: Path, out: Path) -> str:
     lines += [f"| {row['kappa']:g} | {row['p_bias']:g} | {row['a']} − {row['b']} | {row['a_counts']} vs {row['b_counts']} | "
               f"{row['difference']:+.1%} | {row['p']:.3g} | {row['p_holm']:.3g} | "
               f"{'differ' if row['p_holm'] < ALPHA else 'cannot tell'} |" for _, row in tests.iterrows()]
-    lines += ["", "## Cells of the design without runs", ""]
+    lines += ["", "## Cells of the design (`configs/sweep/retrieval_aniso.yaml`) without runs", ""]
     done = set(zip(runs["kappa"], runs["p_bias"], runs["variant"]))
     missing = [f"κ = {k:g}, p_bias = {p:g}: {', '.join(v for v in VARIANTS if (k, p, v) not in done)}"
                for p in P_BIAS for k in KAPPAS if any((k, p, v) not in done for v in VARIANTS)]
