@@ -122,7 +122,7 @@ def test_fused_cpu_normalisation_is_the_formula(layout, dtype):
     """On CPU l2_normalize runs PyTorch's fused weight-norm kernels; everywhere else (and under torch.func) the
     written-out formula: both give the same values and gradients, for the input, a per-head gain, rows
     shorter than eps and all-zero rows."""
-    from common.attention import _L2Normalize
+    from common.attention.kernels import _L2Normalize
 
     x = _head_split(layout, dtype)
     with torch.no_grad():

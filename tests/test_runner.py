@@ -122,11 +122,11 @@ def test_run_directory_depends_on_config_not_clock_or_output_flags(toy_domain, t
 def test_l2norm_kernel_setting_picks_the_kernel_not_the_run(toy_domain, tmp_path, monkeypatch):
     """attention.l2norm_kernel=formula runs the written-out formula (as runs recorded before the fused CPU
     kernels did), the default the fused kernels; both are the same run, so one directory."""
-    from common import attention
+    from common.attention import kernels
 
     fused_calls = []
-    apply = attention._FusedRowNormalize.apply
-    monkeypatch.setattr(attention._FusedRowNormalize, "apply", lambda *args: fused_calls.append(1) or apply(*args))
+    apply = kernels._FusedRowNormalize.apply
+    monkeypatch.setattr(kernels._FusedRowNormalize, "apply", lambda *args: fused_calls.append(1) or apply(*args))
     args = ["domain=toy", "attention=quest", "trainer.enable_progress_bar=false"]
     train([*args, "attention.l2norm_kernel=formula", f"output_dir={tmp_path}/a"])
     assert not fused_calls

@@ -50,16 +50,16 @@ import importlib
 # with it, when the name is first asked for.
 _EXPORTS = {
     "variants": ("Variant", "VARIANTS", "ABLATIONS", "get_variant"),
-    "kernels": ("l2_normalize", "KERNELS", "_L2Normalize", "_FusedRowNormalize", "_inverse", "_FUSED_DTYPES"),
-    "folds": ("QKFold", "LayerGain", "HeadGain", "DimScale", "ZeroQuery", "qknorm_gain_init", "make_fold", "fold_qk",
-              "_stateless_fold", "_per_head"),
-    "elliptical": ("elliptical_metric", "edge_elliptical_metric", "_unit_max"),
+    "kernels": ("l2_normalize", "KERNELS"),
+    "folds": ("QKFold", "LayerGain", "HeadGain", "DimScale", "ZeroQuery", "FOLDS", "qknorm_gain_init", "make_fold",
+              "fold_qk"),
+    "elliptical": ("elliptical_metric", "edge_elliptical_metric"),
     "state": ("AttentionState", "KVCache"),
     "functional": ("causal_mask", "merge_masks", "explicit_mask", "attend", "attend_folded"),
-    "modules": ("MultiheadAttention", "EdgeMultiheadAttention", "_as_bias", "_add"),
+    "modules": ("MultiheadAttention", "EdgeMultiheadAttention"),
 }
 _SUBMODULE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = [name for name in _SUBMODULE if not name.startswith("_")]
+__all__ = list(_SUBMODULE)
 
 
 def __getattr__(name: str):

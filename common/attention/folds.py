@@ -112,11 +112,17 @@ class ZeroQuery(QKFold):
         return torch.zeros_like(q), k
 
 
+# The classes a ``Variant`` may name as its ``fold``.
+FOLDS: dict[str, type[QKFold]] = {fold.__name__: fold for fold in (QKFold, LayerGain, HeadGain, DimScale, ZeroQuery)}
+
+
 def make_fold(variant: str | Variant, num_heads: int, head_dim: int, **kwargs) -> QKFold:
     """The fold module of ``variant`` for a layer of ``num_heads`` heads of ``head_dim``: the class its entry
-    names, with ``kwargs`` (``seq_len``, ``qk_gain_init``, ``eps``, ``l2norm_kernel``)."""
+    names in ``FOLDS``, with ``kwargs`` (``seq_len``, ``qk_gain_init``, ``eps``, ``l2norm_kernel``)."""
     spec = get_variant(variant)
-    return globals()[spec.fold](spec, num_heads, head_dim, **kwargs)
+    if spec.fold not in FOLDS:
+        raise ValueError(f"variant {spec.name!r} names fold {spec.fold!r}; the folds are {', '.join(FOLDS)}")
+    return FOLDS[spec.fold](spec, num_heads, head_dim, **kwargs)
 
 
 def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None = None,
