@@ -5,9 +5,9 @@ built from the run's seed and trained on the same batches, interleaved in rounds
 What is reported per variant: the median step of each, after warm-up; the compile time, i.e. the first pass over
 the batches less a warm pass, cold (inductor's cache on disk empty: the first run of a shape on a machine) and warm
 (the cache filled, dynamo's in-memory state reset: any later run, which traces again and finds inductor's code on
-disk); the peak resident memory of a pass above what the process held before it (the kernel's high-water mark
-reset first); and the whole run's training-step time
-eager over compiled at the config's own step count, with the warm compile time paid once (``run_speedup``).
+disk); the peak resident memory of a pass above what the process held before it, in a child process whose allocator
+returns freed pages at once (``_memory_in_child``); and the whole run's training-step time eager over compiled at
+the config's own step count, with the warm compile time paid once (``run_speedup``).
 Evaluation is eager in both (``compile_training`` compiles training steps only), so it is left out of that ratio.
 """
 from __future__ import annotations
