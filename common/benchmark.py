@@ -105,9 +105,18 @@ def time_variants(shape, variants, device: str, repeats: int, warmup: int = 1,
     return interleaved_seconds(jobs, repeats, device, warmup)
 
 
-def proc_status_mb(field: str) -> float:
+def _proc_status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def peak_resident_mb(job: Callable[[], object]) -> float:
+    """Peak resident memory of ``job()`` above what the process held just before it (Linux)."""
+    with open("/proc/self/clear_refs", "w") as f:  # "5" resets the peak (VmHWM) to the current resident memory
+        f.write("5")
+    base = _proc_status_mb("VmRSS")
+    job()
+    return _proc_status_mb("VmHWM") - base
 
 
 def peak_memory_mb(shape, variant: str, naive: bool, device: str, dtype=torch.float32,
@@ -119,11 +128,7 @@ def peak_memory_mb(shape, variant: str, naive: bool, device: str, dtype=torch.fl
         base = torch.cuda.memory_allocated()
         step(variant, inputs, naive=naive)
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
-        f.write("5")
-    base = proc_status_mb("VmRSS")
-    step(variant, inputs, naive=naive)
-    return proc_status_mb("VmHWM") - base
+    return peak_resident_mb(partial(step, variant, inputs, naive=naive))
 
 
 def memory_in_child(shape, variant: str, naive: bool, device: str, dtype: str, layout: str) -> float:

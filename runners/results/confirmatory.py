@@ -117,7 +117,7 @@ def read_plans(paths: Sequence[Path]) -> list[dict]:
     return plans
 
 
-def _pairs(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
+def claim_differences(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
     """Per seed, the variant's metric less its comparator's (signed so that positive favours the variant), and
     how many seeds lost a pair to a run that did not finish ok."""
     wanted = runs[(runs["domain"] == h["domain"]) & runs["seed"].isin(seeds)]
@@ -148,7 +148,7 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
     recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
     rows = []
     for h in plan["hypotheses"]:
-        diff, dropped = _pairs(confirm, h, h["seeds"])
+        diff, dropped = claim_differences(confirm, h, h["seeds"])
         domain_recipe = recipe[recipe["domain"] == h["domain"]]
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
         rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
@@ -171,8 +171,8 @@ def setting_change(runs: pd.DataFrame, h: dict, protocol: str, setting: str, see
     """Per seed run under both, how much a contrast (``h``: domain, metric, variant, against; signed so that positive
     favours the variant) moves from ``protocol``'s runs to ``setting``'s ("tuned" to "tuned, PyTorch init"): the
     difference of the two paired differences, whose paired t-test over seeds asks whether the setting changes it."""
-    first, _ = _pairs(runs[runs["protocol"] == protocol], h, seeds)
-    second, _ = _pairs(runs[runs["protocol"] == setting], h, seeds)
+    first, _ = claim_differences(runs[runs["protocol"] == protocol], h, seeds)
+    second, _ = claim_differences(runs[runs["protocol"] == setting], h, seeds)
     return (second - first).dropna()
 
 
@@ -192,7 +192,7 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
             for h, (_, confirmed) in zip(plan["hypotheses"], table.iterrows()):
                 if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
                     continue
-                diff, _ = _pairs(in_domain, h, h["seeds"])
+                diff, _ = claim_differences(in_domain, h, h["seeds"])
                 change = setting_change(runs, h, plan["protocol"], protocol, h["seeds"])
                 found.append({"id": h["id"], "setting": second_setting(protocol), "n": len(diff),
                               "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),

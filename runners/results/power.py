@@ -20,7 +20,7 @@ from statsmodels.stats.power import TTestPower
 
 from common.errors import ConfigError
 from common.records import read_record
-from runners.results.confirmatory import _pairs, read_plan
+from runners.results.confirmatory import claim_differences, read_plan
 from runners.results.stats import POWER, detectable
 
 HOUR_S = 3600.0
@@ -60,7 +60,7 @@ def seeds_needed(sd: float, target: float, alpha: float) -> int:
 def pilot_sd(runs: pd.DataFrame, claim: dict) -> tuple[float, int]:
     """The standard deviation of the claim's paired differences over the pilot ``runs`` (one protocol), and how
     many pairs it rests on. A ``ConfigError`` where fewer than two pairs, or no spread, leave nothing to plan from."""
-    diff, _ = _pairs(runs, claim, sorted(runs["seed"].unique()))
+    diff, _ = claim_differences(runs, claim, sorted(runs["seed"].unique()))
     where = f"{claim['variant']} − {claim['against']} on {claim['metric']} in {claim['domain']}"
     if len(diff) < 2:
         raise ConfigError(f"claim {claim['id']}: {len(diff)} pilot pair(s) of {where}; at least 2 are needed")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from common.benchmark import proc_status_mb
+from common.benchmark import peak_resident_mb
 from common.timing import interleaved_seconds
 from runners import console
 from runners.config import compose
@@ -127,11 +127,7 @@ def peak_memory(args: list[str], variants: list[str], steps: int, mode: str) -> 
         for name, task in ((variant, eager), (variant + COMPILED, compiled)):
             job = bare_loop(cfg, task, batches)
             job()
-            with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak (VmHWM) to the current VmRSS
-                f.write("5")
-            base = proc_status_mb("VmRSS")
-            job()
-            peaks[name] = proc_status_mb("VmHWM") - base
+            peaks[name] = peak_resident_mb(job)
     return peaks
 
 
