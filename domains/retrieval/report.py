@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from common.attention import VARIANTS  # noqa: E402
 from common.records import RecordError, find_records, read_record  # noqa: E402
 from domains.retrieval.data import shortcut_oracles  # noqa: E402
 from domains.retrieval.model import EQUIVALENT  # noqa: E402
@@ -101,8 +102,9 @@ def rates(runs: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def _variants(runs: pd.DataFrame) -> list[str]:
-    order = ["standard", "quest", "qnorm", "qknorm", "qknorm_ds"]
-    return [v for v in order if v in set(runs["variant"])] + sorted(set(runs["variant"]) - set(order))
+    """The variants present, in the order ``VARIANTS`` lists them; ablations after them."""
+    present = set(runs["variant"])
+    return [v for v in VARIANTS if v in present] + sorted(present - set(VARIANTS))
 
 
 def heatmaps(runs: pd.DataFrame, path: Path) -> Path:
