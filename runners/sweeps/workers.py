@@ -1,6 +1,12 @@
 """Making a sweep's runs: each worker process claims the runs no other holds (``run_all``), and the launching
 process starts the workers, follows what they report over their pipes and replaces one that a signal killed
-mid-run (``run_workers``). See ``runners.commands.sweep`` for the rules."""
+mid-run (``run_workers``). See ``runners.commands.sweep`` for the rules.
+
+Local sweeps keep this loop rather than submitit's ``LocalExecutor`` (which ``slurm.py`` uses for clusters):
+that executor starts a process per job at submission with no cap on how many run at once, pays the
+Lightning import per run, hands results back as pickles read from its folder, and says nothing until a job
+ends; here a fixed number of workers stream each outcome as JSON as it happens, and a worker killed
+mid-run is replaced with its run recorded as failed."""
 from __future__ import annotations
 
 import json
