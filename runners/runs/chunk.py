@@ -9,8 +9,6 @@ test on the parameters of the best validation epoch. Each ``Member`` keeps the r
 """
 from __future__ import annotations
 
-import itertools
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -18,14 +16,12 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from common.errors import ConfigError
 from common.probes import attention_probes, probe_log, summarize
 from common.registry import get_domain
 from common.rules import LossWatch, improves, logit_breach
 from common.task import lr_schedule
 from runners.runs.stacked_adamw import StackedAdamW, clip_grad_norms_
-
-log = logging.getLogger(__name__)
+from runners.runs.stacked_data import StackedData
 
 EVAL_MEMBERS = 32  # members evaluated in one vmapped pass
 
@@ -93,25 +89,8 @@ class Chunk:
         self.decayed = self.template.decayed()
         self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
         self.metric, self.mode = get_domain(self.cfg.domain).primary_of(self.template)
-        self._data()
+        self.data = StackedData(members)
         self._functions()
-
-    # setting up
-    def _data(self) -> None:
-        """Each seed's splits stacked once ([seeds, samples, ...]) and its train loader; members index them."""
-        seeds = list(dict.fromkeys(m.cfg.seed for m in self.members))
-        self.slot = torch.tensor([seeds.index(m.cfg.seed) for m in self.members])
-        first = {seed: next(m for m in self.members if m.cfg.seed == seed) for seed in seeds}
-        modules = [first[seed].datamodule for seed in seeds]
-        for module in modules:
-            module.setup("fit")
-        self.data = {split: _stack_split(modules, split) for split in ("train", "val", "test")}
-        self.train_loaders = [module.train_dataloader() for module in modules]
-        if any(getattr(loader.sampler, "generator", False) is None for loader in self.train_loaders):
-            log.warning("ensemble: the train loader draws its order from the global generator; runs will not "
-                        "see the order quest train gives them")
-        self.eval_batches = {split: list(getattr(modules[0], f"{split}_dataloader")().batch_sampler)
-                             for split in ("val", "test")}
 
     def _functions(self) -> None:
         from torch.func import functional_call, grad, vmap
@@ -128,18 +107,13 @@ class Chunk:
         self.train_step = vmap(member_step)
         self.forward = vmap(member_outputs)
 
-    def _batch(self, split: str, index: Tensor, which: Tensor) -> tuple[Tensor, ...]:
-        """The samples ``index`` [members, batch] of ``split`` for the members ``which``."""
-        slot = self.slot[which][:, None]
-        return tuple(t[slot, index] for t in self.data[split])
-
     def _select(self, tensors: dict[str, Tensor], which: Tensor) -> dict[str, Tensor]:
         return {name: t[which] for name, t in tensors.items()}
 
     # training
     def fit(self) -> None:
         trainer, optim = self.cfg.trainer, self.template.optim
-        steps_per_epoch = len(self.train_loaders[0])
+        steps_per_epoch = self.data.steps_per_epoch
         schedule = lr_schedule(optim, max(1, steps_per_epoch * trainer.max_epochs))
         self.optimizer = StackedAdamW(self.params, self.decayed, [m.task.optim.lr for m in self.members],
                                       [m.task.optim.weight_decay for m in self.members], optim.betas)
@@ -147,9 +121,7 @@ class Chunk:
         self.active = torch.ones(len(self.members), dtype=torch.bool)
         step = 0
         for epoch in range(trainer.max_epochs):
-            orders = [_epoch_order(loader) for loader in self.train_loaders]
-            for batch_idx in range(steps_per_epoch):
-                index = torch.stack([torch.as_tensor(order[batch_idx]) for order in orders])[self.slot]
+            for index in self.data.epoch():
                 self._train_batch(index, step, epoch, schedule(step))
                 step += 1
                 if not self.active.any():
@@ -159,7 +131,7 @@ class Chunk:
 
     def _train_batch(self, index: Tensor, step: int, epoch: int, factor: float) -> None:
         which = self.active.nonzero()[:, 0]
-        batch = self._batch("train", index, torch.arange(len(self.members)))
+        batch = self.data.batch("train", index, torch.arange(len(self.members)))
         max_logits = self._probe(batch, which, step) if self._probe_step(step) else {}
         grads, (losses, stats) = self.train_step(self.params, self.buffers, batch)
         finite = torch.isfinite(losses)
@@ -251,9 +223,9 @@ class Chunk:
         for part in which.split(EVAL_MEMBERS):
             sub_params, sub_buffers = self._select(params, part), self._select(self.buffers, part)
             sums = {e: [torch.tensor(0.0), torch.tensor(0)] for e in part.tolist()}
-            for batch_index in self.eval_batches[split]:
+            for batch_index in self.data.eval_batches[split]:
                 index = torch.as_tensor(batch_index).expand(len(part), -1)
-                outputs, targets = self.forward(sub_params, sub_buffers, self._batch(split, index, part))
+                outputs, targets = self.forward(sub_params, sub_buffers, self.data.batch(split, index, part))
                 for i, e in enumerate(part.tolist()):
                     self._update(self.members[e].task, split, outputs[i], targets[i], sums[e])
             results.update({e: self._scores(self.members[e].task, split, *sums[e]) for e in sums})
@@ -272,21 +244,3 @@ class Chunk:
         scores = {name: float(value) for name, value in metrics.compute().items()}
         metrics.reset()
         return {f"{split}/loss": float(loss_sum / count), **scores}
-
-
-def _epoch_order(loader) -> list[list[int]]:
-    """The index batches of the loader's next epoch. Lightning takes ``len(loader)`` batches and never asks
-    for more, so a sampler that would draw again on being asked (torch's RandomSampler draws a last, empty
-    permutation) does not; taking exactly as many keeps its generator where Lightning leaves it."""
-    return list(itertools.islice(iter(loader.batch_sampler), len(loader)))
-
-
-def _stack_split(modules: list, split: str) -> tuple[Tensor, ...]:
-    """A split's tensors of every datamodule, stacked: [datamodules, samples, ...]."""
-    from torch.utils.data import TensorDataset
-
-    datasets = [module.datasets[split] for module in modules]
-    if not all(isinstance(d, TensorDataset) for d in datasets):
-        raise ConfigError(f"the ensemble trainer needs in-memory TensorDatasets; the {split} split is "
-                          f"{type(datasets[0]).__name__}")
-    return tuple(torch.stack(parts) for parts in zip(*(d.tensors for d in datasets)))
