@@ -72,6 +72,7 @@ class RunRecord:
     curve: list[dict[str, Any]] | None = None  # the snapshots evaluated (runners.runs.curve): [{"fraction", "step", "metrics"}]
 
     def fail(self, error: str) -> None:
+        """The run failed: ``error`` is the one line saying why."""
         self.status, self.error = "failed", error
 
     def to_json(self) -> dict[str, Any]:
@@ -91,7 +92,8 @@ class RunRecord:
     @classmethod
     def read(cls, path: str | Path) -> RunRecord:
         """The record of a run directory or file, to add to it and write it again."""
-        return cls.from_json(read_record(path), str(path))
+        path = Path(path)
+        return cls.from_json(read_record(path), str(path / RECORD_NAME if path.is_dir() else path))
 
 
 @dataclass(frozen=True)
