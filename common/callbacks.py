@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from common.probes import Probe, attention_probes, summarize
+from common.probes import Probe, attention_probes, probe_log, summarize
 from common.rules import LossWatch, improves, logit_breach
 
 
@@ -67,8 +67,7 @@ class ProbeCallback(pl.Callback):
             for stat, value in stats.items():
                 layer.setdefault(stat, []).append(float(value))
         # Straight to the loggers: self.log would drop steps that miss Trainer(log_every_n_steps).
-        metrics = {f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items() for stat, v in stats.items()}
-        metrics.update({f"probe/{stat}": v for stat, v in self.latest.items()})
+        metrics = probe_log(per_layer, self.latest)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=self._step)

@@ -122,3 +122,11 @@ def summarize(per_layer: dict[str, dict[str, Tensor]]) -> dict[str, float]:
         values = torch.stack(found)
         out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
     return out
+
+
+def probe_log(per_layer: dict[str, dict[str, Tensor]], summary: dict[str, float]) -> dict[str, float]:
+    """What a probe step logs (both trainers' metrics.csv): ``probe/<layer>/<stat>`` for every layer, and the
+    cross-layer ``summary`` (``summarize``) as ``probe/<stat>``."""
+    logged = {f"probe/{name}/{stat}": float(v) for name, stats in per_layer.items() for stat, v in stats.items()}
+    logged.update({f"probe/{stat}": v for stat, v in summary.items()})
+    return logged

@@ -1,5 +1,10 @@
 """The run record: one JSON file per run, written atomically, read back with validation.
 
+``RunRecord`` is the schema: its fields, their types and what each holds. Both trainers build one and
+``write_record`` serialises it; commands that add to a finished run (``quest robustness``, ``quest imagenet``,
+``quest curve``) read it back as a ``RunRecord`` (``RunRecord.read``), set their field and write it again.
+Tables are built from the JSON form (``read_record``, ``read_records``).
+
 Validation checks every field's type and that each value of ``metrics``, ``probes`` and (when
 ``quest robustness`` has added it) ``robustness`` is a real number: an int or float, never a bool or a
 numeric string such as ``"0.5"``. NaN and ±inf are numbers here: a diverged metric may be NaN.
@@ -10,6 +15,10 @@ import json
 import numbers
 import os
 import tempfile
+import types
+import typing
+from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,47 +26,96 @@ RECORD_NAME = "record.json"
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "diverged", "failed", "stopped")  # stopped: by SIGINT or SIGTERM, not a result
 
-# field -> accepted JSON types; None is accepted where listed.
-SCHEMA: dict[str, tuple[type, ...]] = {
-    "schema": (int,),
-    "domain": (str,),
-    "dataset": (str,),
-    "variant": (str,),
-    "seed": (int,),
-    "preset": (str,),
-    "status": (str,),
-    "config": (dict,),
-    "metrics": (dict,),           # test metrics, e.g. {"test/acc": 0.93}
-    "primary_metric": (str,),     # e.g. "acc"
-    "mode": (str,),               # "min" | "max"
-    "best_val": (dict,),          # {"value": float | None, "epoch": int | None}
-    "divergence": (dict, type(None)),  # {"step": int, "reason": str}
-    "error": (str, type(None)),
-    "probes": (dict,),            # final cross-layer probe summary
-    "wall_time_s": (float, int),
-    "params": (int,),
-    "hardware": (dict,),
-    "versions": (dict,),
-    "git_commit": (str, type(None)),
-}
-# Fields that only some records have; checked like SCHEMA when present.
-OPTIONAL: dict[str, tuple[type, ...]] = {
-    "robustness": (dict,),        # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
-    "imagenet": (dict,),          # added by `quest imagenet`: {"real_acc": 0.71, "c_mce": 72.4, ...}
-    "split": (dict,),             # how the data was split: {"source", "rule", "hash": {split: membership hash}}
-    "losses": (dict,),            # train_first/last/best and val_final/best loss, for stability studies
-    "batch": (dict,),             # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
-    "trajectory": (dict,),        # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
-    "stopped": (dict,),           # a run stopped by a signal: {"signal": "SIGTERM", "step": 40}
-    "directions": (dict,),        # which way each test metric is better: {"acc": "max", "loss": "min", ...}
-    "baselines": (dict,),         # what each trivial baseline predicts: {"acc_baseline": "always the most ..."}
-    "timing": (dict,),            # where the wall time went: {"build_s", "fit_s", "checkpoint_s", "steps", "test_s"}
-    "headline": (list,),          # the test metrics a summary shows: ["miou", "miou_baseline", "miou_corrupt"]
-    "snapshots": (list,),         # weights kept along training: [{"fraction", "step", "file"}] (in snapshots/)
-    "curve": (list,),             # the snapshots evaluated (runners.runs.curve): [{"fraction", "step", "metrics"}]
-}
-# Fields mapping names to numbers, which aggregation averages.
-NUMERIC_MAPS = ("metrics", "probes", "robustness", "imagenet", "losses")
+Numbers = dict[str, float]  # a map of names to real numbers, which aggregation averages
+
+
+@dataclass
+class RunRecord:
+    """One run's record. The fields without a default are in every record; those defaulting to None are
+    absent from the JSON of a record that lacks them (none of them is ever written as null). A field typed
+    ``float`` takes an int too, as JSON does."""
+
+    schema: int
+    domain: str
+    dataset: str
+    variant: str
+    seed: int
+    preset: str
+    status: str                   # one of STATUSES
+    config: dict[str, Any]        # the composed config, resolved
+    metrics: Numbers              # test metrics, e.g. {"test/acc": 0.93}
+    primary_metric: str           # e.g. "acc"
+    mode: str                     # "min" | "max"
+    best_val: dict[str, Any]      # {"value": float | None, "epoch": int | None, "evaluation", "evaluations"}
+    divergence: dict[str, Any] | None  # {"step": int, "reason": str}
+    error: str | None
+    probes: Numbers               # final cross-layer probe summary
+    wall_time_s: float
+    params: int
+    hardware: dict[str, Any]
+    versions: dict[str, Any]
+    git_commit: str | None
+    # Fields that only some records have.
+    robustness: Numbers | None = None  # added by `quest robustness`: {"acc_pgd_eps0.03": 0.41, ...}
+    robustness_config: dict[str, Any] | None = None  # the `robustness` settings that evaluation ran with
+    imagenet: Numbers | None = None  # added by `quest imagenet`: {"real_acc": 0.71, "c_mce": 72.4, ...}
+    split: dict[str, Any] | None = None  # how the data was split: {"source", "rule", "hash": {split: membership hash}}
+    losses: Numbers | None = None  # train_first/last/best and val_final/best loss, for stability studies
+    batch: dict[str, int] | None = None  # the global batch and its split: {"global", "per_device", "world_size", "accumulate"}
+    trajectory: dict[str, Any] | None = None  # probe statistics over training: {"step": [...], "layers": {name: {stat: [...]}}}
+    stopped: dict[str, Any] | None = None  # a run stopped by a signal: {"signal": "SIGTERM", "step": 40}
+    directions: dict[str, str] | None = None  # which way each test metric is better: {"acc": "max", "loss": "min", ...}
+    baselines: dict[str, str] | None = None  # what each trivial baseline predicts: {"acc_baseline": "always the most ..."}
+    timing: dict[str, Any] | None = None  # where the wall time went: {"build_s", "fit_s", "checkpoint_s", "steps", "test_s"}
+    headline: list[str] | None = None  # the test metrics a summary shows: ["miou", "miou_baseline", "miou_corrupt"]
+    snapshots: list[dict[str, Any]] | None = None  # weights kept along training: [{"fraction", "step", "file"}] (in snapshots/)
+    curve: list[dict[str, Any]] | None = None  # the snapshots evaluated (runners.runs.curve): [{"fraction", "step", "metrics"}]
+
+    def fail(self, error: str) -> None:
+        """The run failed: ``error`` is the one line saying why."""
+        self.status, self.error = "failed", error
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as its file holds it: every required field, and the optional ones it has."""
+        return {key: getattr(self, key) for key, field in _fields().items()
+                if field.required or getattr(self, key) is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "record") -> RunRecord:
+        """The record ``data`` holds, validated (``RecordError`` naming ``where``). Fields outside the schema
+        are refused: this record would be written without them."""
+        unknown = sorted(set(validate(data, where)) - set(_fields()))
+        if unknown:
+            raise RecordError(where, f"unknown field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunRecord:
+        """The record of a run directory or file, to add to it and write it again."""
+        path = Path(path)
+        return cls.from_json(read_record(path), str(path / RECORD_NAME if path.is_dir() else path))
+
+
+@dataclass(frozen=True)
+class _Field:
+    """What validation needs of a ``RunRecord`` field, from its annotation."""
+
+    required: bool
+    types: tuple[type, ...]  # the JSON types accepted
+    numbers: bool  # a map whose values must be real numbers
+
+
+@cache
+def _fields() -> dict[str, _Field]:
+    hints = typing.get_type_hints(RunRecord)
+    found = {}
+    for field in fields(RunRecord):
+        required = field.default is not None
+        parts = typing.get_args(hints[field.name]) if isinstance(hints[field.name], types.UnionType) \
+            else (hints[field.name],)
+        kinds = tuple(typing.get_origin(part) or part for part in parts if required or part is not type(None))
+        found[field.name] = _Field(required, kinds + ((int,) if float in kinds else ()), Numbers in parts)
+    return found
 
 
 class RecordError(ValueError):
@@ -79,17 +137,18 @@ def _is_number(value: Any) -> bool:
 
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     """``record`` if it follows the schema (see the module docstring), else ``RecordError`` naming ``where``."""
-    missing = [k for k in SCHEMA if k not in record]
+    schema = _fields()
+    missing = [key for key, field in schema.items() if field.required and key not in record]
     if missing:
         raise RecordError(where, f"missing field(s) {', '.join(missing)}")
-    present = {**SCHEMA, **{k: t for k, t in OPTIONAL.items() if k in record}}
-    for key, types in present.items():
-        if not isinstance(record[key], types) or isinstance(record[key], bool) and bool not in types:
+    present = {key: field for key, field in schema.items() if key in record}
+    for key, field in present.items():
+        if not isinstance(record[key], field.types) or isinstance(record[key], bool):
             raise RecordError(where, f"field {key!r} has type {type(record[key]).__name__}")
-    for field in (f for f in NUMERIC_MAPS if f in record):
-        for key, value in record[field].items():
+    for name in (key for key, field in present.items() if field.numbers):
+        for key, value in record[name].items():
             if not _is_number(value):
-                raise RecordError(where, f"field {field!r} key {key!r} is {value!r} "
+                raise RecordError(where, f"field {name!r} key {key!r} is {value!r} "
                                          f"({type(value).__name__}), not a number")
     if record["status"] not in STATUSES:
         raise RecordError(where, f"status {record['status']!r} is not one of {', '.join(STATUSES)}")
@@ -98,18 +157,18 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     return record
 
 
-def write_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Validate and write ``<run_dir>/record.json`` via a temp file and rename: a reader never sees
+def write_record(run_dir: str | Path, record: RunRecord) -> Path:
+    """Validate ``record`` and write it to ``<run_dir>/record.json`` via a temp file and rename: a reader never sees
     half a record, and a killed run leaves none. A write that fails (a full disk) removes the temp file
     and raises ``OSError`` naming the record's path, not the temp file's."""
     run_dir = Path(run_dir)
     path = run_dir / RECORD_NAME
     run_dir.mkdir(parents=True, exist_ok=True)
-    validate(record, str(path))
+    data = validate(record.to_json(), str(path))
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".record.", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True, default=float)
+            json.dump(data, f, indent=2, sort_keys=True, default=float)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -118,7 +177,7 @@ def write_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
-    """A record from its file or its run directory; malformed ones raise ``RecordError``."""
+    """The JSON form of a record, from its file or its run directory; malformed ones raise ``RecordError``."""
     path = Path(path)
     if path.is_dir():
         path = path / RECORD_NAME

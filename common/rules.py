@@ -1,5 +1,5 @@
 """The rules a run is trained by, written once for both trainers: the Lightning callbacks of ``quest train``
-(``common.callbacks``) and the vectorised replay of ``quest ensemble`` (``runners.sweeps.stacked``).
+(``common.callbacks``) and the vectorised replay of ``quest ensemble`` (``runners.runs.ensemble``).
 
 - Divergence: a run ends as diverged (a result, not a failure) on a non-finite training loss, on a finite
   one past its bounds (``LossWatch``), or on a max attention logit past its bound (``logit_breach``).

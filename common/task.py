@@ -30,6 +30,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from common.data import SPLITS
 from common.errors import ConfigError
 from common.metrics import MajorityClassAccuracy
+from common.notes import MetricNotes
 
 # ``lamb``: timm's Lamb (You et al. 2020), DeiT-III's optimiser: Adam's bias-corrected step plus weight decay,
 # rescaled per tensor by the trust ratio ‖w‖ / ‖step‖. Groups without weight decay (biases, norms, LayerScale:
@@ -78,9 +79,11 @@ class Task(pl.LightningModule):
     """``primary`` (metric, "min" | "max") overrides the domain's registered primary metric, for a domain
     whose tasks differ in kind (graph: regression or classification).
 
-    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names."""
+    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names. ``notes``: what
+    the run's record notes of the test metrics (``common.notes``)."""
 
     primary: tuple[str, str] | None = None
+    notes: type[MetricNotes] = MetricNotes
 
     def __init__(self, net: nn.Module, optim: Optim, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
@@ -215,40 +218,6 @@ class Task(pl.LightningModule):
     def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
         """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``."""
         return {f"{self.headline}_{condition}": score for condition, score in scores.items()}
-
-    def directions(self) -> dict[str, str]:
-        """Which way each test metric is better, ``"min"`` or ``"max"``, by its logged name less ``test/``: the
-        loss, and what each torchmetrics metric says of itself (``higher_is_better``; a metric that says
-        nothing is left out), a perturbed score going the way of the headline metric. A task that logs
-        other test metrics adds theirs."""
-        found = {"loss": "min"}
-        for name, metric in self.test_metrics.items(keep_base=True):
-            if metric.higher_is_better is not None:
-                found[name] = "max" if metric.higher_is_better else "min"
-        if self.headline in found:
-            found.update(dict.fromkeys(self.perturbed_names, found[self.headline]))
-        return found
-
-    def baselines(self) -> dict[str, str]:
-        """What each trivial baseline among the metrics predicts (its ``description``), by metric name."""
-        return {name: metric.description for name, metric in self.test_metrics.items(keep_base=True)
-                if hasattr(metric, "description")}
-
-    def metric_notes(self, primary: str) -> dict:
-        """What a record says of its test metrics beside their values: ``directions``, ``baselines`` and
-        ``headline`` (``primary``: the run's primary metric)."""
-        return {"directions": self.directions(), "baselines": self.baselines(),
-                "headline": self.headline_metrics(primary)}
-
-    def headline_metrics(self, primary: str) -> list[str]:
-        """The test metrics a run's summary line shows: the primary one, its trivial baseline where the task
-        has one, and the robustness summary; per-class and per-condition scores stay in the record."""
-        baseline = f"{primary}_baseline"
-        return [primary, *([baseline] if baseline in self.baselines() else []), *self.robustness_summary()]
-
-    def robustness_summary(self) -> list[str]:
-        """The perturbed scores that summarise robustness: by default each one logged (a condition each)."""
-        return sorted(self.perturbed_names)
 
     def mark_diverged(self, reason: str) -> None:
         """End training now and remember why; the runner records ``status: diverged``."""

@@ -14,7 +14,7 @@ from conftest import make_record as record
 from scipy.stats import t as t_dist
 from scipy.stats import ttest_rel
 
-from common.records import RecordError, read_record, write_record
+from common.records import RecordError, RunRecord, read_record, write_record
 from runners.cli import main as cli
 from runners.commands import aggregate
 from runners.results import runs as results_runs
@@ -25,7 +25,7 @@ def write_runs(root, runs):
     """``runs``: (variant, seed, metrics, extra record fields); one run directory each under ``root``."""
     for variant, seed, metrics, fields in runs:
         name = f"{fields.get('domain', 'a')}-{fields.get('dataset', 'd')}-{variant}-{seed}"
-        write_record(root / name, record(variant, seed, metrics, **fields))
+        write_record(root / name, RunRecord(**record(variant, seed, metrics, **fields)))
 
 
 def ablation(seeds, value=10.0, **fields):
@@ -46,7 +46,7 @@ def test_schema_rejects_a_non_number_naming_file_field_and_key(tmp_path, field, 
     rec = record("quest", 0, {"mse": 1.0}, robustness={"acc_pgd_eps0.1": 0.5})
     rec[field] = {**rec[field], "x/y": bad}
     with pytest.raises(RecordError, match=rf"record\.json: field '{field}' key 'x/y' is {re.escape(repr(bad))} "):
-        write_record(tmp_path, rec)
+        write_record(tmp_path, RunRecord(**rec))
     (tmp_path / "record.json").write_text(json.dumps(rec))  # one written by other means is rejected on reading
     with pytest.raises(RecordError) as err:
         read_record(tmp_path)
@@ -56,7 +56,7 @@ def test_schema_rejects_a_non_number_naming_file_field_and_key(tmp_path, field, 
 def test_schema_accepts_nan_inf_and_numpy_numbers(tmp_path):
     rec = record("quest", 0, {"mse": math.nan, "mae": -math.inf, "n": 3, "acc": np.float32(0.25)},
                  robustness={"acc_clean": math.nan})
-    back = read_record(write_record(tmp_path, rec))
+    back = read_record(write_record(tmp_path, RunRecord(**rec)))
     assert math.isnan(back["metrics"]["test/mse"]) and back["metrics"]["test/mae"] == -math.inf
     assert back["metrics"]["test/acc"] == 0.25 and math.isnan(back["robustness"]["acc_clean"])
 
@@ -328,8 +328,9 @@ def test_each_task_says_which_way_its_test_metrics_go(domain):
     expected = {"language": {"loss": "min", "bpb": "min", "ppl": "min", "loss_baseline": "min"},
                 "timeseries": {"mse": "min", "mae": "min", "mse_baseline": "min", "mae_baseline": "min"},
                 "vision": {"acc": "max", "macc": "max", "acc_baseline": "max"}}[domain]
-    assert expected.items() <= task.directions().items()
-    assert all(name in task.directions() and said for name, said in task.baselines().items())
+    notes = task.notes(task)
+    assert expected.items() <= notes.directions().items()
+    assert all(name in notes.directions() and said for name, said in notes.baselines().items())
 
 
 def test_power_and_untestable_differences():
@@ -419,9 +420,9 @@ def write_tuned_sweep(root, commit=None, gain=0.3, label=None, seeds=(0, 1, 2)):
                                    ("uniform", 1e-3, cost)):
             for seed in seeds:
                 noise = 0.01 * [1, -1, 0.5][seed % 3] * (variant != "standard") + 0.003 * seed
-                write_record(root / f"{domain}-{variant}-{lr}-{seed}", record(
+                write_record(root / f"{domain}-{variant}-{lr}-{seed}", RunRecord(**record(
                     variant, seed, {"mse": 1.0 + shift + noise}, domain=domain, config={"optim": {"lr": lr}},
-                    git_commit=commit))
+                    git_commit=commit)))
 
 
 def test_a_tuned_sweep_has_both_protocols_its_choices_and_the_confirmatory_tests(tmp_path):
@@ -503,8 +504,9 @@ def test_a_tuned_table_with_its_own_ablation_is_judged_by_it(tmp_path):
     (tmp_path / "selection.json").write_text(json.dumps(selection))
     standard = {seed: read_record(tmp_path / f"a-standard-0.001-{seed}")["metrics"]["test/mse"] for seed in range(3)}
     for seed in range(3):
-        write_record(tmp_path / f"a-uniform-0.003-{seed}", record("uniform", seed, {"mse": standard[seed] + 0.01 * [1, -1, 0.5][seed]},
-                                                                  domain="a", config={"optim": {"lr": 3e-3}}))
+        mse = standard[seed] + 0.01 * [1, -1, 0.5][seed]
+        write_record(tmp_path / f"a-uniform-0.003-{seed}", RunRecord(**record("uniform", seed, {"mse": mse}, domain="a",
+                                                                              config={"optim": {"lr": 3e-3}})))
     runs, groups = tuned_groups(tmp_path)
     assert not stats.attention_matters(groups[TUNED_A])[0]
     assert tables.ablation_sources(groups)[TUNED_A] == TUNED_A
@@ -571,8 +573,8 @@ def write_second_setting(tmp_path):
         for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain), *(() if label else [("uniform", -9.0)])):
             for seed in range(3):
                 noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
-                write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
-                                                                config={"optim": {"lr": 1e-3}}))
+                write_record(root / f"{variant}-{seed}", RunRecord(**record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
+                                                                config={"optim": {"lr": 1e-3}})))
 
 
 def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
@@ -641,7 +643,7 @@ def test_whether_a_second_setting_changes_a_claim_is_a_paired_test_of_the_two_di
     write_tuned_sweep(tmp_path / "init", gain=-0.05, label="PyTorch init")
     worse = read_record(tmp_path / "init" / "a-quest-0.003-0")
     worse["metrics"]["test/mse"] += 0.03
-    write_record(tmp_path / "init" / "a-quest-0.003-0", worse)
+    write_record(tmp_path / "init" / "a-quest-0.003-0", RunRecord(**worse))
     from runners.results import confirmatory
 
     runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")

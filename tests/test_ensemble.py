@@ -13,9 +13,11 @@ from common.records import find_records, read_record
 from runners.commands import ensemble
 from runners.config import compose
 from runners.runs import training as train
-from runners.sweeps import stacked
+from runners.runs.replayable import check_replayable
+from runners.runs.stacked_adamw import StackedAdamW, clip_grad_norms_
+from runners.sweeps import ensemble as ensemble_sweep
+from runners.sweeps.ensemble import chunks, plan
 from runners.sweeps.progress import Progress
-from runners.sweeps.stacked import StackedAdamW, check_replayable, chunks, clip_grad_norms_, plan
 
 pytestmark = pytest.mark.usefixtures("threaded_workers")
 
@@ -54,7 +56,7 @@ def test_each_run_gets_the_record_quest_train_gives_it(tmp_path):
                               f"optim.lr={lr}", f"output_dir={tmp_path / 'single'}", *SHORT])
         mine = trained[(variant, seed, lr)]
         for field in ("status", "metrics", "best_val", "probes", "divergence", "params"):
-            assert mine[field] == single[field], (variant, seed, lr, field)
+            assert mine[field] == getattr(single, field), (variant, seed, lr, field)
     assert trained[("standard", 1, 1e4)]["status"] == "diverged"  # the replay covers divergence too
     assert any((tmp_path / "ensemble").rglob("metrics.csv")) and not any((tmp_path / "ensemble").rglob("*.ckpt"))
 
@@ -112,7 +114,7 @@ def test_reruns_train_only_what_has_no_record_and_workers_share_a_sweep(tmp_path
     first = records(tmp_path / "ensemble")
     assert len(first) == 4 and {r["status"] for r in first.values()} == {"ok"}
     trained = []
-    monkeypatch.setattr(stacked, "train_chunk", lambda members: trained.append(len(members)) or [])
+    monkeypatch.setattr(ensemble_sweep, "train_chunk", lambda members: trained.append(len(members)) or [])
     assert ensemble.main([sweep]) == 0 and trained == []  # every run is recorded: nothing to train
     (find_records(tmp_path / "ensemble")[0]).unlink()
     ensemble.main([sweep])

@@ -103,14 +103,14 @@ def test_a_crashing_rank_keeps_its_own_error_log(toy_domain, run_args, monkeypat
     monkeypatch.setattr(record_module.rank_zero_only, "rank", 1)
     record = train_module.run(compose(["domain=toy", *run_args]))
     run_dir = run_directory(compose(["domain=toy", *run_args]))
-    assert record["status"] == "failed" and (run_dir / "error.rank1.log").exists()
+    assert record.status == "failed" and (run_dir / "error.rank1.log").exists()
     assert not (run_dir / "error.log").exists()  # rank 0's name stays free for rank 0's traceback
 
 
 def test_a_finite_blow_up_is_divergence(run_args):
     # The example the issue came with: a huge learning rate drove the loss to 3e24 and the run said ok.
     record = train_module.train(["domain=retrieval", "attention=standard", "preset=smoke", "optim.lr=1e4", *run_args])
-    assert record["status"] == "diverged" and "past bound" in record["divergence"]["reason"]
+    assert record.status == "diverged" and "past bound" in record.divergence["reason"]
 
 
 def test_the_console_carries_no_known_noise(tmp_path):

@@ -174,7 +174,7 @@ def test_quest_imagenet_adds_the_suites_to_the_record(tmp_path, capsys):
                     f"cache_dir={tmp_path / 'cache'}", "data.dataset=imagefolder", f"data.root={tmp_path / 'imagenet'}",
                     "data.image_size=32", "model.patch_size=8", "data.channels=3", "data.mean=[0.5,0.5,0.5]",
                     "data.std=[0.25,0.25,0.25]"])
-    assert record["status"] == "ok"
+    assert record.status == "ok"
     run_dir = next((tmp_path / "runs").glob("vision/standard/seed*"))
 
     assert main(["imagenet", str(run_dir), "--real", str(tmp_path / "real.json"), "--imagenet-c", str(tmp_path / "c"),

@@ -155,10 +155,9 @@ def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: st
     cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
                    f"output_dir={root}", *extra])
     record = new_record(cfg, get_domain("retrieval"), None)
-    record["status"] = status
+    record.status = status
     if status == "ok":
-        record["metrics"] = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0,
-                             "test/success": float(success)}
+        record.metrics = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0, "test/success": float(success)}
     run_dir = run_directory(cfg)
     write_record(run_dir, record)
     rows = ["step,probe/answer_key_norm_biased,probe/answer_key_norm_unbiased,val/acc"]

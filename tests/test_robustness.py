@@ -205,7 +205,7 @@ def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
 
     record = train(["domain=vision", "preset=smoke", "attention=standard", f"output_dir={tmp_path}",
                     f"cache_dir={tmp_path}/cache", "threads=1"])
-    assert record["status"] == "ok"
+    assert record.status == "ok"
     run_dir = next(tmp_path.glob("vision/standard/seed*"))
     threads, attack = [], runners.runs.robustness.evaluate_robustness
     monkeypatch.setattr(runners.runs.robustness, "evaluate_robustness",

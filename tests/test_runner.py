@@ -1,11 +1,13 @@
 import math
 import os
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 import torch
+from conftest import make_record
 
-from common.records import RecordError, read_record, write_record
+from common.records import RecordError, RunRecord, read_record, write_record
 from common.task import lr_factor
 from runners.cli import main as cli
 from runners.config import ConfigError, compose, run_directory
@@ -66,14 +68,13 @@ def test_summary_headline_is_primary_baseline_and_robustness_summary(tmp_path):
     scores, which stay in the record; a diverged run says where and why."""
     from runners.commands.train import summary
 
-    metrics = {"test/miou": 0.41, "test/miou_baseline": 0.05, "test/miou_corrupt": 0.3, "test/iou_0": 0.9,
-               "test/miou_brightness": 0.35}
-    record = {"status": "ok", "domain": "segmentation", "variant": "quest", "seed": 2, "metrics": metrics,
-              "headline": ["miou", "miou_baseline", "miou_corrupt"], "divergence": None, "error": None}
+    metrics = {"miou": 0.41, "miou_baseline": 0.05, "miou_corrupt": 0.3, "iou_0": 0.9, "miou_brightness": 0.35}
+    record = RunRecord(**make_record("quest", 2, metrics, domain="segmentation",
+                                     headline=["miou", "miou_baseline", "miou_corrupt"]))
     assert summary(record, tmp_path) == (f"ok: segmentation/quest seed 2 · test miou 0.41 · test miou_baseline 0.05 · "
                                          f"test miou_corrupt 0.3\n  {tmp_path / 'record.json'}")
-    record.update(status="diverged", metrics={}, divergence={"step": 7, "reason": "non-finite training loss"})
-    assert summary(record, tmp_path).startswith("diverged: segmentation/quest seed 2 · diverged at step 7 "
+    diverged = replace(record, status="diverged", metrics={}, divergence={"step": 7, "reason": "non-finite training loss"})
+    assert summary(diverged, tmp_path).startswith("diverged: segmentation/quest seed 2 · diverged at step 7 "
                                                 "(non-finite training loss)\n")
 
 
@@ -138,27 +139,27 @@ def test_l2norm_kernel_setting_picks_the_kernel_not_the_run(toy_domain, tmp_path
 def test_same_seed_same_metrics(toy_domain, tmp_path):
     first = train(["domain=toy", f"output_dir={tmp_path}/a", "trainer.enable_progress_bar=false"])
     second = train(["domain=toy", f"output_dir={tmp_path}/b", "trainer.enable_progress_bar=false"])
-    assert first["metrics"] == second["metrics"]
+    assert first.metrics == second.metrics
 
 
 def test_non_finite_loss_is_a_diverged_result(toy_domain, run_args):
     record = train(["domain=toy", "task.nan_after=3", *run_args])
-    assert record["status"] == "diverged" and record["divergence"]["step"] == 3
-    assert "non-finite" in record["divergence"]["reason"]
+    assert record.status == "diverged" and record.divergence["step"] == 3
+    assert "non-finite" in record.divergence["reason"]
 
 
 def test_logit_bound_ends_the_run_as_diverged(toy_domain, run_args):
     record = train(["domain=toy", "probes.every_n_steps=1", "probes.max_logit_bound=0.0", *run_args])
-    assert record["status"] == "diverged" and "max attention logit" in record["divergence"]["reason"]
+    assert record.status == "diverged" and "max attention logit" in record.divergence["reason"]
 
 
 def test_records_round_trip_and_reject_malformed(tmp_path):
     record = fake_record("a", "quest", 0, 1.0)
-    assert read_record(write_record(tmp_path / "ok", record)) == record
+    assert read_record(write_record(tmp_path / "ok", RunRecord(**record))) == record
     with pytest.raises(RecordError, match="missing field"):
-        write_record(tmp_path, {})
+        write_record(tmp_path, RunRecord.from_json({}))
     with pytest.raises(RecordError, match="status 'fine' is not one of ok, diverged, failed"):
-        write_record(tmp_path, {**record, "status": "fine"})
+        write_record(tmp_path, RunRecord(**{**record, "status": "fine"}))
     (tmp_path / "record.json").write_text("{not json")
     with pytest.raises(RecordError, match="not valid JSON"):
         read_record(tmp_path)

@@ -349,7 +349,7 @@ def vision_run(tmp_path_factory) -> Path:
             f"cache_dir={root / 'cache'}", "data.dataset=imagefolder", f"data.root={root / 'images'}",
             "data.channels=3", "data.image_size=32", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]",
             "model.patch_size=8", "model.depth=1", "model.mlp_ratio=4.0"]
-    assert train(args)["status"] == "ok"
+    assert train(args).status == "ok"
     return run_directory(compose(args))
 
 
@@ -482,6 +482,6 @@ def test_augment_on_device_hands_the_loader_stored_images_and_trains(cache_dir, 
     assert cropped.shape == (len(images), 3, crop, crop) and labels.shape == (len(images), crop, crop)
     record = train(["domain=segmentation", "preset=smoke", "data.augment_on=device", "attention=quest",
                     f"cache_dir={cache_dir}", f"output_dir={tmp_path}"])
-    assert record["status"] == "ok"
+    assert record.status == "ok"
     with pytest.raises(ConfigError, match="unknown data.augment_on 'gpu'"):
         build("data.augment_on=gpu")

@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from common.records import write_record
+from common.records import RunRecord, write_record
 from runners.cli import main as cli
 from runners.runs.selection import candidates, chosen, main_effects, overrides
 from tests.conftest import make_record
@@ -45,7 +45,7 @@ def test_by_variant_each_variant_gets_its_own_choice(tmp_path):
     scores = {("standard", 1e-3): 0.8, ("standard", 3e-3): 0.7, ("quest", 1e-3): 0.6, ("quest", 3e-3): 0.9}
     for (variant, lr), val in scores.items():
         for seed in (0, 1):
-            write_record(tmp_path / f"{variant}-{lr}-{seed}", grid_record(variant, seed, lr, 2, val, 0.5))
+            write_record(tmp_path / f"{variant}-{lr}-{seed}", RunRecord(**grid_record(variant, seed, lr, 2, val, 0.5)))
     ranked = candidates([json.loads(p.read_text()) for p in tmp_path.rglob("record.json")], by=("variant",))
     assert {group[-1]: row["settings"] for group, row in chosen(ranked).items()} == {
         "standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}}
@@ -69,8 +69,8 @@ def test_an_archive_reads_as_its_runs_with_the_trajectory_thinned(tmp_path):
     assert thinned["layers"]["a"]["entropy"][-1] == 99.0
     runs = tmp_path / "runs"
     for seed in (0, 1):
-        write_record(runs / f"a-{seed}", make_record("standard", seed, {"mse": 1.0 + seed}, trajectory=trajectory,
-                                                      config={"optim": {"lr": 1e-3}}))
+        write_record(runs / f"a-{seed}", RunRecord(**make_record("standard", seed, {"mse": 1.0 + seed}, trajectory=trajectory,
+                                                      config={"optim": {"lr": 1e-3}})))
     (runs / "launches.jsonl").write_text('{"command": "quest sweep x"}\n')
     assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
     copy = tmp_path / "copy"

@@ -5,7 +5,7 @@ import math
 import pytest
 from conftest import make_record
 
-from common.records import write_record
+from common.records import RunRecord, write_record
 from runners.cli import main as cli
 from runners.results import stability
 
@@ -24,7 +24,7 @@ def write_sweep(root, finals):
     for (variant, seed), values in finals.items():
         for lr, final in zip(LRS, values):
             status = "diverged" if math.isnan(final) else "ok"
-            write_record(root / f"{variant}-{seed}-{lr}", lr_record(variant, seed, lr, final, status))
+            write_record(root / f"{variant}-{seed}-{lr}", RunRecord(**lr_record(variant, seed, lr, final, status)))
 
 
 def test_lr_sensitivity_clips_at_the_initial_loss_and_counts_divergence(tmp_path):

@@ -7,16 +7,17 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 
 import conftest
 import pytest
-from conftest import FORK, Forked, forked_worker
+from conftest import FORK, Forked, forked_worker, make_record
 
 import runners.runs.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
 from common.attention import VARIANTS
 from common.errors import DataError, Stopped
-from common.records import SCHEMA, SCHEMA_VERSION, read_record, write_record
+from common.records import RunRecord, read_record, write_record
 from runners.cli import main as cli
 from runners.commands import sweep
 from runners.config import compose, run_directory
@@ -40,11 +41,9 @@ def one_run(tmp_path, seed: int = 0) -> list[str]:
     return ["domain=toy", "attention=quest", f"seed={seed}", f"output_dir={tmp_path / 'runs'}"]
 
 
-def fake_record(cfg, status: str) -> dict:
-    record = {key: types[0]() for key, types in SCHEMA.items()}  # a value of the right type for every field
-    record.update(schema=SCHEMA_VERSION, domain=cfg.domain, variant=cfg.attention.variant, seed=cfg.seed,
-                  status=status, error="RuntimeError: broken" if status == "failed" else None, divergence=None)
-    return record
+def fake_record(cfg, status: str) -> RunRecord:
+    return RunRecord(**make_record(cfg.attention.variant, cfg.seed, {}, domain=cfg.domain, status=status,
+                                   error="RuntimeError: broken" if status == "failed" else None, divergence=None))
 
 
 def recorded(tmp_path) -> dict[int, str]:
@@ -401,7 +400,7 @@ def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run):
 def test_a_requeued_slurm_task_makes_its_stopped_run_again(toy_domain, tmp_path, fake_run):
     args = one_run(tmp_path)
     cfg = compose(args)
-    write_record(run_directory(cfg), {**fake_record(cfg, "ok"), "status": "stopped", "error": "stopped by SIGTERM"})
+    write_record(run_directory(cfg), replace(fake_record(cfg, "ok"), status="stopped", error="stopped by SIGTERM"))
     assert slurm.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
     assert recorded(tmp_path) == {0: "ok"} and fake_run.executions() == [0]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import Threaded, ToyTask, make_record
 
-from common.records import read_record, write_record
+from common.records import RunRecord, read_record, write_record
 from runners.cli import main as cli
 from runners.commands import sweep
 from runners.config import compose, run_directory
@@ -100,7 +100,7 @@ def test_an_offline_mlflow_run_holds_the_config_headline_and_record(toy_domain, 
     record = train(args)
     run_dir = run_directory(compose(args))
     saved = read_record(run_dir)
-    assert record["status"] == saved["status"] == "ok"
+    assert record.status == saved["status"] == "ok"
     client, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED" and run.info.run_name == f"toy/quest/{run_dir.name}"
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
@@ -182,7 +182,8 @@ def test_the_launch_log_says_where_the_sweep_tracked_its_runs(toy_domain, tmp_pa
     monkeypatch.setattr(workers, "_spawn", Threaded)
 
     def run(cfg, **options):  # the runner, made instant: a record, no training
-        record = make_record(cfg.attention.variant, cfg.seed, {"mse": 1.0}, domain=cfg.domain, dataset="random")
+        record = RunRecord(**make_record(cfg.attention.variant, cfg.seed, {"mse": 1.0}, domain=cfg.domain,
+                                         dataset="random"))
         write_record(run_directory(cfg), record)
         return record
 

@@ -3,6 +3,7 @@ choice sits on its edge, the choice frozen in selection.json, then the confirmat
 labels each run "same recipe" or "tuned"."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from test_sweep import fake_record, write_spec
@@ -26,11 +27,10 @@ def scored_run(monkeypatch):
 
     def run(cfg, **options):
         made.append((cfg.attention.variant, cfg.seed, cfg.optim.lr, str(run_directory(cfg))))
-        record = fake_record(cfg, "ok")
         error = abs(math.log2(cfg.optim.lr / BEST_LR[cfg.attention.variant])) + 1e-3 * cfg.seed
-        record.update(config={"optim": {"lr": cfg.optim.lr}}, primary_metric="mse", mode="min",
-                      best_val={"value": error, "epoch": 0}, metrics={"test/mse": error}, dataset="random",
-                      preset="demo")
+        record = replace(fake_record(cfg, "ok"), config={"optim": {"lr": cfg.optim.lr}}, primary_metric="mse",
+                         mode="min", best_val={"value": error, "epoch": 0}, metrics={"test/mse": error},
+                         dataset="random", preset="demo")
         write_record(run_directory(cfg), record)
         return record
 
@@ -108,7 +108,7 @@ def test_a_failed_selection_run_scores_worst(tmp_path, monkeypatch, scored_run):
     def failing(cfg, **options):
         record = scored(cfg, **options)
         if cfg.attention.variant == "quest" and math.isclose(cfg.optim.lr, 2e-3) and cfg.seed == 101:
-            record.update(status="failed", error="RuntimeError: broken")
+            record.fail("RuntimeError: broken")
             write_record(run_directory(cfg), record)
         return record
 

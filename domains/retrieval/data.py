@@ -100,7 +100,7 @@ class RetrievalDataModule(SplitDataModule):
     The training order comes from a generator of the sampler's own, seeded by the run seed, rather than
     from the global generator that model initialisation and Lightning draw from too (or the loader's,
     which its iterator draws a seed from): the order is then a function of the seed alone, and
-    ``runners.sweeps.stacked`` replays it exactly."""
+    ``runners.runs.ensemble`` replays it exactly."""
 
     def __init__(self, data: dict, seed: int):
         super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"])

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection
 
 from common.blocks import Encoder
+from common.notes import MetricNotes
 from common.task import Optim, Task
 
 
@@ -92,6 +93,17 @@ def error_metrics() -> dict[str, Metric]:
     return {"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}
 
 
+class ForecastNotes(MetricNotes):
+    """The persistence baseline's errors, logged beside the task's metrics, are better lower."""
+
+    def directions(self) -> dict[str, str]:
+        return super().directions() | {f"{name}_baseline": "min" for name in error_metrics()}
+
+    def baselines(self) -> dict[str, str]:
+        return {f"{name}_baseline": "the last observed value over the whole horizon (persistence)"
+                for name in error_metrics()}
+
+
 class ForecastTask(Task):
     """MSE training on ``(x, y)`` windows; logs ``mse`` and ``mae`` on the standardised scale (the field's
     convention), and on the test split also a persistence baseline (the last observed value repeated over
@@ -104,12 +116,7 @@ class ForecastTask(Task):
     def loss(self, forecast: Tensor, y: Tensor, stage: str) -> Tensor:
         return F.mse_loss(forecast, y)
 
-    def directions(self) -> dict[str, str]:
-        return super().directions() | {f"{name}_baseline": "min" for name in error_metrics()}
-
-    def baselines(self) -> dict[str, str]:
-        return {f"{name}_baseline": "the last observed value over the whole horizon (persistence)"
-                for name in error_metrics()}
+    notes = ForecastNotes
 
     def test_step(self, batch, batch_idx):
         super().test_step(batch, batch_idx)

@@ -1,4 +1,4 @@
-"""`quest ensemble <sweep>`: the runs of a sweep file, trained many at a time (``runners.sweeps.stacked``).
+"""`quest ensemble <sweep>`: the runs of a sweep file, trained many at a time (``runners.runs.ensemble``).
 
 The runs of a sweep whose configs differ only in seed, learning rate and weight decay are trained together,
 at most ``--members`` at once, by one vectorised step; each gets the run directory and record that ``quest
@@ -15,9 +15,9 @@ import sys
 
 from runners.commands import THREADS_HELP, positive_int
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, recorded_status
+from runners.sweeps.ensemble import chunks, plan, run_chunks
 from runners.sweeps.progress import Progress
 from runners.sweeps.spec import expand, load_sweep
-from runners.sweeps.stacked import chunks, plan, run_chunks
 from runners.sweeps.workers import report_to, run_workers
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.records import RECORD_NAME
+from common.records import RECORD_NAME, RunRecord
 from runners.config import compose, run_directory
 
 
@@ -33,18 +33,18 @@ def main(argv: list[str]) -> int:
     record = run(cfg, wait=args.wait)
     if rank_zero_only.rank == 0:
         print(summary(record, run_directory(cfg)))
-    return int(record["status"] == "failed")
+    return int(record.status == "failed")
 
 
-def summary(record: dict, run_dir: Path) -> str:
-    """Two lines: the run's status and headline test metrics (``Task.headline_metrics``: the primary one, its
-    baseline, the robustness summary), then where its record is."""
-    metrics = record["metrics"]
-    shown = [f"test {name} {metrics[f'test/{name}']:.4g}" for name in record.get("headline", []) if f"test/{name}" in metrics]
-    outcome = [f"{record['status']}: {record['domain']}/{record['variant']} seed {record['seed']}", *shown]
-    if record["divergence"]:
-        outcome.append(f"diverged at step {record['divergence']['step']} ({record['divergence']['reason']})")
-    if record["error"]:
-        outcome.append(record["error"])
-    where = run_dir / ("error.log" if record["status"] == "failed" else RECORD_NAME)
+def summary(record: RunRecord, run_dir: Path) -> str:
+    """Two lines: the run's status and headline test metrics (``common.notes.MetricNotes.headline``: the primary
+    one, its baseline, the robustness summary), then where its record is."""
+    metrics = record.metrics
+    shown = [f"test {name} {metrics[f'test/{name}']:.4g}" for name in record.headline or [] if f"test/{name}" in metrics]
+    outcome = [f"{record.status}: {record.domain}/{record.variant} seed {record.seed}", *shown]
+    if record.divergence:
+        outcome.append(f"diverged at step {record.divergence['step']} ({record.divergence['reason']})")
+    if record.error:
+        outcome.append(record.error)
+    where = run_dir / ("error.log" if record.status == "failed" else RECORD_NAME)
     return " · ".join(outcome) + f"\n  {where}"

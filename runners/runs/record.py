@@ -1,6 +1,7 @@
-"""A run's record and the directory it is built in: the record's first fields, the values read back from the
-run's CSV log, and writing it all out so that the run takes its directory's place (``runners.runs.rundir``).
-Both trainers (``quest train`` and ``quest ensemble``) write their runs through these functions."""
+"""A run's record (``common.records.RunRecord``) and the directory it is built in: the record's first fields,
+the values read back from the run's CSV log, its outcome, and writing it all out so that the run takes its
+directory's place (``runners.runs.rundir``). Both trainers (``quest train``: ``runners.runs.training``, and
+``quest ensemble``: ``runners.runs.ensemble``) fill and write their runs' records through these functions."""
 from __future__ import annotations
 
 import shutil
@@ -12,39 +13,38 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError
-from common.records import SCHEMA_VERSION, write_record
+from common.records import SCHEMA_VERSION, RunRecord, write_record
 from common.registry import get_domain
 from runners.config import run_directory
 from runners.runs.provenance import git_commit, hardware, versions
 from runners.runs.rundir import build_path, final_path, publish
 
 
-def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> dict:
-    record = {
-        "schema": SCHEMA_VERSION,
-        "domain": cfg.domain,
-        "dataset": str(cfg.get("data", {}).get("dataset", "default")),
-        "variant": cfg.attention.variant,
-        "seed": int(cfg.seed),
-        "preset": cfg.preset,
-        "status": "ok",
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "metrics": {},
-        "primary_metric": domain.metric,
-        "mode": domain.mode,
-        "best_val": {"value": None, "epoch": None},
-        "divergence": None,
-        "error": None,
-        "probes": {},
-        "wall_time_s": 0.0,
-        "params": 0,
-        "hardware": hardware(),
-        "versions": versions(),
-        "git_commit": git_commit(),
-    }
-    if batch is not None:
-        record["batch"] = batch
-    return record
+def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> RunRecord:
+    """The record of a run of ``cfg`` as it starts: ``ok`` until it ends otherwise, nothing measured yet."""
+    return RunRecord(
+        schema=SCHEMA_VERSION,
+        domain=cfg.domain,
+        dataset=str(cfg.get("data", {}).get("dataset", "default")),
+        variant=cfg.attention.variant,
+        seed=int(cfg.seed),
+        preset=cfg.preset,
+        status="ok",
+        config=OmegaConf.to_container(cfg, resolve=True),
+        metrics={},
+        primary_metric=domain.metric,
+        mode=domain.mode,
+        best_val={"value": None, "epoch": None},
+        divergence=None,
+        error=None,
+        probes={},
+        wall_time_s=0.0,
+        params=0,
+        hardware=hardware(),
+        versions=versions(),
+        git_commit=git_commit(),
+        batch=batch,
+    )
 
 
 def fresh_run_directory(cfg: DictConfig) -> Path:
@@ -82,11 +82,24 @@ def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
             "evaluation": rows.index.get_loc(best) + 1, "evaluations": len(rows)}
 
 
-def logged(metrics_csv: Path, monitor: str, mode: str, train_losses: dict[str, float]) -> dict:
-    """The record's fields read back from a run's CSV log: its best validation value (``best_val``), and its
-    ``losses``: ``train_losses`` (``common.rules.LossWatch.losses``) with the last and best validation loss."""
-    return {"best_val": best_validation(metrics_csv, monitor, mode),
-            "losses": {**train_losses, **validation_losses(metrics_csv)}}
+def read_log(record: RunRecord, metrics_csv: Path, train_losses: dict[str, float]) -> None:
+    """The record's fields read back from a run's CSV log: its best value of the primary validation metric
+    (``best_val``), and its ``losses``: ``train_losses`` (``common.rules.LossWatch.losses``) with the last and best
+    validation loss."""
+    record.best_val = best_validation(metrics_csv, f"val/{record.primary_metric}", record.mode)
+    record.losses = {**train_losses, **validation_losses(metrics_csv)}
+
+
+def settle(record: RunRecord, task, divergence: dict | None, metrics: dict[str, float]) -> None:
+    """A trained run's outcome in its record: diverged (``divergence``), else its test ``metrics``; and what the
+    task's notes say of its metrics (``common.notes``)."""
+    if divergence is not None:
+        record.status, record.divergence = "diverged", divergence
+    else:
+        record.metrics = metrics
+    notes = task.notes(task)
+    record.directions, record.baselines = notes.directions(), notes.baselines()
+    record.headline = notes.headline(record.primary_metric)
 
 
 def validation_losses(metrics_csv: Path) -> dict[str, float]:
@@ -105,11 +118,11 @@ def record_killed(cfg: DictConfig, error: str) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     record = new_record(cfg, get_domain(cfg.domain), None)
-    record.update(status="failed", error=error)
+    record.fail(error)
     save_record(build_dir, record)
 
 
-def save_record(build_dir: Path, record: dict) -> None:
+def save_record(build_dir: Path, record: RunRecord) -> None:
     """Write the record into the build directory and put the run in its directory's place (``publish``).
     Where that fails the outcome is lost, so the run has failed: ``record`` says so and why, stderr too
     (where a person or scheduler looks), and the build directory is removed (its checkpoints may be what
@@ -121,8 +134,8 @@ def save_record(build_dir: Path, record: dict) -> None:
     except OSError as err:
         remove(build_dir)
         lost = f"record not written to {run_dir}: {err.strerror or err}"
-        record.update(status="failed", error=f"{record['error']}; {lost}" if record["error"] else lost)
-        print(f"quest: {record['error']}", file=sys.stderr)
+        record.fail(f"{record.error}; {lost}" if record.error else lost)
+        print(f"quest: {record.error}", file=sys.stderr)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.checkpoint import run_config
 from common.errors import ConfigError
-from common.records import read_record, write_record
+from common.records import RunRecord, write_record
 from common.restore import restore
 from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
@@ -33,14 +33,14 @@ def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, Dic
 def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float]:
     """Evaluate one run and write the result into its record; returns the result."""
     run_dir, checkpoint, cfg = load_config(path, list(overrides))
-    record = read_record(run_dir)
+    record = RunRecord.read(run_dir)
     with torch_threads(cfg.get("threads")):  # a sweep worker's share of the threads
         run = restore(run_dir, checkpoint, cfg)
         if not isinstance(run.task, ClassificationTask):
             raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
         run.datamodule.setup("test")
         results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
-    record["robustness"] = results
-    record["robustness_config"] = OmegaConf.to_container(cfg.robustness, resolve=True)
+    record.robustness = results
+    record.robustness_config = OmegaConf.to_container(cfg.robustness, resolve=True)
     write_record(run_dir, record)
     return results

@@ -31,6 +31,7 @@ from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError, error_line
+from common.records import RunRecord
 from runners.runs.rundir import final_path
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,15 @@ def run_name(cfg: DictConfig, build_dir: Path) -> str:
     return f"{cfg.domain}/{cfg.attention.variant}/{final_path(build_dir).name}"
 
 
+def csv_log(build_dir: Path) -> CSVLogger:
+    """The run's ``metrics.csv`` (in ``build_dir``), which both trainers write and the record reads back."""
+    return CSVLogger(build_dir, name="", version="")
+
+
 def loggers(cfg: DictConfig, build_dir: Path) -> list[Logger]:
     """Lightning's loggers of the run built in ``build_dir``: CSV, TensorBoard, MLflow and W&B as ``cfg.logging``
     says (``check`` has checked the trackers)."""
-    found: list[Logger] = [CSVLogger(build_dir, name="", version="")]
+    found: list[Logger] = [csv_log(build_dir)]
     if cfg.logging.tensorboard:
         found.append(TensorBoardLogger(build_dir, name="", version="tensorboard"))
     name, run_dir = run_name(cfg, build_dir), os.path.abspath(final_path(build_dir))
@@ -178,7 +184,7 @@ def notes(record: dict) -> dict[str, str]:
     return words
 
 
-def finish(run_loggers: Sequence[Logger], record: dict | None) -> None:
+def finish(run_loggers: Sequence[Logger], record: RunRecord | None) -> None:
     """Give each tracker of ``run_loggers`` the completed ``record`` (config, headline numbers, the record) and
     end its run as the record's status says; ``record`` None (the run was given up as the user's to fix) ends
     any tracker run already begun as failed. Rank 0 only. A tracker that fails here is a warning: the run's
@@ -187,15 +193,13 @@ def finish(run_loggers: Sequence[Logger], record: dict | None) -> None:
         return
     from pytorch_lightning.loggers import MLFlowLogger, WandbLogger
 
-    if record is not None:  # as record.json holds it
-        record = json.loads(json.dumps(record, sort_keys=True, default=float))
-
+    data = None if record is None else json.loads(json.dumps(record.to_json(), sort_keys=True, default=float))
     for logger in run_loggers:
         kind = "mlflow" if isinstance(logger, MLFlowLogger) else "wandb" if isinstance(logger, WandbLogger) else None
         if kind is None:
             continue
         try:
-            (_finish_mlflow if kind == "mlflow" else _finish_wandb)(logger, record)
+            (_finish_mlflow if kind == "mlflow" else _finish_wandb)(logger, data)  # as record.json holds it
         except Exception as err:
             log.warning("%s could not log the run: %s", kind, error_line(err))
 

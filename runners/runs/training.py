@@ -31,23 +31,23 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines, Snapshots
 from common.errors import ConfigError, DataError, Stopped
-from common.records import RECORD_NAME
+from common.records import RECORD_NAME, RunRecord
 from common.registry import build_config, get_domain
 from runners import console
 from runners.config import compose, run_directory
 from runners.runs import trackers
-from runners.runs.record import fresh_run_directory, logged, new_record, remove, save_record, write_text
+from runners.runs.record import fresh_run_directory, new_record, read_log, remove, save_record, settle, write_text
 from runners.runs.rundir import claimed, final_path, lock_path
 
 PROGRESS_STYLES = ("auto", "bar", "lines", "none")
 
 
-def train(args: list[str]) -> dict:
+def train(args: list[str]) -> RunRecord:
     """Run ``quest train`` with command-line style ``key=value`` arguments; returns the record."""
     return run(compose(args))
 
 
-def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Sequence[float] = ()) -> dict:
+def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Sequence[float] = ()) -> RunRecord:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input,
     ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.runs.rundir``;
     with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it.
@@ -64,17 +64,14 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
         start = time.perf_counter()
         if batch is not None:
             settings.data["batch_size"] = batch["per_device"]
-        try:
-            datamodule, task = domain.build(settings)
-        except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
-            raise ConfigError(f"domain {cfg.domain!r}: {_first_line(err)}") from None
+        datamodule, task = build_run(domain, settings)
         if cfg.compile.enabled:
             # Each run from a clean slate: a sweep worker's earlier runs would count against dynamo's recompile
             # limit, past which it runs the step eagerly without a word. Inductor's cache on disk is kept.
             torch._dynamo.reset()
             task.compile_training(mode=cfg.compile.mode)
         # A domain with several kinds of task (graph: values or classes) lets the task name its metric.
-        record["primary_metric"], record["mode"] = domain.primary_of(task)
+        record.primary_metric, record.mode = domain.primary_of(task)
         run_dir = run_directory(cfg)
         # DDP's other ranks follow rank 0, which holds the lock for them
         with claimed(run_dir, wait) if lock and rank_zero_only.rank == 0 else nullcontext(True) as mine:
@@ -85,12 +82,14 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
         return record
 
 
-def _build(cfg: DictConfig, datamodule, task, record: dict, start: float, snapshots: Sequence[float] = ()) -> None:
+def _build(cfg: DictConfig, datamodule, task, record: RunRecord, start: float,
+           snapshots: Sequence[float] = ()) -> None:
     """Fit and test in a fresh build directory, and put it in the run directory's place with its record
-    (``start``: when the run began, for its wall time)."""
+    (``start``: when the run began, for its wall time). The trackers among the run's loggers are given the
+    record at the end."""
     build_dir = fresh_run_directory(cfg)
-    loggers = []  # Lightning's, made by _fit_and_test; the trackers among them are given the record at the end
-    record["timing"] = {"build_s": round(time.perf_counter() - start, 3)}  # config, data and model, before fitting
+    record.timing = {"build_s": round(time.perf_counter() - start, 3)}  # config, data and model, before fitting
+    loggers = trackers.loggers(cfg, build_dir)
     try:
         writes = _fit_and_test(cfg, build_dir, datamodule, task, record, loggers, snapshots)
     except (ConfigError, DataError):
@@ -101,23 +100,31 @@ def _build(cfg: DictConfig, datamodule, task, record: dict, start: float, snapsh
         stop.detail = _keep_or_record_stopped(build_dir, record)
         trackers.finish(loggers, record)
         raise
-    record["wall_time_s"] = round(time.perf_counter() - start, 3)
+    record.wall_time_s = round(time.perf_counter() - start, 3)
     if writes:
         save_record(build_dir, record)
     trackers.finish(loggers, record)
 
 
-def _keep_or_record_stopped(build_dir: Path, record: dict) -> str:
+def _keep_or_record_stopped(build_dir: Path, record: RunRecord) -> str:
     """A stopped run's record takes the run directory when it holds no earlier result; else the earlier
     result stays and the stopped attempt is removed. Returns what happened, for the one line printed."""
     run_dir = final_path(build_dir)
     if rank_zero_only.rank != 0:
-        return record["error"]
+        return record.error
     if (run_dir / RECORD_NAME).exists():
         remove(build_dir)
-        return f"{record['error']}; the earlier result in {run_dir} is kept"
+        return f"{record.error}; the earlier result in {run_dir} is kept"
     save_record(build_dir, record)
-    return f"{record['error']}; recorded as stopped in {run_dir}"
+    return f"{record.error}; recorded as stopped in {run_dir}"
+
+
+def build_run(domain, settings) -> tuple:
+    """The datamodule and task the domain builds from ``settings`` (``common.registry.build_config``'s)."""
+    try:
+        return domain.build(settings)
+    except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
+        raise ConfigError(f"domain {domain.name!r}: {_first_line(err)}") from None
 
 
 @contextmanager
@@ -193,51 +200,47 @@ def _one(trainer: pl.Trainer, kind: type):
     return next(callback for callback in trainer.callbacks if isinstance(callback, kind))
 
 
-def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: dict, loggers: list,
+def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: RunRecord, loggers: list,
                   snapshots: Sequence[float] = ()) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""
     trainer = None
     try:
-        record["params"] = sum(p.numel() for p in task.parameters())
-        monitor = f"val/{record['primary_metric']}"
-        loggers += trackers.loggers(cfg, build_dir)  # the caller's list: it gives the trackers the record
-        trainer = run_trainer(cfg, build_dir, loggers, monitor, record["mode"], snapshots)
+        record.params = sum(p.numel() for p in task.parameters())
+        trainer = run_trainer(cfg, build_dir, loggers, f"val/{record.primary_metric}", record.mode, snapshots)
         checkpoint, probes, watch = (_one(trainer, kind) for kind in (BestCheckpoint, ProbeCallback, DivergenceCallback))
         began = time.perf_counter()
         trainer.fit(task, datamodule=datamodule)
-        record["timing"].update(fit_s=round(time.perf_counter() - began, 3), checkpoint_s=round(checkpoint.save_s, 3),
-                                steps=trainer.global_step)
-        record["hardware"]["world_size"] = trainer.world_size
-        record["probes"] = probes.latest
-        record["trajectory"] = probes.trajectory
+        record.timing.update(fit_s=round(time.perf_counter() - began, 3), checkpoint_s=round(checkpoint.save_s, 3),
+                             steps=trainer.global_step)
+        record.hardware["world_size"] = trainer.world_size
+        record.probes = probes.latest
+        record.trajectory = probes.trajectory
         if snapshots:
-            record["snapshots"] = _one(trainer, Snapshots).saved
-        if getattr(datamodule, "split_info", None) is not None:  # SplitDataModule's; plugins may use their own
-            record["split"] = datamodule.split_info
+            record.snapshots = _one(trainer, Snapshots).saved
+        record.split = getattr(datamodule, "split_info", None)  # SplitDataModule's; plugins may use their own
         if trainer.is_global_zero:  # other ranks write no record: they must not read a log rank 0 is writing
-            record.update(logged(build_dir / "metrics.csv", monitor, record["mode"], watch.losses))
-        if task.divergence is not None:
-            record.update(status="diverged", divergence=task.divergence)
-        else:
+            read_log(record, build_dir / "metrics.csv", watch.losses)
+        metrics = {}
+        if task.divergence is None:
             best = checkpoint.best_model_path or None
             began = time.perf_counter()
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
-            record["timing"]["test_s"] = round(time.perf_counter() - began, 3)
-            record["metrics"] = {k: float(v) for k, v in (results[0] if results else {}).items()}
-        record.update(task.metric_notes(record["primary_metric"]))
+            record.timing["test_s"] = round(time.perf_counter() - began, 3)
+            metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+        settle(record, task, task.divergence, metrics)
     except (ConfigError, DataError):
         raise
     except Stopped as stop:
         step = trainer.global_step if trainer is not None else 0
-        record.update(status="stopped", error=f"stopped by {stop.name} at step {step}",
-                      stopped={"signal": stop.name, "step": step})
+        record.status, record.error = "stopped", f"stopped by {stop.name} at step {step}"
+        record.stopped = {"signal": stop.name, "step": step}
         raise
     except Exception as err:  # a failed run is a record too, so a sweep carries on
-        record.update(status="failed", error=f"{type(err).__name__}: {_first_line(err)}")
+        record.fail(f"{type(err).__name__}: {_first_line(err)}")
         if _no_space(err):
             shutil.rmtree(build_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
-            record["error"] = f"no space left on {_users_path(getattr(err, 'filename', None), build_dir)}"
+            record.error = f"no space left on {_users_path(getattr(err, 'filename', None), build_dir)}"
         rank = rank_zero_only.rank
         write_text(build_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
     return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0

@@ -91,11 +91,11 @@ def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool, snapshots
     except Exception as err:  # escaped the runner's record: still one failed run, not the end of the sweep
         log.error("%s: %s", run_dir, error_line(err), exc_info=True)
         return run_outcome(index, "failed", error_line(err), run_dir, time.monotonic() - start)
-    if robustness and record["status"] == "ok" and "robustness" in cfg:
+    if robustness and record.status == "ok" and "robustness" in cfg:
         evaluate_run(run_dir)
-    if snapshots and record["status"] == "ok":
+    if snapshots and record.status == "ok":
         evaluate_curve(run_dir, robustness)
-    return run_outcome(index, record["status"], record["error"], run_dir, time.monotonic() - start)
+    return run_outcome(index, record.status, record.error, run_dir, time.monotonic() - start)
 
 
 def _spawn(cmd: list[str], env: dict, report_fd: int) -> subprocess.Popen:

@@ -1,0 +1,37 @@
+"""What the ensemble trainer (``runners.runs.ensemble``) runs, and which runs it trains together. Kept apart from
+the trainer so that a sweep can plan its chunks without importing Lightning."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from common.errors import ConfigError
+from runners.config import config_hash
+
+PER_MEMBER = ("seed", "optim.lr", "optim.weight_decay")  # what the runs trained together may differ in
+
+
+def group_key(cfg: DictConfig) -> str:
+    """Equal for runs that may train together: configs equal but for ``PER_MEMBER``."""
+    plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for key in PER_MEMBER:
+        OmegaConf.update(plain, key, 0)
+    return config_hash(plain)
+
+
+def check_replayable(cfg: DictConfig) -> None:
+    """A ``ConfigError`` naming the settings of ``cfg`` that the ensemble trainer does not replay."""
+    trainer, problems = cfg.trainer, []
+    if cfg.optim.name != "adamw":
+        problems.append(f"optim.name={cfg.optim.name}")
+    if trainer.max_steps not in (-1, None):
+        problems.append(f"trainer.max_steps={trainer.max_steps}")
+    problems += [f"trainer.{k}={trainer[k]}" for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
+                 if trainer[k] != 1.0]
+    if str(trainer.precision) not in ("32-true", "32"):
+        problems.append(f"trainer.precision={trainer.precision}")
+    if trainer.accelerator != "cpu" or trainer.devices != 1 or trainer.num_nodes != 1:
+        problems.append("a device other than one CPU")
+    if cfg.task.get("perturbations"):
+        problems.append("task.perturbations")
+    if problems:
+        raise ConfigError(f"the ensemble trainer does not replay {', '.join(problems)}; run it with quest sweep")
