@@ -102,6 +102,26 @@ def test_an_unknown_key_names_the_closest_one():
         compose(["domain=segmentation", "optim.lrr=0.1"])
 
 
+def test_the_schema_types_defaults_and_ranges_every_run(toy_domain):
+    """The schema's dataclasses are the defaults and the checks: a composed config starts from them, ``Optim``
+    checks itself as the config does, and the optimisers the schema names are the ones the task builds."""
+    from common.schema import OPTIMIZER_NAMES, Optim, RunConfig
+    from common.task import OPTIMIZERS
+
+    cfg = compose(["domain=toy"])
+    assert cfg.optim.betas == list(Optim().betas) and cfg.probes.max_logit_bound == RunConfig("toy").probes.max_logit_bound
+    assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES
+    with pytest.raises(ConfigError, match=r"^config key 'optim.lr' must be > 0, got 0$"):
+        Optim(lr=0)
+    with pytest.raises(ConfigError, match=r"^unknown schedule optim.schedule='step'; choose from cosine, poly"):
+        Optim(schedule="step")
+    with pytest.raises(ConfigError, match=r"expects int or null like 1, got 'often'$"):
+        compose(["domain=toy", "trainer.check_val_every_n_epoch=often"])
+    # a Lightning argument a domain's file adds to ``trainer`` is typed by its default there
+    with pytest.raises(ConfigError, match=r"'trainer.val_check_interval' \(command line\) expects int like 250"):
+        compose(["domain=language", "trainer.val_check_interval=often"])
+
+
 def test_composition_order_and_print_config(toy_domain, run_args, capsys):
     cfg = compose(["domain=toy", "preset=demo", "attention=standard", "optim.lr=0.5", "trainer.max_epochs=7", *run_args])
     assert cfg.trainer.max_epochs == 7 and cfg.optim.lr == 0.5 and cfg.attention.variant == "standard"
