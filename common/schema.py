@@ -3,11 +3,17 @@ defaults and allowed values (``bounded``: a numeric range, ``one_of``: a set of 
 ``RunConfig`` is the whole of it; ``runners.config`` composes a run's config on top of its defaults and checks
 every key against it (``check_section``), and ``Optim`` checks itself the same way when built.
 
-The per-domain sections (``data``, ``model``, ``task``, ``robustness``) differ from domain to domain, and a
-domain may come from a plugin that ships only a YAML file or a dict. Their schema stays the domain's config:
-its keys and their defaults' types. What several domains share is here: ``DataKeys`` and ``ModelKeys`` give
-the ranges (and types) of the common keys of ``data`` and ``model`` wherever a domain has them. A domain
-file may also add Lightning arguments to ``trainer`` (language's ``val_check_interval``), typed by its default.
+The per-domain sections (``data``, ``model``, ``task``, ``robustness``) differ from domain to domain. Their
+schema stays the domain's config file: its keys and their defaults' types. A dataclass per domain would either
+repeat each file's defaults or take them away from the presets beside them, and would ask a plugin domain,
+which may ship only a YAML file or a dict (``common.registry.register_domain``), for Python it does not need.
+What several domains share is here: ``DataKeys`` and ``ModelKeys`` give the ranges (and types) of the common
+keys of ``data`` and ``model`` wherever a domain has them. A domain file may also add Lightning arguments to
+``trainer`` (language's ``val_check_interval``), typed by its default there.
+
+The fields, in their order and with their defaults, are the start of every composed config, over which a run's
+hash is taken (``runners.config.config_hash``): a field added, moved or given another default changes the
+hash of every run that does not set it, unless ``runners.config.UNHASHED`` leaves it out.
 
 This module needs only the standard library: a mistyped key is answered before torch loads.
 """
