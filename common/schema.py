@@ -12,8 +12,8 @@ keys of ``data`` and ``model`` wherever a domain has them. A domain file may als
 ``trainer`` (language's ``val_check_interval``), typed by its default there.
 
 The fields, in their order and with their defaults, are the start of every composed config, over which a run's
-hash is taken (``runners.config.config_hash``): a field added, moved or given another default changes the
-hash of every run that does not set it, unless ``runners.config.UNHASHED`` leaves it out.
+hash is taken (``runners.config.config_hash``): a field added or moved changes every run's hash, and a new
+default that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves the key out.
 
 This module needs only the standard library: a mistyped key is answered before torch loads.
 """
