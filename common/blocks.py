@@ -1,15 +1,21 @@
-"""Pre-norm Transformer encoder on ``common.attention``: one ``AttentionState`` per forward pass carries
-what each layer leaves for the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per
-layer (``Encoder.new_cache``) lets a causal stack decode one token at a time. Modules start with
+"""Pre-norm Transformer encoder on ``common.attention``, its attention layers made by one factory
+(``attn_layer``: ``common.attention.attention_layer``, the run's variant and settings bound and checked once;
+timm's ``Block(attn_layer=...)``): one ``AttentionState`` per forward pass carries what each layer leaves for
+the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per layer (``Encoder.new_cache``) lets
+a causal stack decode one token at a time. Modules start with
 PyTorch's initialisation; ``trunc_normal_init`` re-initialises a model as timm's ViT / DeiT do. Stochastic
 depth and the truncated normal are timm's own (``timm.layers``); ``common.attention`` stays torch only."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from timm.layers import DropPath, trunc_normal_
 from torch import Tensor, nn
 
 from common.attention import AttentionState, KVCache, MultiheadAttention
+
+AttentionFactory = Callable[..., nn.Module]  # (dim, num_heads, *, dropout, seq_len) -> an attention layer
 
 
 def trunc_normal_init(model: nn.Module, std: float = 0.02) -> None:
@@ -53,17 +59,18 @@ class LayerScale(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x)). Extra keyword arguments (``variant``, ``seq_len``,
-    ``qk_gain_init``) go to the attention module. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by
+    """x + attn(norm(x)), then x + mlp(norm(x)). ``attn_layer`` makes the attention module, as
+    ``attn_layer(dim, num_heads, dropout=attn_dropout, seq_len=seq_len)``; ``seq_len``: the typical sequence
+    length, from which qknorm's gain starts. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by
     default; timm's ViT and DeiT use 1e-6). ``drop_path``: the rate of timm's ``DropPath`` (stochastic depth,
     Huang et al. 2016: a sample's whole residual branch dropped), kept as its ``drop_prob``."""
 
-    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, layer_scale: float | None = None, drop_path: float = 0.0,
-                 norm_eps: float = 1e-5, **attention):
+    def __init__(self, dim: int, num_heads: int, *, attn_layer: AttentionFactory = MultiheadAttention,
+                 seq_len: int | None = None, mlp_ratio: float = 4.0, dropout: float = 0.0, attn_dropout: float = 0.0,
+                 layer_scale: float | None = None, drop_path: float = 0.0, norm_eps: float = 1e-5):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = MultiheadAttention(dim, num_heads, dropout=attn_dropout, **attention)
+        self.attn = attn_layer(dim, num_heads, dropout=attn_dropout, seq_len=seq_len)
         self.drop = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
@@ -83,7 +90,8 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     """A stack of pre-norm layers with a final LayerNorm. ``attn_bias`` is shared by every layer;
     ``drop_path`` rises linearly from 0 at the first layer to its value at the last (DeiT); ``norm_eps`` is
-    every LayerNorm's epsilon, the final one's too."""
+    every LayerNorm's epsilon, the final one's too. ``layer``: the rest of ``EncoderLayer``'s settings
+    (``attn_layer``, ``seq_len``, ...)."""
 
     def __init__(self, dim: int, depth: int, num_heads: int, *, final_norm: bool = True, drop_path: float = 0.0,
                  norm_eps: float = 1e-5, **layer):

@@ -23,12 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-if TYPE_CHECKING:
-    from common.task import Optim
+from common.schema import Optim
 
 ENTRY_POINT_GROUP = "quest.domains"
 log = logging.getLogger(__name__)
@@ -42,8 +41,9 @@ class BuildConfig:
     data: dict
     model: dict
     task: dict
-    optim: Optim  # read and checked once (common.task.Optim)
-    attention: dict  # keyword arguments of common.attention.MultiheadAttention (variant, qk_gain_init)
+    optim: Optim  # read and checked once (common.schema.Optim)
+    attention: dict  # the attention settings (variant, qk_gain_init, l2norm_kernel: common.schema.Attention)
+    attn_layer: Callable  # common.attention.attention_layer of them: what a model makes its attention layers with
     seed: int
     cache_dir: Path
 
@@ -149,8 +149,9 @@ def domain_commands() -> dict[str, str]:
 def build_config(cfg: DictConfig) -> BuildConfig:
     """The plain, resolved sections of a run's config that its domain's build function takes."""
     plain = OmegaConf.to_container(cfg, resolve=True)
-    from common.task import Optim  # torch: only once a run is built
+    from common.attention import attention_layer  # torch: only once a run is built
 
     return BuildConfig(data=plain.get("data", {}), model=plain.get("model", {}), task=plain["task"],
-                       optim=Optim(**plain["optim"]), attention=plain["attention"], seed=plain["seed"],
+                       optim=Optim(**plain["optim"]), attention=plain["attention"],
+                       attn_layer=attention_layer(**plain["attention"]), seed=plain["seed"],
                        cache_dir=Path(plain["cache_dir"]))

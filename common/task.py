@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
 from functools import partial
 
 import pytorch_lightning as pl
@@ -28,9 +27,9 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
-from common.errors import ConfigError
 from common.metrics import MajorityClassAccuracy
 from common.notes import MetricNotes
+from common.schema import SCHEDULES, Optim
 
 # ``lamb``: timm's Lamb (You et al. 2020), DeiT-III's optimiser: Adam's bias-corrected step plus weight decay,
 # rescaled per tensor by the trust ratio ‖w‖ / ‖step‖. Groups without weight decay (biases, norms, LayerScale:
@@ -38,35 +37,7 @@ from common.notes import MetricNotes
 # LayerScale started at 1e-4. timm's own global gradient-norm clip (1.0 by default) is off: clipping is
 # ``trainer.gradient_clip_val``'s. eps 1e-8 is what DeiT-III passes (timm's ``--opt-eps``).
 LAMB = partial(Lamb, eps=1e-8, max_grad_norm=None, bias_correction=True, trust_clip=False, always_adapt=False)
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": LAMB}
-SCHEDULES = ("cosine", "poly", "constant")
-
-
-@dataclass(frozen=True)
-class Optim:
-    """A run's ``optim`` config section, read once (``common.registry.build_config``) and checked here; each
-    key's one default is in ``configs/base.yaml``. ``name``: a key of ``OPTIMIZERS``; ``schedule``: one of
-    ``SCHEDULES``, after ``warmup_steps`` of linear warm-up, ending at ``min_lr_ratio`` × ``lr`` and held
-    there for ``cooldown_steps``; ``momentum`` and ``nesterov`` for SGD, ``betas`` for the others."""
-
-    name: str
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    momentum: float
-    nesterov: bool
-    schedule: str
-    warmup_steps: int
-    min_lr_ratio: float
-    cooldown_steps: int
-    poly_power: float
-
-    def __post_init__(self):
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimiser optim.name={self.name!r}; choose from {', '.join(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown schedule optim.schedule={self.schedule!r}; choose from {', '.join(SCHEDULES)}")
-        object.__setattr__(self, "betas", tuple(self.betas))  # YAML gives a list
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD, "lamb": LAMB}  # by Optim.name
 
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:

@@ -1,10 +1,11 @@
-"""Compose and validate a run's config: base <- domain <- preset <- attention variant <- overrides.
+"""Compose and validate a run's config: the schema's defaults <- domain <- preset <- overrides.
 
-The keys of base.yaml and the domain file are the schema: a key outside it, a value whose type differs
-from the default's there (not from whatever a preset set it to), or one outside its range in
-``configs/ranges.yaml``, is a one-line ``ConfigError`` naming the key and what is allowed.
-``attention=<name>`` takes any variant of ``common.attention.VARIANTS``; a variant that carries
-settings of its own may add ``configs/attention/<name>.yaml``, applied after the preset.
+The schema is ``common.schema``: a dataclass per section, whose fields give each key's type, default and
+allowed values; a domain's own sections (``data``, ``model``, ...) take their keys and types from the
+domain's file, and their common keys' ranges from the schema (its docstring says why). A key outside the
+schema, a value of another type, one outside its range or not among its choices, is a one-line
+``ConfigError`` naming the key and what is allowed; an unknown key names the closest known one.
+``attention=<name>`` takes any variant of ``common.attention.VARIANTS`` (or an ablation).
 
 Values from the command line and sweep files are data. A value is read as YAML (numbers, lists, null)
 except where the schema or the reading says it is a string, which is then taken as typed (a path may hold
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import operator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from common.registry import discover, get_domain, package_domains
+from common.schema import DOMAIN_SECTIONS, RunConfig, accepts, check_section, defaults, find_field, type_name
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
@@ -77,8 +78,8 @@ def parse_overrides(args: list[str]) -> tuple[dict[str, str], list[tuple[str, Te
     return groups, dotted
 
 
-def read_text(key: str, raw: str, default: Any) -> Any:
-    """The value of ``raw`` for a key whose schema default is ``default``: YAML, but a string as typed
+def read_text(key: str, raw: str, text: bool) -> Any:
+    """The value of ``raw`` for a key that takes a string (``text``) or not: YAML, but a string as typed
     (YAML would cut a path at `` #``); quotes make a string of anything."""
     if raw == "":
         return ""
@@ -87,12 +88,13 @@ def read_text(key: str, raw: str, default: Any) -> Any:
     except Exception as err:  # unbalanced brackets, a stray colon
         raise ConfigError(f"config key {key!r}: cannot read {raw!r} ({str(err).splitlines()[0]})") from None
     quoted = len(raw) > 1 and raw[0] == raw[-1] and raw[0] in "'\""
-    if value is not None and not quoted and (isinstance(default, str) or isinstance(value, str)):
+    if value is not None and not quoted and (text or isinstance(value, str)):
         return str(raw)
     return value
 
 
-def _type_ok(default: Any, value: Any) -> bool:
+def _like_default(default: Any, value: Any) -> bool:
+    """Whether ``value`` may stand for ``default`` of a domain's key: of its type (an int for a float), or null."""
     if default is None or value is None:
         return True
     if isinstance(default, bool) or isinstance(value, bool):
@@ -104,7 +106,8 @@ def _type_ok(default: Any, value: Any) -> bool:
 
 def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: DictConfig | None = None) -> None:
     """Set ``key`` of ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against
-    ``schema`` (default: ``cfg``): the key must be there, and the value of its default's type."""
+    ``schema`` (default: ``cfg``): the key must be there, and the value of its type, the schema's
+    (``common.schema``) or, for a domain's key, its default's there."""
     schema = cfg if schema is None else schema
     node, parts = schema, key.split(".")
     for depth, part in enumerate(parts):
@@ -119,15 +122,19 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: D
     default = OmegaConf.to_container(node, resolve=False)[parts[-1]] if isinstance(node, DictConfig) else None
     if isinstance(default, str) and default.startswith("${"):  # a config file's reference to another key
         default = None  # typed as YAML reads it, as a null default
+    found = find_field(key)
+    annotation = found[1] if found else None
     if isinstance(value, Text):
-        value = read_text(key, value, default)
+        value = read_text(key, value, accepts(annotation, "") if found else isinstance(default, str))
     if isinstance(default, dict):
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. {key}.{next(iter(default), 'x')}=...")
         for sub, sub_value in value.items():
             apply_override(cfg, f"{key}.{sub}", sub_value, source, schema)
         return
-    if not _type_ok(default, value):
+    if found and not accepts(annotation, value):
+        raise ConfigError(f"config key {key!r} ({source}) expects {type_name(annotation)} like {default!r}, got {value!r}")
+    if not found and not _like_default(default, value):
         raise ConfigError(f"config key {key!r} ({source}) expects {type(default).__name__} like {default!r}, got {value!r}")
     OmegaConf.update(cfg, key, value, merge=False)
 
@@ -155,31 +162,24 @@ def _apply(cfg: DictConfig, update: dict, source: str, schema: DictConfig) -> No
         apply_override(cfg, str(key), value, source, schema)
 
 
-BOUNDS = {"min": (">=", operator.ge), "max": ("<=", operator.le), "above": (">", operator.gt)}  # of ranges.yaml
-
-
-def check_ranges(cfg: DictConfig) -> None:
-    """Each key of ``configs/ranges.yaml`` that ``cfg`` has, set to a number, within its range."""
-    for key, bounds in OmegaConf.to_container(_load(CONFIG_DIR / "ranges.yaml", "ranges")).items():
-        value = OmegaConf.select(cfg, key, default=None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not all(BOUNDS[kind][1](value, bound) for kind, bound in bounds.items()):
-            allowed = " and ".join(f"{BOUNDS[kind][0]} {bound}" for kind, bound in bounds.items())
-            raise ConfigError(f"config key {key!r} must be {allowed}, got {value!r}")
+def check_config(cfg: DictConfig) -> None:
+    """Every key the schema declares, as the domain's file, its preset and the overrides left it: of its type,
+    among its choices, within its range."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    check_section(RunConfig, plain, "")
+    for section, keys in DOMAIN_SECTIONS.items():
+        check_section(keys, plain.get(section, {}), section)
 
 
 def compose(args: list[str]) -> DictConfig:
     """The resolved, validated config of one run from command-line style ``key=value`` arguments."""
     groups, dotted = parse_overrides(args)
-    cfg = _load(CONFIG_DIR / "base.yaml", "base")
     if "domain" not in groups:
         raise ConfigError("no domain given; pass domain=<name> (see `quest list`)")
     name = groups["domain"]
     domain_cfg = _domain_config(name)
     presets = domain_cfg.pop("presets", OmegaConf.create({}))
-    cfg = OmegaConf.merge(cfg, domain_cfg)
-    cfg.domain = name
+    cfg = OmegaConf.merge(OmegaConf.create(defaults(name)), domain_cfg)
     schema = cfg.copy()  # the types every later layer is checked against
 
     preset = groups.get("preset", cfg.preset)
@@ -188,19 +188,15 @@ def compose(args: list[str]) -> DictConfig:
     cfg.preset = preset
     _apply(cfg, OmegaConf.to_container(presets[preset]), f"preset {preset}", schema)
 
-    cfg.attention.variant = variant = groups.get("attention", cfg.attention.variant)
-    settings = CONFIG_DIR / "attention" / f"{variant}.yaml"
-    if settings.exists():
-        _apply(cfg, OmegaConf.to_container(_load(settings, "attention")), f"attention {variant}", schema)
-
+    cfg.attention.variant = groups.get("attention", cfg.attention.variant)
     for key, value in dotted:
         apply_override(cfg, key, value, "command line", schema)
-    check_ranges(cfg)
-    _check_choices(cfg)
     try:
         OmegaConf.resolve(cfg)
     except Exception as err:
         raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
+    check_config(cfg)
+    _check_choices(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -220,16 +216,10 @@ def _domain_config(name: str) -> DictConfig:
     return _load(domain.config or path, f"domain {name!r}")
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
-
-
 def _check_choices(cfg: DictConfig) -> None:
-    """The names a config picks: compile mode, attention variant and dataset (the last two need torch and the
-    domain)."""
+    """The names a config picks that the schema cannot list: attention variant and dataset (they need
+    ``common.attention`` and the domain)."""
     from common.attention import ABLATIONS, VARIANTS
-
-    if cfg.compile.mode not in COMPILE_MODES:
-        raise ConfigError(f"unknown compile.mode={cfg.compile.mode!r}; choose from {', '.join(COMPILE_MODES)}")
 
     if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
         raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "

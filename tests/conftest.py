@@ -11,7 +11,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
-from common.attention import MultiheadAttention
 from common.records import SCHEMA_VERSION
 from common.registry import register_domain, unregister_domain
 from common.task import Task
@@ -42,9 +41,9 @@ class ToyData(pl.LightningDataModule):
 
 
 class ToyNet(nn.Module):
-    def __init__(self, attention: dict):
+    def __init__(self, attn_layer):
         super().__init__()
-        self.attn = MultiheadAttention(8, 2, **attention)
+        self.attn = attn_layer(8, 2)
         self.head = nn.Linear(8, 1)
 
     def forward(self, x):
@@ -77,7 +76,7 @@ def toy_domain():
 
     @register_domain("toy", metric="mse", mode="min", datasets={"random": ToyData}, config=TOY_CONFIG)
     def build(cfg):
-        return ToyData(cfg.data), ToyTask(ToyNet(cfg.attention), cfg.optim, **cfg.task)
+        return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **cfg.task)
 
     yield "toy"
     unregister_domain("toy")

@@ -14,6 +14,7 @@ from common.attention import (
     MultiheadAttention,
     Variant,
     attend,
+    attention_layer,
     elliptical_metric,
     get_variant,
     l2_normalize,
@@ -286,7 +287,7 @@ def test_edge_attention_agrees_with_dense_on_complete_graph(variant):
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_encoder_threads_values_and_ignores_padding(variant):
-    enc = Encoder(16, 3, 2, variant=variant, seq_len=6).eval()
+    enc = Encoder(16, 3, 2, attn_layer=attention_layer(variant=variant), seq_len=6).eval()
     x = torch.randn(2, 6, 16)
     kpm = torch.zeros(2, 6, dtype=torch.bool)
     kpm[1, 4:] = True
@@ -295,6 +296,26 @@ def test_encoder_threads_values_and_ignores_padding(variant):
     x2[1, 4:] = 100.0  # whatever sits in padded positions
     out2 = enc(x2, key_padding_mask=kpm)
     torch.testing.assert_close(out[1, :4], out2[1, :4])
+
+
+def test_attention_layer_checks_its_settings_when_made_and_builds_what_the_layer_would():
+    """The factory a model gets is checked as it is made: a misspelt key or an unknown variant fails there, before
+    any layer is built; the layers it makes are the ones the class makes with the same settings, to the weight."""
+    with pytest.raises(TypeError, match=r"MultiheadAttention takes no attention setting 'qk_gian_init'; "
+                                        r"did you mean qk_gain_init\?"):
+        attention_layer(variant="qknorm", qk_gian_init=2.0)
+    with pytest.raises(TypeError, match="EdgeMultiheadAttention takes no attention setting 'batch_first'"):
+        attention_layer(EdgeMultiheadAttention, batch_first=True)
+    with pytest.raises(ValueError, match="unknown attention variant 'questt'"):
+        attention_layer(variant="questt")
+    make = attention_layer(variant="qknorm", qk_gain_init=3.0, l2norm_kernel="formula")
+    torch.manual_seed(1)
+    made = make(16, 2, dropout=0.1, seq_len=6)
+    torch.manual_seed(1)
+    direct = MultiheadAttention(16, 2, "qknorm", dropout=0.1, seq_len=6, qk_gain_init=3.0, l2norm_kernel="formula")
+    assert made.dropout == 0.1 and made.variant.name == "qknorm"
+    for (name, theirs), ours in zip(direct.state_dict().items(), made.state_dict().values(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=name)
 
 
 def test_torch_compile_matches_eager():
@@ -344,7 +365,7 @@ def test_every_name_resolves_in_its_file():
 
 
 def test_causal_stack_takes_the_fast_path_and_ignores_the_future(monkeypatch):
-    enc = Encoder(16, 3, 2, variant="elliptical_quest").eval()
+    enc = Encoder(16, 3, 2, attn_layer=attention_layer(variant="elliptical_quest")).eval()
     x = torch.randn(2, 6, 16)
     seen = []
     sdpa = F.scaled_dot_product_attention
@@ -362,7 +383,7 @@ def test_causal_stack_takes_the_fast_path_and_ignores_the_future(monkeypatch):
 
 
 def test_probes_of_a_causal_stack_match_the_explicit_reference():
-    enc = Encoder(16, 2, 2, variant="quest").eval()
+    enc = Encoder(16, 2, 2, attn_layer=attention_layer(variant="quest")).eval()
     inputs = {}
     for i, layer in enumerate(enc.layers):
         layer.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.update({i: args[0]}))

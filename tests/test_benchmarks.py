@@ -5,6 +5,7 @@ how fast: speed claims are benchmark output, not test assertions."""
 import pytest
 import torch
 
+from common.attention import attention_layer
 from common.timing import interleaved_seconds
 
 LANGUAGE = {"context": 8, "dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 4.0}
@@ -38,7 +39,8 @@ def test_language_bench_reference_is_our_standard_gpt_built_from_torch_layers():
     from domains.language.model import GPT
 
     torch.manual_seed(0)
-    ours = GPT(256, **LANGUAGE, dropout=0.0, attn_dropout=0.0, tie_weights=True, attention={"variant": "standard"})
+    ours = GPT(256, **LANGUAGE, dropout=0.0, attn_dropout=0.0, tie_weights=True,
+               attn_layer=attention_layer(variant="standard"))
     reference = TorchGPT(256, **LANGUAGE)
     names = {".self_attn.": ".attn.", ".linear1.": ".mlp.net.0.", ".linear2.": ".mlp.net.3."}  # torch's -> ours
 

@@ -120,7 +120,7 @@ PLUGIN = {
 
             from common.task import ClassificationTask
 
-            net = MajorityNet(cfg.data["vocab"], attention=cfg.attention, **cfg.model)
+            net = MajorityNet(cfg.data["vocab"], attn_layer=cfg.attn_layer, **cfg.model)
             return MajorityData(cfg.data, cfg.seed), ClassificationTask(net, cfg.data["vocab"], cfg.optim, **cfg.task)
     ''',
     "data.py": '''
@@ -153,10 +153,10 @@ PLUGIN = {
 
 
         class MajorityNet(nn.Module):
-            def __init__(self, vocab, *, dim, depth, heads, attention):
+            def __init__(self, vocab, *, dim, depth, heads, attn_layer):
                 super().__init__()
                 self.embed = nn.Embedding(vocab, dim)
-                self.encoder = Encoder(dim, depth, heads, **attention)
+                self.encoder = Encoder(dim, depth, heads, attn_layer=attn_layer)
                 self.head = nn.Linear(dim, vocab)
 
             def forward(self, tokens):

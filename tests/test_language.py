@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from common.attention import VARIANTS
+from common.attention import VARIANTS, attention_layer
 from common.data import DataError
 from common.records import find_records, read_record
 from domains.language.corpus import Document, stdlib
@@ -22,7 +22,7 @@ DATA = {"dataset": "text", "root": None, "tokens": "byte", "split": [0.9, 0.05, 
 def tiny_gpt(variant: str, context: int = 12) -> GPT:
     torch.manual_seed(0)
     net = GPT(32, context=context, dim=16, depth=3, heads=2, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
-              tie_weights=True, attention={"variant": variant})
+              tie_weights=True, attn_layer=attention_layer(variant=variant))
     for layer in net.encoder.layers:  # learnable scales away from their initial values, so a stale fold shows
         for p in layer.attn.qk.parameters():
             p.data.uniform_(0.5, 2.0)
@@ -65,7 +65,7 @@ def test_initialisation_follows_gpt2():
     torch.manual_seed(0)
     depth, dim = 6, 96
     net = GPT(256, context=64, dim=dim, depth=depth, heads=4, mlp_ratio=4.0, dropout=0.0, attn_dropout=0.0,
-              tie_weights=True, attention={"variant": "qknorm"})
+              tie_weights=True, attn_layer=attention_layer(variant="qknorm"))
     assert net.head.weight is net.token_embed.weight
     layer = net.encoder.layers[0]
     assert layer.attn.in_proj_weight.std().item() == pytest.approx(0.02, rel=0.05)
@@ -207,11 +207,11 @@ def test_the_second_initialisation_is_pytorchs_own():
     """model.init=torch: q/k/v as PyTorch's Xavier, linear layers as nn.Linear's; embeddings stay N(0, 0.02²)."""
     torch.manual_seed(0)
     nets = {init: GPT(32, context=12, dim=64, depth=2, heads=2, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
-                      tie_weights=True, attention={"variant": "quest"}, init=init) for init in ("gpt2", "torch")}
+                      tie_weights=True, attn_layer=attention_layer(variant="quest"), init=init) for init in ("gpt2", "torch")}
     qkv = {init: net.encoder.layers[0].attn.in_proj_weight.std().item() for init, net in nets.items()}
     assert qkv["gpt2"] == pytest.approx(0.02, rel=0.05)
     assert qkv["torch"] == pytest.approx((2 / (64 + 3 * 64)) ** 0.5, rel=0.05)  # Xavier uniform's std
     assert nets["torch"].token_embed.weight.std().item() == pytest.approx(0.02, rel=0.1)
     with pytest.raises(ValueError, match="unknown model.init 'xavier'"):
         GPT(32, context=12, dim=16, depth=1, heads=2, mlp_ratio=2.0, dropout=0.0, attn_dropout=0.0,
-            tie_weights=True, attention={"variant": "quest"}, init="xavier")
+            tie_weights=True, attn_layer=attention_layer(variant="quest"), init="xavier")

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from common import probes
+from common.attention import attention_layer
 from common.blocks import Encoder
 from common.patch import PatchedMultiheadAttention, PatchedTimmAttention, replace_attention
 
@@ -269,7 +270,7 @@ def test_report_lists_what_it_leaves_alone():
 def test_nothing_to_patch_is_a_warning(caplog):
     report = replace_attention(nn.Sequential(nn.Linear(DIM, DIM)), "quest")
     assert not report.replaced
-    assert not replace_attention(Encoder(DIM, 1, HEADS, variant="quest")).skipped  # already common.attention
+    assert not replace_attention(Encoder(DIM, 1, HEADS, attn_layer=attention_layer(variant="quest"))).skipped  # already common.attention
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "no attention it can convert" in r.getMessage()]
     assert len(warnings) == 2
 

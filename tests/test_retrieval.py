@@ -11,6 +11,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from common.attention import attention_layer
 from common.records import write_record
 from common.registry import build_config, get_domain
 from domains.retrieval import anisotropy, report
@@ -122,7 +123,7 @@ def nets(variants: tuple[str, ...], heads: int = 1) -> list[RetrievalNet]:
     built = []
     for variant in variants:
         torch.manual_seed(0)
-        built.append(RetrievalNet(16, 8, seq_len=8, heads=heads, hidden=16, attention={"variant": variant}))
+        built.append(RetrievalNet(16, 8, seq_len=8, heads=heads, hidden=16, attn_layer=attention_layer(variant=variant)))
     return built
 
 

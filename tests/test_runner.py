@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import make_record
+from omegaconf import OmegaConf
 
 from common.records import RecordError, RunRecord, read_record, write_record
 from common.task import lr_factor
@@ -101,6 +102,57 @@ def test_an_unknown_key_names_the_closest_one():
         compose(["domain=segmentation", "data.robustness.severities=[1]"])
     with pytest.raises(ConfigError, match=r"did you mean optim\.lr\?$"):
         compose(["domain=segmentation", "optim.lrr=0.1"])
+
+
+def test_the_schema_types_defaults_and_ranges_every_run(toy_domain):
+    """The schema's dataclasses are the defaults and the checks: a composed config starts from them, ``Optim``
+    checks itself as the config does, and the optimisers the schema names are the ones the task builds."""
+    from common.schema import OPTIMIZER_NAMES, Optim, RunConfig
+    from common.task import OPTIMIZERS
+
+    cfg = compose(["domain=toy"])
+    assert cfg.optim.betas == list(Optim().betas) and cfg.probes.max_logit_bound == RunConfig("toy").probes.max_logit_bound
+    assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES
+    with pytest.raises(ConfigError, match=r"^config key 'optim.lr' must be > 0, got 0$"):
+        Optim(lr=0)
+    with pytest.raises(ConfigError, match=r"^unknown schedule optim.schedule='step'; choose from cosine, poly"):
+        Optim(schedule="step")
+    with pytest.raises(ConfigError, match=r"expects int or null like 1, got 'often'$"):
+        compose(["domain=toy", "trainer.check_val_every_n_epoch=often"])
+    # a Lightning argument a domain's file adds to ``trainer`` is typed by its default there
+    with pytest.raises(ConfigError, match=r"'trainer.val_check_interval' \(command line\) expects int like 250"):
+        compose(["domain=language", "trainer.val_check_interval=often"])
+
+
+ARCHIVED = ["budget/language/language/standard/seed100-496ae07452", "budget/vision/vision/standard/seed100-6a253106d7",
+            "citation/graph/elliptical/seed0-71bc6ededc", "fair/pointcloud/qknorm/seed10-6b263c12ff",
+            "fair/segmentation/qknorm/seed10-80f01b7935", "fair/select/speech/qknorm/seed100-2b93b8e9ff",
+            "fair/timeseries/qknorm/seed5-ddd3239fde", "mechanism-aniso/retrieval/qknorm/seed0-15cde6cd2a"]
+
+
+@pytest.mark.parametrize("folder", ARCHIVED)
+def test_an_archived_run_composes_to_its_hash(folder):
+    """A run archived in RESULTS/records, composed again from its domain, preset, variant and the keys where its
+    config differs from those defaults, lands in its own directory: the schema keeps every run's hash."""
+    import json
+    from pathlib import Path
+
+    from runners.config import UNHASHED, config_hash
+
+    config = json.loads((Path(__file__).parents[1] / "RESULTS" / "records" / folder / "record.json").read_text())["config"]
+    groups = [f"domain={config['domain']}", f"preset={config['preset']}", f"attention={config['attention']['variant']}"]
+    composed = dict(leaves(OmegaConf.to_container(compose(groups))))
+    overrides = [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+                 for key, value in leaves(config) if not key.startswith(UNHASHED) and composed.get(key, ...) != value]
+    assert folder.endswith(config_hash(compose([*groups, *overrides])))
+
+
+def leaves(tree: dict, prefix: str = ""):
+    for name, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
 
 
 def test_composition_order_and_print_config(toy_domain, run_args, capsys):

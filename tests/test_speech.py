@@ -11,7 +11,7 @@ import torch
 import torchaudio
 from torch import nn
 
-from common.attention import VARIANTS
+from common.attention import VARIANTS, attention_layer
 from common.data import SPLITS, DataError
 from common.registry import build_config
 from common.task import perturbation_generator
@@ -230,7 +230,7 @@ def test_padding_does_not_change_valid_outputs(variant):
 
 def test_encoder_ignores_padding_in_training():
     torch.manual_seed(0)
-    encoder = ConformerEncoder(16, 2, 2, 32, 5, attention={"variant": "quest"}).train()
+    encoder = ConformerEncoder(16, 2, 2, 32, 5, attn_layer=attention_layer(variant="quest")).train()
     x = torch.randn(1, 20, 16)
     padded = torch.cat([x, torch.randn(1, 7, 16)], 1)
     out, lengths = encoder(padded, torch.tensor([20]))
@@ -241,7 +241,7 @@ def test_conventions_match_torchaudio_conformer():
     torch.manual_seed(0)
     reference = torchaudio.models.Conformer(input_dim=32, num_heads=4, ffn_dim=64, num_layers=3,
                                             depthwise_conv_kernel_size=7).eval()
-    ours = ConformerEncoder(32, 3, 4, 64, 7, num_buckets=8, attention={"variant": "standard"}).eval()
+    ours = ConformerEncoder(32, 3, 4, 64, 7, num_buckets=8, attn_layer=attention_layer(variant="standard")).eval()
     missing, unexpected = ours.load_state_dict(reference.state_dict(), strict=False)
     assert not unexpected and all(".rel_pos." in key for key in missing) and len(missing) == 3
     assert len(ours.conformer_layers) == len(reference.conformer_layers)

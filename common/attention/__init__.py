@@ -39,7 +39,8 @@ The files, in reading order (at import, each needs only files above it):
     elliptical.py   elliptical_metric: the weights m of the elliptical variants
     state.py        AttentionState (layer to layer), KVCache (forward pass to forward pass)
     functional.py   attend, attend_folded and the masks they hand SDPA
-    modules.py      MultiheadAttention, EdgeMultiheadAttention: the layers models are built from
+    modules.py      MultiheadAttention, EdgeMultiheadAttention: the layers models are built from, and
+                    attention_layer: the factory of a model's layers, its settings checked once
 
 variants.py needs nothing; the rest needs torch only (PyG for the edge path, imported on use).
 """
@@ -56,7 +57,7 @@ _EXPORTS = {
     "elliptical": ("elliptical_metric", "edge_elliptical_metric"),
     "state": ("AttentionState", "KVCache"),
     "functional": ("causal_mask", "merge_masks", "explicit_mask", "attend", "attend_folded"),
-    "modules": ("MultiheadAttention", "EdgeMultiheadAttention"),
+    "modules": ("MultiheadAttention", "EdgeMultiheadAttention", "attention_layer"),
 }
 _SUBMODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_SUBMODULE)

@@ -1,6 +1,11 @@
 """The attention layers: ``MultiheadAttention`` (dense, a batch-first drop-in for torch's) and
-``EdgeMultiheadAttention`` (sparse, over a graph's edges), each owning its projections and its variant's fold."""
+``EdgeMultiheadAttention`` (sparse, over a graph's edges), each owning its projections and its variant's fold;
+``attention_layer``, the factory a model builds them with."""
 from __future__ import annotations
+
+import difflib
+import inspect
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +16,7 @@ from common.attention.elliptical import edge_elliptical_metric, elliptical_metri
 from common.attention.folds import make_fold
 from common.attention.functional import attend_folded, explicit_mask
 from common.attention.state import AttentionState, KVCache
-from common.attention.variants import Variant
+from common.attention.variants import Variant, get_variant
 
 
 class MultiheadAttention(nn.Module):
@@ -171,3 +176,20 @@ class EdgeMultiheadAttention(nn.Module):
         alpha = F.dropout(alpha, self.dropout, self.training)
         out = scatter(alpha.unsqueeze(-1) * v[src], dst, dim=0, dim_size=x.shape[0], reduce="sum")
         return self.out_proj(out.flatten(1))
+
+
+def attention_layer(layer: type[nn.Module] = MultiheadAttention, /, **settings) -> partial:
+    """``layer`` with a run's attention ``settings`` (``variant``, ``qk_gain_init``, ``l2norm_kernel``) bound: the
+    factory a model builds each of its attention layers with, as ``attn_layer(dim, num_heads, dropout=...,
+    seq_len=...)`` (timm's ``attn_layer``). The settings are checked here, against the layer's keyword arguments
+    and the variants, so a misspelt key fails once, where the factory is made, rather than at the last
+    constructor of a stack."""
+    accepted = [name for name in inspect.signature(layer).parameters if name not in ("self", "dim", "num_heads")]
+    unknown = [name for name in settings if name not in accepted]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], accepted, n=1)
+        raise TypeError(f"{layer.__name__} takes no attention setting {unknown[0]!r}"
+                        + (f"; did you mean {near[0]}?" if near else f"; it takes {', '.join(accepted)}"))
+    if "variant" in settings:
+        get_variant(settings["variant"])
+    return partial(layer, **settings)

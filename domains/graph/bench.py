@@ -19,13 +19,14 @@ from torch_geometric.nn import GPSConv, global_add_pool
 
 from common.attention import AttentionState
 
-from .model import GPSLayer, local_mpnn
+from .model import GPSLayer, graph_attention_layer, local_mpnn
 
 
 class OursStack(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int):
         super().__init__()
-        self.layers = nn.ModuleList(GPSLayer(dim, heads, "dense", variant="standard") for _ in range(depth))
+        attn_layer = graph_attention_layer("dense", {"variant": "standard"})
+        self.layers = nn.ModuleList(GPSLayer(dim, heads, "dense", attn_layer) for _ in range(depth))
 
     def forward(self, g: Batch) -> torch.Tensor:
         x, state = g.x, AttentionState()

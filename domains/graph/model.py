@@ -22,7 +22,8 @@ from torch_geometric.nn import GATConv, GCNConv, GINEConv, global_add_pool, glob
 from torch_geometric.utils import add_self_loops, to_dense_batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
-from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention
+from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention, attention_layer
+from common.blocks import AttentionFactory
 from common.metrics import MeanPredictorError
 from common.task import Optim, Task, classification_metrics
 
@@ -47,14 +48,24 @@ def _choice(table: dict, name: str, what: str):
     return table[name]
 
 
-class GlobalAttention(nn.Module):
-    """Attention of each node over its whole graph (``dense``) or over its incoming edges (``sparse``)."""
+ATTENTION_LAYERS = {"dense": MultiheadAttention, "sparse": EdgeMultiheadAttention}  # by model.attention_mode
 
-    def __init__(self, dim: int, heads: int, mode: str, *, dropout: float = 0.0, **attention):
+
+def graph_attention_layer(mode: str, settings: dict) -> AttentionFactory:
+    """The factory of a GPS net's attention layers: ``mode``'s layer (``ATTENTION_LAYERS``) with the run's
+    attention ``settings``."""
+    return attention_layer(_choice(ATTENTION_LAYERS, mode, "attention_mode"), **settings)
+
+
+class GlobalAttention(nn.Module):
+    """Attention of each node over its whole graph (``dense``) or over its incoming edges (``sparse``), by a
+    layer of ``attn_layer`` (``graph_attention_layer`` of the same mode)."""
+
+    def __init__(self, dim: int, heads: int, mode: str, attn_layer: AttentionFactory, *, dropout: float = 0.0,
+                 seq_len: int | None = None):
         super().__init__()
         self.mode = mode
-        module = _choice({"dense": MultiheadAttention, "sparse": EdgeMultiheadAttention}, mode, "attention_mode")
-        self.attn = module(dim, heads, dropout=dropout, **attention)
+        self.attn = attn_layer(dim, heads, dropout=dropout, seq_len=seq_len)
 
     def forward(self, x: Tensor, batch: Tensor, attn_edge_index: Tensor | None, state: AttentionState | None) -> Tensor:
         if self.mode == "sparse":
@@ -70,14 +81,14 @@ class GPSLayer(nn.Module):
     branch passes on its messages alone) and the feed-forward block (``ffn``: off, the sum of the branches is the
     layer's output)."""
 
-    def __init__(self, dim: int, heads: int, mode: str = "dense", *, local: str = "gine", local_residual: bool = True,
-                 global_residual: bool = True, ffn: bool = True, dropout: float = 0.0, attn_dropout: float = 0.0,
-                 norm: str = "batch_norm", **attention):
+    def __init__(self, dim: int, heads: int, mode: str, attn_layer: AttentionFactory, *, local: str = "gine",
+                 local_residual: bool = True, global_residual: bool = True, ffn: bool = True, dropout: float = 0.0,
+                 attn_dropout: float = 0.0, norm: str = "batch_norm", seq_len: int | None = None):
         super().__init__()
         norm_cls = _choice(NORMS, norm, "norm")
         self.local = local_mpnn(local, dim, heads)
         self.local_residual, self.global_residual = local_residual, global_residual
-        self.attn = GlobalAttention(dim, heads, mode, dropout=attn_dropout, **attention)
+        self.attn = GlobalAttention(dim, heads, mode, attn_layer, dropout=attn_dropout, seq_len=seq_len)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Dropout(dropout),
                                  nn.Linear(2 * dim, dim), nn.Dropout(dropout)) if ffn else None
         self.norm_local, self.norm_attn = norm_cls(dim), norm_cls(dim)
@@ -112,9 +123,10 @@ def feature_encoder(spec: list[int] | int, dim: int) -> nn.Module:
 class GPSNet(nn.Module):
     """Node features ‖ projected RWSE → GPS layers → (graph level: pooling →) MLP head, ``num_outputs``
     per graph or per node (``level``: graph | node). ``node_features`` / ``edge_features`` say what the
-    encoders take (see ``feature_encoder``). ``attention`` holds the keyword arguments of the attention
-    modules (variant, qk_gain_init); ``seq_len`` is the typical number of keys per query, from which
-    qknorm's gain starts. ``input_dropout`` drops node features before they are encoded (GCN drops its
+    encoders take (see ``feature_encoder``). ``attention`` holds the run's attention settings (variant,
+    qk_gain_init, ...), made here into the factory of ``attention_mode``'s layers (``graph_attention_layer``), since
+    the layer a mode takes is the model's to choose; ``seq_len`` is the typical number of keys per query, from
+    which qknorm's gain starts. ``input_dropout`` drops node features before they are encoded (GCN drops its
     bag-of-words inputs at 0.5). Weight decay applies to every weight matrix (``decay: all``) or, as in GCN,
     to the node encoder's only (``decay: input``). ``pe_dim: 0`` leaves the RWSE out; ``local_residual``,
     ``global_residual`` and ``ffn`` are ``GPSLayer``'s, and ``head: linear`` drops the head's hidden layer."""
@@ -134,6 +146,7 @@ class GPSNet(nn.Module):
             raise ValueError(f"unknown decay {decay!r}; choose from all, input")
         self.decay_input_only = decay == "input"
         self.sparse = attention_mode == "sparse"
+        attn_layer = graph_attention_layer(attention_mode, attention)
         self.input_drop = nn.Dropout(input_dropout)
         self.nodes = feature_encoder(node_features, dim - pe_dim)
         # return probabilities differ in scale per step; on a citation graph of few labels they let a net
@@ -142,9 +155,9 @@ class GPSNet(nn.Module):
         self.pe = nn.Linear(rwse_steps, pe_dim) if pe_dim else None
         self.edges = feature_encoder(edge_features, dim) if local == "gine" else None  # GCN and GAT take none
         self.layers = nn.ModuleList(
-            GPSLayer(dim, heads, attention_mode, local=local, local_residual=local_residual,
+            GPSLayer(dim, heads, attention_mode, attn_layer, local=local, local_residual=local_residual,
                      global_residual=global_residual, ffn=ffn, dropout=dropout, attn_dropout=attn_dropout, norm=norm,
-                     seq_len=seq_len, **attention)
+                     seq_len=seq_len)
             for _ in range(depth))
         self.pool = _choice(POOLS, pool, "pool") if level == "graph" else None
         self.head = (nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, num_outputs)) if head == "mlp"

@@ -16,5 +16,5 @@ def build(cfg: BuildConfig):
     from .model import GPT, LanguageTask
 
     datamodule = LanguageDataModule(cfg.data)
-    net = GPT(datamodule.tokenizer.vocab_size, context=cfg.data["context"], attention=cfg.attention, **cfg.model)
+    net = GPT(datamodule.tokenizer.vocab_size, context=cfg.data["context"], attn_layer=cfg.attn_layer, **cfg.model)
     return datamodule, LanguageTask(net, datamodule.tokenizer, cfg.optim, seed=cfg.seed, **cfg.task)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.attention import attention_layer
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
 from .model import GPT, generate
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     size = {"context": args.context, "dim": args.dim, "depth": args.depth, "heads": args.heads, "mlp_ratio": 4.0}
     torch.manual_seed(0)
-    ours = {v: GPT(args.vocab, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True, attention={"variant": v}).to(device)
-            for v in ("standard", "quest")}
+    ours = {v: GPT(args.vocab, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True,
+                   attn_layer=attention_layer(variant=v)).to(device) for v in ("standard", "quest")}
     models = {"torch": TorchGPT(args.vocab, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
     if args.compile:  # the same modules (same weights), called through torch.compile
         models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}

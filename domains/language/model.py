@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from common.attention import KVCache, MultiheadAttention
-from common.blocks import Encoder
+from common.blocks import AttentionFactory, Encoder
 from common.metrics import UnigramCrossEntropy
 from common.task import Optim, Task
 
@@ -40,7 +40,7 @@ class GPT(nn.Module):
     (``attn_dropout``)."""
 
     def __init__(self, vocab_size: int, *, context: int, dim: int, depth: int, heads: int, mlp_ratio: float,
-                 dropout: float, attn_dropout: float, tie_weights: bool, attention: dict, init: str = "gpt2"):
+                 dropout: float, attn_dropout: float, tie_weights: bool, attn_layer: AttentionFactory, init: str = "gpt2"):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"unknown model.init {init!r}; choose from {', '.join(INITS)}")
@@ -49,7 +49,7 @@ class GPT(nn.Module):
         self.pos_embed = nn.Embedding(context, dim)
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
-                               seq_len=context, **attention)
+                               seq_len=context, attn_layer=attn_layer)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         if init == "gpt2":
             self.init_weights(depth)

@@ -11,5 +11,5 @@ def build(cfg: BuildConfig):
     from .model import PointCloudTask, PointTransformer
 
     datamodule = PointCloudDataModule(cfg.data, cache_dir=cfg.cache_dir)
-    net = PointTransformer(datamodule.num_classes, attention=cfg.attention, **cfg.model)
+    net = PointTransformer(datamodule.num_classes, attn_layer=cfg.attn_layer, **cfg.model)
     return datamodule, PointCloudTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **cfg.task)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from common.blocks import Encoder
+from common.blocks import AttentionFactory, Encoder
 from common.task import ClassificationTask
 
 from .data import drop_points, jitter
@@ -67,7 +67,7 @@ class PointTransformer(nn.Module):
 
     def __init__(self, num_classes: int, *, dim: int, depth: int, heads: int, num_groups: int, group_size: int,
                  tokenizer_hidden: int, pos_hidden: int, head_hidden: int, head_dropout: float,
-                 mlp_ratio: float, dropout: float, attn_dropout: float, drop_path: float, attention: dict):
+                 mlp_ratio: float, dropout: float, attn_dropout: float, drop_path: float, attn_layer: AttentionFactory):
         super().__init__()
         self.num_groups, self.group_size = num_groups, group_size
         self.tokenizer = MiniPointNet(dim, tokenizer_hidden)
@@ -75,7 +75,7 @@ class PointTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.cls_pos = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
-                               drop_path=drop_path, seq_len=num_groups + 1, **attention)
+                               drop_path=drop_path, seq_len=num_groups + 1, attn_layer=attn_layer)
         self.head = nn.Sequential(nn.Linear(2 * dim, head_hidden), nn.LayerNorm(head_hidden), nn.GELU(),
                                   nn.Dropout(head_dropout), nn.Linear(head_hidden, num_classes))
 

@@ -19,6 +19,6 @@ def build(cfg: BuildConfig):
         net = FaithfulRetrievalNet(cfg.data["key_dim"], num_classes, seq_len=seq_len, attention=cfg.attention,
                                    **{k: model[k] for k in ("qk_dim", "qk_input", "qk_bias")})
     else:
-        net = RetrievalNet(datamodule.input_dim, num_classes, seq_len=seq_len, attention=cfg.attention,
+        net = RetrievalNet(datamodule.input_dim, num_classes, seq_len=seq_len, attn_layer=cfg.attn_layer,
                            **{k: model[k] for k in ("heads", "hidden")})
     return datamodule, RetrievalTask(net, num_classes, cfg.optim, seed=cfg.seed, **cfg.task)

@@ -39,7 +39,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchmetrics.classification import MulticlassAccuracy
 
 from common import probes
-from common.attention import MultiheadAttention, attend_folded, make_fold
+from common.attention import attend_folded, make_fold
+from common.blocks import AttentionFactory
 from common.task import Optim, Task
 
 FORMS = ("full_token", "faithful")  # RetrievalNet (the design RESULTS.md's study ran) | FaithfulRetrievalNet (the paper's)
@@ -59,11 +60,12 @@ class RetrievalNet(nn.Module):
     """Self-attention over the raw tokens -> per-token MLP (``hidden`` units; 0: a linear map) -> mean of
     the per-token class scores."""
 
-    def __init__(self, input_dim: int, num_classes: int, *, seq_len: int, heads: int, hidden: int, attention):
+    def __init__(self, input_dim: int, num_classes: int, *, seq_len: int, heads: int, hidden: int,
+                 attn_layer: AttentionFactory):
         super().__init__()
         # The normalisation formula is the one vmap runs, so that a run trained alone is the run trained among
         # others (runners.sweeps.stacked), whatever the config asks of the kernel.
-        self.attn = MultiheadAttention(input_dim, heads, seq_len=seq_len, **{**attention, "l2norm_kernel": "formula"})
+        self.attn = attn_layer(input_dim, heads, seq_len=seq_len, l2norm_kernel="formula")
         if hidden:
             self.readout = nn.Sequential(nn.Linear(input_dim, hidden), nn.GELU(), nn.Linear(hidden, num_classes))
         else:

@@ -17,7 +17,7 @@ def build(cfg: BuildConfig):
     datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir)
     model = dict(cfg.model)
     init_from = model.pop("init_from")
-    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attention=cfg.attention, **model)
+    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attn_layer=cfg.attn_layer, **model)
     if init_from:
         init_encoder_from_vision(net, init_from, model, cfg.attention["variant"])
     conditions = corruption_conditions(**cfg.task["perturbations"])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
-from common.blocks import Encoder
+from common.blocks import AttentionFactory, Encoder
 from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
 from common.metrics import MajorityClassIoU
@@ -46,12 +46,12 @@ class MaskTransformer(nn.Module):
     class masks are the cosine similarities of patch and class embeddings, layer-normed over classes."""
 
     def __init__(self, num_classes: int, enc_dim: int, *, dim: int, depth: int, heads: int, seq_len: int,
-                 mlp_ratio: float, dropout: float, attention: dict):
+                 mlp_ratio: float, dropout: float, attn_layer: AttentionFactory):
         super().__init__()
         self.proj_in = nn.Linear(enc_dim, dim)
         self.class_embed = nn.Parameter(torch.randn(1, num_classes, dim) * 0.02)
         self.blocks = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout,
-                              seq_len=seq_len + num_classes, **attention)
+                              seq_len=seq_len + num_classes, attn_layer=attn_layer)
         self.proj_patch = nn.Linear(dim, dim, bias=False)
         self.proj_classes = nn.Linear(dim, dim, bias=False)
         self.mask_norm = nn.LayerNorm(num_classes)
@@ -77,7 +77,7 @@ class Segmenter(nn.Module):
     def __init__(self, num_classes: int, *, crop_size: int, patch_size: int, dim: int, depth: int, heads: int,
                  mlp_ratio: float, dropout: float, drop_path: float, decoder: str, decoder_dim: int,
                  decoder_depth: int, decoder_heads: int, window_stride: int | None, pixel_mean: list[float],
-                 pixel_std: list[float], attention: dict):
+                 pixel_std: list[float], attn_layer: AttentionFactory):
         super().__init__()
         if crop_size % patch_size:
             raise ValueError(f"crop_size {crop_size} is not a multiple of patch_size {patch_size}")
@@ -89,10 +89,10 @@ class Segmenter(nn.Module):
         self.patch_embed = nn.Conv2d(3, dim, patch_size, stride=patch_size)
         self.pos_embed = nn.Parameter(torch.randn(1, dim, grid, grid) * 0.02)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, drop_path=drop_path,
-                               seq_len=grid**2, **attention)
+                               seq_len=grid**2, attn_layer=attn_layer)
         if decoder == "mask":
             self.decoder = MaskTransformer(num_classes, dim, dim=decoder_dim, depth=decoder_depth, heads=decoder_heads,
-                                           seq_len=grid**2, mlp_ratio=mlp_ratio, dropout=dropout, attention=attention)
+                                           seq_len=grid**2, mlp_ratio=mlp_ratio, dropout=dropout, attn_layer=attn_layer)
         elif decoder == "linear":
             self.decoder = LinearDecoder(num_classes, dim)
         else:

@@ -12,7 +12,7 @@ def network(cfg: BuildConfig, num_classes: int):
 
     rate = cfg.data["sample_rate"]
     return KeywordSpotter(num_classes, sample_rate=rate, clip_samples=int(round(cfg.data["clip_seconds"] * rate)),
-                          attention=cfg.attention, **cfg.model)
+                          attn_layer=cfg.attn_layer, **cfg.model)
 
 
 @register_domain("speech", metric="acc", mode="max", datasets=DATASETS)

@@ -13,6 +13,7 @@ import argparse
 
 import torch
 
+from common.attention import attention_layer
 from common.optional import require
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     size = (args.dim, args.heads, args.ffn_dim, args.depth, args.kernel_size)
     models = {
         "ours (standard)": ConformerEncoder(args.dim, args.depth, args.heads, args.ffn_dim, args.kernel_size,
-                                            attention={"variant": "standard", "seq_len": args.frames}),
+                                            attn_layer=attention_layer(variant="standard"), seq_len=args.frames),
         "torchaudio": torchaudio.models.Conformer(*size[:2], size[2], size[3], size[4]),
     }
     x = torch.randn(args.batch_size, args.frames, args.dim, device=device)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.attention import AttentionState, MultiheadAttention
+from common.blocks import AttentionFactory
 from common.optional import require
 from common.task import ClassificationTask
 
@@ -150,12 +151,15 @@ class ConvolutionModule(nn.Module):
 
 
 class ConformerLayer(nn.Module):
+    """``attn_layer`` makes the self-attention (``common.blocks.EncoderLayer`` says how); ``seq_len``: the
+    typical number of frames, from which qknorm's gain starts."""
+
     def __init__(self, dim: int, num_heads: int, ffn_dim: int, kernel_size: int, dropout: float,
-                 num_buckets: int, attention: dict):
+                 num_buckets: int, attn_layer: AttentionFactory, seq_len: int | None):
         super().__init__()
         self.ffn1 = FeedForward(dim, ffn_dim, dropout)
         self.self_attn_layer_norm = nn.LayerNorm(dim)
-        self.self_attn = MultiheadAttention(dim, num_heads, dropout=dropout, **attention)
+        self.self_attn = attn_layer(dim, num_heads, dropout=dropout, seq_len=seq_len)
         self.self_attn_dropout = nn.Dropout(dropout)
         self.rel_pos = RelativePositionBias(num_heads, num_buckets)
         self.conv_module = ConvolutionModule(dim, kernel_size, dropout)
@@ -178,11 +182,12 @@ class ConformerEncoder(nn.Module):
     """Same call as ``torchaudio.models.Conformer``: ([B, T, dim], lengths [B]) -> (output, lengths)."""
 
     def __init__(self, dim: int, depth: int, num_heads: int, ffn_dim: int, kernel_size: int, *,
-                 dropout: float = 0.0, num_buckets: int = 32, max_distance: int = 64, attention: dict | None = None):
+                 dropout: float = 0.0, num_buckets: int = 32, max_distance: int = 64,
+                 attn_layer: AttentionFactory = MultiheadAttention, seq_len: int | None = None):
         super().__init__()
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.conformer_layers = nn.ModuleList(
-            ConformerLayer(dim, num_heads, ffn_dim, kernel_size, dropout, num_buckets, dict(attention or {}))
+            ConformerLayer(dim, num_heads, ffn_dim, kernel_size, dropout, num_buckets, attn_layer, seq_len)
             for _ in range(depth))
 
     def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -201,14 +206,14 @@ class KeywordSpotter(nn.Module):
 
     def __init__(self, num_classes: int, *, sample_rate: int, clip_samples: int, features: dict, spec_augment: dict,
                  subsampling_channels: int, dim: int, depth: int, heads: int, ffn_ratio: float, kernel_size: int,
-                 dropout: float, num_buckets: int, max_distance: int, attention: dict):
+                 dropout: float, num_buckets: int, max_distance: int, attn_layer: AttentionFactory):
         super().__init__()
         self.frontend = LogMel(sample_rate, **features)
         self.spec_augment = torchaudio.transforms.SpecAugment(**spec_augment, iid_masks=True, zero_masking=True)
         self.subsampling = ConvSubsampling(features["n_mels"], subsampling_channels, dim)
         self.encoder = ConformerEncoder(dim, depth, heads, int(dim * ffn_ratio), kernel_size, dropout=dropout,
                                         num_buckets=num_buckets, max_distance=max_distance,
-                                        attention={"seq_len": self.tokens(clip_samples), **attention})
+                                        attn_layer=attn_layer, seq_len=self.tokens(clip_samples))
         self.head = nn.Linear(dim, num_classes)
 
     def tokens(self, samples: int) -> int:

@@ -14,6 +14,6 @@ def build(cfg: BuildConfig):
     from .model import ForecastTask, PatchTST
 
     datamodule = ForecastDataModule(cfg.data)
-    net = PatchTST(datamodule.num_channels, cfg.data["seq_len"], cfg.data["pred_len"], attention=cfg.attention,
+    net = PatchTST(datamodule.num_channels, cfg.data["seq_len"], cfg.data["pred_len"], attn_layer=cfg.attn_layer,
                    **cfg.model)
     return datamodule, ForecastTask(net, cfg.optim)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection
 
-from common.blocks import Encoder
+from common.blocks import AttentionFactory, Encoder
 from common.notes import MetricNotes
 from common.task import Optim, Task
 
@@ -52,7 +52,7 @@ class PatchTST(nn.Module):
 
     def __init__(self, num_channels: int, seq_len: int, pred_len: int, *, patch_len: int, stride: int,
                  dim: int, depth: int, heads: int, mlp_ratio: float, dropout: float, attn_dropout: float,
-                 head_dropout: float, revin: bool, revin_affine: bool, attention: dict):
+                 head_dropout: float, revin: bool, revin_affine: bool, attn_layer: AttentionFactory):
         super().__init__()
         if not 0 < patch_len <= seq_len or stride < 1:
             raise ValueError(f"need 0 < patch_len <= seq_len and stride >= 1, got patch_len={patch_len}, "
@@ -66,7 +66,7 @@ class PatchTST(nn.Module):
         self.position = nn.Parameter(torch.empty(self.num_patches, dim).uniform_(-0.02, 0.02))
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
-                               seq_len=self.num_patches, **attention)
+                               seq_len=self.num_patches, attn_layer=attn_layer)
         self.head = nn.Sequential(nn.Flatten(start_dim=1), nn.Dropout(head_dropout),
                                   nn.Linear(self.num_patches * dim, pred_len))
 

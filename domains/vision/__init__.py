@@ -16,5 +16,5 @@ def build(cfg: BuildConfig):
     datamodule = VisionDataModule(cfg.data, cfg.cache_dir, seed=cfg.seed)
     data = cfg.data
     net = ViT(datamodule.num_classes, image_size=data["image_size"], channels=data["channels"], mean=data["mean"],
-              std=data["std"], attention=cfg.attention, **cfg.model)
+              std=data["std"], attn_layer=cfg.attn_layer, **cfg.model)
     return datamodule, VisionTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **cfg.task)

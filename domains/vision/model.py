@@ -18,7 +18,7 @@ from timm.data.mixup import mixup_target
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from common.blocks import Encoder, trunc_normal_init
+from common.blocks import AttentionFactory, Encoder, trunc_normal_init
 from common.task import ClassificationTask, Optim
 
 INITS = ("trunc_normal", "torch")  # timm/DeiT's ViT initialisation | PyTorch's module defaults
@@ -34,7 +34,7 @@ class ViT(nn.Module):
     def __init__(self, num_classes: int, *, image_size: int, channels: int, mean: list[float], std: list[float],
                  patch_size: int, dim: int, depth: int, heads: int, mlp_ratio: float, dropout: float,
                  attn_dropout: float, drop_path: float, layer_scale: float | None, init: str, norm_eps: float,
-                 attention: dict):
+                 attn_layer: AttentionFactory):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"unknown model.init {init!r}; choose from {', '.join(INITS)}")
@@ -51,7 +51,7 @@ class ViT(nn.Module):
         self.pos_drop = nn.Dropout(dropout)
         self.encoder = Encoder(dim, depth, heads, mlp_ratio=mlp_ratio, dropout=dropout, attn_dropout=attn_dropout,
                                drop_path=drop_path, layer_scale=layer_scale, norm_eps=norm_eps, seq_len=num_tokens,
-                               **attention)
+                               attn_layer=attn_layer)
         self.head = nn.Linear(dim, num_classes)
         if init == "trunc_normal":
             trunc_normal_init(self)

@@ -123,7 +123,7 @@ def model_bench(args) -> int:
 
 def compiled_bench(args) -> int:
     """``--model ... --compile``: per model and variant, the bare step eager and compiled side by side."""
-    from runners.config import COMPILE_MODES
+    from common.schema import COMPILE_MODES
     from runners.runs.compilebench import measure_compiled
 
     if args.compile not in COMPILE_MODES:
