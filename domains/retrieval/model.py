@@ -64,7 +64,7 @@ class RetrievalNet(nn.Module):
                  attn_layer: AttentionFactory):
         super().__init__()
         # The normalisation formula is the one vmap runs, so that a run trained alone is the run trained among
-        # others (runners.sweeps.stacked), whatever the config asks of the kernel.
+        # others (runners.runs.ensemble), whatever the config asks of the kernel.
         self.attn = attn_layer(input_dim, heads, seq_len=seq_len, l2norm_kernel="formula")
         if hidden:
             self.readout = nn.Sequential(nn.Linear(input_dim, hidden), nn.GELU(), nn.Linear(hidden, num_classes))
@@ -79,7 +79,7 @@ class RetrievalNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # SDPA's math kernel: on 8 tokens it costs less than the fused kernels' set-up, and under vmap
-        # (runners.sweeps.stacked) it batches over runs, where a fused kernel would be called once per run.
+        # (runners.runs.ensemble) it batches over runs, where a fused kernel would be called once per run.
         with sdpa_kernel(SDPBackend.MATH):
             out, _ = self.attn(x)
         return self.readout(out).mean(1)

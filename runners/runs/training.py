@@ -39,8 +39,6 @@ from runners.runs import trackers
 from runners.runs.record import fresh_run_directory, new_record, read_log, remove, save_record, settle, write_text
 from runners.runs.rundir import claimed, final_path, lock_path
 
-PROGRESS_STYLES = ("auto", "bar", "lines", "none")
-
 
 def train(args: list[str]) -> RunRecord:
     """Run ``quest train`` with command-line style ``key=value`` arguments; returns the record."""
@@ -141,15 +139,13 @@ def torch_threads(count: int | None):
 
 
 def check_settings(cfg: DictConfig) -> dict[str, int] | None:
-    """The settings neither the domain nor ``build_config`` checks: Lightning's trainer and the progress style.
-    Returns
+    """The settings neither the schema nor ``build_config`` checks: Lightning's trainer. Returns
     how ``data.batch_size`` splits over the trainer's devices (``device_batch``); None for a domain
     without one."""
     try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
         trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
     except Exception as err:
         raise ConfigError(f"trainer settings: {_first_line(err)}") from None
-    progress_display(cfg, "")
     if "batch_size" not in cfg.get("data", {}):
         return None
     return device_batch(cfg.data.batch_size, trainer.world_size, trainer.accumulate_grad_batches)
@@ -160,9 +156,7 @@ def progress_display(cfg: DictConfig, monitor: str) -> tuple[bool, list[Progress
     for every domain (``progress.style``): ``auto`` is the bar on an interactive terminal and lines on a log
     file or a pipe, where each refresh of a bar would be a line of its own. ``trainer.enable_progress_bar=false``
     turns the bar off whatever the style."""
-    style = cfg.progress.style
-    if style not in PROGRESS_STYLES:
-        raise ConfigError(f"unknown progress.style={style!r}; choose from {', '.join(PROGRESS_STYLES)}")
+    style = cfg.progress.style  # one of common.schema.PROGRESS_STYLES, checked when the config was composed
     if style == "auto":
         style = "bar" if sys.stdout.isatty() else "lines"
     bar = style == "bar" and cfg.trainer.get("enable_progress_bar", True) is not False
