@@ -69,7 +69,7 @@ class RunRecord:
     timing: dict[str, Any] | None = None  # where the wall time went: {"build_s", "fit_s", "checkpoint_s", "steps", "test_s"}
     headline: list[str] | None = None  # the test metrics a summary shows: ["miou", "miou_baseline", "miou_corrupt"]
     snapshots: list[dict[str, Any]] | None = None  # weights kept along training: [{"fraction", "step", "file"}] (in snapshots/)
-    curve: list[dict[str, Any]] | None = None  # the snapshots evaluated (runners.runs.curve): [{"fraction", "step", "metrics"}]
+    curve: list[dict[str, Any]] | None = None  # the snapshots evaluated (runners.runs.snapshot_tests): [{"fraction", "step", "metrics"}]
 
     def fail(self, error: str) -> None:
         """The run failed: ``error`` is the one line saying why."""

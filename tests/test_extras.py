@@ -37,7 +37,7 @@ def test_a_domain_without_its_extra_says_which_to_install(domain, module, extra,
 
 def test_autoattack_without_the_vision_extra_is_refused_before_any_attack(monkeypatch):
     from common.errors import ConfigError
-    from common.robustness import evaluate_robustness
+    from common.perturbations import evaluate_robustness
 
     hide(monkeypatch, "pyautoattack")
     attacked = []

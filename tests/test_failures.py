@@ -14,7 +14,7 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 from common.records import read_record
 from runners.cli import main as cli
 from runners.config import compose, run_directory
-from runners.runs import record as record_module
+from runners.runs import recording as record_module
 from runners.runs import training as train_module
 
 

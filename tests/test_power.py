@@ -12,7 +12,7 @@ from scipy import optimize, stats
 
 from common.records import RunRecord, write_record
 from runners.cli import main as cli
-from runners.results import power
+from runners.results import sample_size as power
 from runners.results import stats as results_stats
 
 # Per pilot seed, each variant's offset from 1.0 mse (domain a: quest tuned at 3e-3; domain b: recipe rates).

@@ -27,7 +27,7 @@ from domains.retrieval.data import (
 )
 from domains.retrieval.model import EQUIVALENT, RetrievalNet, equivalent_variant
 from runners.config import compose, run_directory
-from runners.runs.record import new_record
+from runners.runs.recording import new_record
 
 SPEC = dict(num_tokens=12, key_dim=6, num_classes=5, answer_std=2.5, p_bias=0.5, bias_std=0.316)
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import robustness
+from common import perturbations as robustness
 from common.data import load_mnist
 from common.errors import ConfigError
-from common.robustness import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
+from common.perturbations import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
 
 CFG = {"input_range": [0.0, 1.0], "eps": [0.05, 0.1, 0.2],
        "pgd": {"steps": 10, "rel_step_size": 0.25, "random_start": True},
@@ -199,7 +199,7 @@ def test_autoattack_respects_eps(tiny):
 
 
 def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
-    import runners.runs.robustness
+    import runners.runs.robust_accuracy
     from runners.cli import main
     from runners.runs.training import train
 
@@ -207,8 +207,8 @@ def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
                     f"cache_dir={tmp_path}/cache", "threads=1"])
     assert record.status == "ok"
     run_dir = next(tmp_path.glob("vision/standard/seed*"))
-    threads, attack = [], runners.runs.robustness.evaluate_robustness
-    monkeypatch.setattr(runners.runs.robustness, "evaluate_robustness",
+    threads, attack = [], runners.runs.robust_accuracy.evaluate_robustness
+    monkeypatch.setattr(runners.runs.robust_accuracy, "evaluate_robustness",
                         lambda *args: threads.append(torch.get_num_threads()) or attack(*args))
     torch.set_num_threads(2)
     assert main(["robustness", str(run_dir), "robustness.eps=[0.05]", "robustness.max_samples=16"]) == 0

@@ -8,7 +8,7 @@ from scipy.stats import ttest_1samp
 
 from common.records import RunRecord, write_record
 from runners.cli import main as cli
-from runners.results.scaling import _band, curve_points, delta_table, differences, probe_table, width_changes
+from runners.results.learning_curves import _band, curve_points, delta_table, differences, probe_table, width_changes
 
 
 def write_curves(root):

@@ -16,8 +16,8 @@ from PIL import Image
 
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
+from common.perturbations import CORRUPTIONS, corrupt
 from common.registry import build_config, get_domain
-from common.robustness import CORRUPTIONS, corrupt
 from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
 from runners.cli import main as cli

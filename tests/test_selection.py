@@ -60,8 +60,8 @@ def test_by_variant_each_variant_gets_its_own_choice(tmp_path):
 def test_an_archive_reads_as_its_runs_with_the_trajectory_thinned(tmp_path):
     """`quest archive`: the copy aggregates and selects as the runs do; a long trajectory keeps 17 steps,
     its first (the initial sharpness) and last among them; the launch log comes along."""
-    from runners.results.runs import load_runs
-    from runners.runs.archive import thin
+    from runners.results.frame import load_runs
+    from runners.runs.export import thin
 
     trajectory = {"step": list(range(0, 1000, 10)), "layers": {"a": {"entropy": [float(i) for i in range(100)]}}}
     thinned = thin(trajectory)

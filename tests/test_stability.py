@@ -7,7 +7,7 @@ from conftest import make_record
 
 from common.records import RunRecord, write_record
 from runners.cli import main as cli
-from runners.results import stability
+from runners.results import lr_sensitivity as stability
 
 LRS = (1e-3, 1e-2, 1e-1)
 

@@ -14,7 +14,7 @@ import conftest
 import pytest
 from conftest import FORK, Forked, forked_worker, make_record
 
-import runners.runs.robustness  # noqa: F401  (loaded before forking: sweep imports it for every run)
+import runners.runs.robust_accuracy  # noqa: F401  (loaded before forking: sweep imports it for every run)
 from common.attention import VARIANTS
 from common.errors import DataError, Stopped
 from common.records import RunRecord, read_record, write_record

@@ -11,7 +11,7 @@ from test_sweep import fake_record, write_spec
 from common.records import read_record, write_record
 from runners.commands import sweep
 from runners.config import run_directory
-from runners.results import runs as results_runs
+from runners.results import frame as results_runs
 from runners.sweeps.spec import load_sweep
 
 pytestmark = pytest.mark.usefixtures("threaded_workers", "toy_domain")

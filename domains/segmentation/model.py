@@ -23,7 +23,7 @@ from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
 from common.metrics import MajorityClassIoU
 from common.notes import MetricNotes
-from common.robustness import check_corruption, corrupt
+from common.perturbations import check_corruption, corrupt
 from common.task import Optim, Task
 
 ENCODER = ("patch_embed", "pos_embed", "encoder")  # what a vision run's ViT and the Segmenter share

@@ -1,6 +1,6 @@
 """Image classification with a ViT on MNIST digits or an ImageFolder tree (the paper presets: DeiT-Tiny,
 ViT-S, ViT-B and ViT-L with DeiT's recipe on ImageNet, ViT-B with DeiT-III's); adversarial and corruption
-robustness via ``quest robustness`` (``common.robustness``); ImageNet-ReaL, -C and -A results of a run via
+robustness via ``quest robustness`` (``common.perturbations``); ImageNet-ReaL, -C and -A results of a run via
 ``quest imagenet`` (``evaluate.py``)."""
 from common.registry import BuildConfig, register_domain
 

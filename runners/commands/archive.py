@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runners.runs.archive import archive
+from runners.runs.export import archive
 
 
 def main(argv: list[str]) -> int:

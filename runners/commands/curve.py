@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from runners.runs.curve import evaluate_curve
+from runners.runs.snapshot_tests import evaluate_curve
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """`quest power --plan PREREGISTRATION.md <pilot runs dir> ... [--json FILE]`: the seeds and compute a
 pre-registered plan needs, from the records of a pilot.
 
-Per claim of the plan (``runners.results.power``): the paired standard deviation of its contrast on the pilot's
+Per claim of the plan (``runners.results.sample_size``): the paired standard deviation of its contrast on the pilot's
 runs of the plan's protocol, and, for a claim with a ``target:`` (the smallest difference worth detecting, in its
 metric's units), the fewest seeds whose minimum detectable effect (two-sided paired t-test, 80% power) is at most
 the target, that effect, and the hours of training those seeds take (the mean ``wall_time_s`` of the pilot's runs
@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from common.errors import ConfigError
-from runners.results.power import plan_power
-from runners.results.runs import load_runs
+from runners.results.frame import load_runs
+from runners.results.sample_size import plan_power
 
 
 def _number(value: float, digits: str = ".3g") -> str:

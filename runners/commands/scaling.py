@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runners.results.scaling import report
+from runners.results.learning_curves import report
 
 
 def main(argv: list[str]) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runners.results.runs import GROUP
-from runners.results.stability import load_lr_runs, section
+from runners.results.frame import GROUP
+from runners.results.lr_sensitivity import load_lr_runs, section
 
 
 def main(argv: list[str]) -> int:

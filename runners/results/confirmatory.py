@@ -4,7 +4,7 @@ runs alone.
 
 The file is markdown for people with one fenced ``yaml`` block for this module::
 
-    protocol: tuned              # the runs' protocol label (runners.results.runs)
+    protocol: tuned              # the runs' protocol label (runners.results.frame)
     seeds: [5, 6, 7]             # the pre-registered seeds: no other run enters
     recipe_seeds: [5, 6, 7]      # the same-recipe runs whose attention ablation decides if a domain can rank
     alpha: 0.05                  # two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested
@@ -41,7 +41,7 @@ import pandas as pd
 import yaml
 
 from common.errors import ConfigError
-from runners.results.runs import direction, second_setting
+from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
 PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from runners.results import confirmatory
-from runners.results.runs import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
+from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
 from runners.results.tables import (
     _fmt,

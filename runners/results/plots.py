@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from runners.results.runs import GROUP, repeats, variant_order  # noqa: E402
+from runners.results.frame import GROUP, repeats, variant_order  # noqa: E402
 from runners.results.tables import short_name  # noqa: E402
 
 

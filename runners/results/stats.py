@@ -8,7 +8,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from common.attention import ABLATIONS
-from runners.results.runs import IDENTITY, baseline, variant_order
+from runners.results.frame import IDENTITY, baseline, variant_order
 
 # Means this close count as tied: equal results can differ in the last bits from the order of summation.
 TIE_RTOL = 1e-9
@@ -32,7 +32,7 @@ def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> 
     """The smallest true mean difference a two-sided paired t-test over ``n`` pairs detects with probability
     ``power`` at level ``alpha``, for pair differences of standard deviation ``sd``: (t_{1-α/2} + t_{power}) ·
     sd / √n on n - 1 degrees of freedom, the usual approximation of the noncentral t, and the formula the plan
-    pre-registers (``runners.results.power.mde`` is the exact one, for planning). NaN below 2 pairs."""
+    pre-registers (``runners.results.sample_size.mde`` is the exact one, for planning). NaN below 2 pairs."""
     if n < 2 or not np.isfinite(sd):
         return np.nan
     return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
-from runners.results.runs import GROUP, IDENTITY, INITIAL, PROTOCOLS, direction, repeats, second_setting, variant_order
+from runners.results.frame import GROUP, IDENTITY, INITIAL, PROTOCOLS, direction, repeats, second_setting, variant_order
 from runners.results.stats import (
     TIE_RTOL,
     attention_matters,
@@ -84,7 +84,7 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def initial_sharpness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
-    """Rows = variants; how sharp their attention starts (``runners.results.runs.INITIAL``: logit spread and
+    """Rows = variants; how sharp their attention starts (``runners.results.frame.INITIAL``: logit spread and
     entropy over the uniform one's at step 0, averaged over layers), mean over runs. None where no run has it."""
     columns = [c for c in INITIAL if c in runs and runs[c].notna().any()]
     if not columns:

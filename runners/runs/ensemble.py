@@ -8,7 +8,7 @@ clipping vectorised over the runs (``runners.runs.stacked_adamw``: torch's arith
 learning rate and weight decay, the task's decay groups and ``common.task.lr_schedule``); divergence and the
 best checkpoint follow ``common.rules``, as the Lightning callbacks do, the probes log what
 ``common.callbacks.ProbeCallback`` logs (``common.probes.probe_log``), and the record is filled and written by
-``runners.runs.record``, as ``quest train``'s is, with the CSV log of ``runners.runs.trackers``. The rest of a
+``runners.runs.recording``, as ``quest train``'s is, with the CSV log of ``runners.runs.trackers``. The rest of a
 Lightning run is replayed per run: validation every ``check_val_every_n_epoch`` epochs and at the step a run
 diverges (as Lightning does), the attention probes every ``probes.every_n_steps`` steps, and the test on the
 parameters of the best validation epoch. Each run gets the ``record.json``, ``config.yaml`` and
@@ -49,7 +49,7 @@ from common.registry import build_config, get_domain
 from common.rules import LossWatch
 from runners import console
 from runners.runs.chunk import Chunk, Member
-from runners.runs.record import fresh_run_directory, new_record, read_log, save_record, settle, write_text
+from runners.runs.recording import fresh_run_directory, new_record, read_log, save_record, settle, write_text
 from runners.runs.replayable import check_replayable
 from runners.runs.trackers import csv_log
 from runners.runs.training import build_run, check_settings, torch_threads

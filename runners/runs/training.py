@@ -36,7 +36,7 @@ from common.registry import build_config, get_domain
 from runners import console
 from runners.config import compose, run_directory
 from runners.runs import trackers
-from runners.runs.record import fresh_run_directory, new_record, read_log, remove, save_record, settle, write_text
+from runners.runs.recording import fresh_run_directory, new_record, read_log, remove, save_record, settle, write_text
 from runners.runs.rundir import claimed, final_path, lock_path
 
 
@@ -50,7 +50,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
     ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.runs.rundir``;
     with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it.
     ``snapshots``: fractions of training at which to keep the weights as well (``common.callbacks.Snapshots``,
-    in ``snapshots/``; the record lists them), for learning curves (``runners.runs.curve``)."""
+    in ``snapshots/``; the record lists them), for learning curves (``runners.runs.snapshot_tests``)."""
     console.quiet()
     with torch_threads(cfg.threads), Stopped.on_signals():
         domain = get_domain(cfg.domain)

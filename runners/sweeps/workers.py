@@ -38,7 +38,7 @@ def run_all(runs: list[list[str]], robustness: bool = False,
     ``report``; returns how many runs ended in each way. With ``robustness``, finished runs of domains
     with a ``robustness`` config section are then attacked (``quest robustness``) and the result lands
     in their record. With ``snapshots`` (fractions of training), each run keeps its weights there too and
-    each finished run's snapshots are tested (``runners.runs.curve``, attacked too with ``robustness``)."""
+    each finished run's snapshots are tested (``runners.runs.snapshot_tests``, attacked too with ``robustness``)."""
     counts = dict.fromkeys(("ok", "diverged", "failed", "invalid", "skipped", "busy"), 0)
     report = report or (lambda outcome: None)
     for index, args in enumerate(runs):
@@ -76,8 +76,8 @@ def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dic
 def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool, snapshots: Sequence[float] = ()) -> dict:
     """Run a run whose lock this process holds (and, with ``robustness``, attack it if it is a classifier;
     with ``snapshots``, test its snapshots)."""
-    from runners.runs.curve import evaluate_curve  # imported here: Lightning is slow to import, and the
-    from runners.runs.robustness import evaluate_run  # launching process does without it
+    from runners.runs.robust_accuracy import evaluate_run  # launching process does without it
+    from runners.runs.snapshot_tests import evaluate_curve  # imported here: Lightning is slow to import, and the
     from runners.runs.training import run
 
     start = time.monotonic()
@@ -176,7 +176,7 @@ def _follow(workers: dict[int, subprocess.Popen], partial: dict[int, bytes], run
 def _killed(started: dict, signum: int, args: list[str]) -> dict:
     """The outcome of a run whose worker died of signal ``signum`` while making it: failed, and recorded so
     unless an earlier result is there to keep or another worker has taken the run up meanwhile."""
-    from runners.runs.record import record_killed  # Lightning is slow to import: only on this rare path
+    from runners.runs.recording import record_killed  # Lightning is slow to import: only on this rare path
 
     error, run_dir = f"killed by signal {signum} ({signal.Signals(signum).name})", Path(started["run_dir"])
     outcome = run_outcome(started["index"], "failed", error, run_dir, 0.0)

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
-# accuracies (common.robustness), so higher is better.
+# accuracies (common.perturbations), so higher is better.
 ROBUSTNESS = ("acc_fgsm_", "acc_pgd_", "acc_autoattack_", "acc_corruption_mean")
 # One table and one set of plots per group: runs of different sizes never mix, nor those of the two protocols of a
 # sweep with a `select:` section ("same recipe", "tuned", followed by its `label:` if it has one, such as "tuned,

@@ -1,5 +1,5 @@
 """Learning curves across training length and width (``quest scaling``): from runs that kept snapshots and tested
-them (``runners.runs.curve``), per domain and width, each variant's test metrics against training steps (mean and
+them (``runners.runs.snapshot_tests``), per domain and width, each variant's test metrics against training steps (mean and
 95% interval over seeds), the difference to `standard` at each length paired by seed, how that difference changes
 with width (paired by seed), and the stability probes (max logit, largest query and key norms) along training,
 with their range over seeds."""
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from common.records import read_records
-from runners.results.runs import variant_order
+from runners.results.frame import variant_order
 from runners.results.stats import detectable, half_width, paired_p
 
 PROBES = ("max_logit", "q_norm_max", "k_norm_max")

@@ -78,7 +78,7 @@ def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
 
 def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Per claim and per domain, the seeds, effects and hours at Holm's first step (``_holm``) and at α
-    (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.runs.load_runs``), of which those of
+    (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.frame.load_runs``), of which those of
     ``protocol`` (default: the plan's own; a replication plans from the first study's protocol) are read."""
     plan = read_plan(path)
     protocol = protocol or plan["protocol"]

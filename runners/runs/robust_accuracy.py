@@ -1,6 +1,6 @@
 """Robust accuracy of a finished classifier run, stored in its record (``quest robustness``, and sweeps with
 ``robustness: true``): the run rebuilt from its ``config.yaml`` and checkpoint (``common.restore``), its test
-split evaluated by ``common.robustness.evaluate_robustness`` under the config's ``robustness`` section."""
+split evaluated by ``common.perturbations.evaluate_robustness`` under the config's ``robustness`` section."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +9,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.checkpoint import run_config
 from common.errors import ConfigError
+from common.perturbations import evaluate_robustness
 from common.records import RunRecord, write_record
 from common.restore import restore
-from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
 from runners.config import apply_override, parse_overrides
 from runners.runs.training import torch_threads

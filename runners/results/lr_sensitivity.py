@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from common.records import read_records
-from runners.results.runs import GROUP, variant_order
+from runners.results.frame import GROUP, variant_order
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import pytorch_lightning as pl
 
 from common.checkpoint import run_config
 from common.errors import ConfigError
+from common.perturbations import evaluate_robustness
 from common.records import RunRecord, write_record
 from common.restore import restore
-from common.robustness import evaluate_robustness
 from common.task import ClassificationTask
 from runners.runs.training import torch_threads
 
