@@ -99,7 +99,7 @@ def test_runs_group_by_everything_but_seed_learning_rate_and_weight_decay(tmp_pa
 
 
 @pytest.mark.parametrize("setting", ["optim.name=sgd", "trainer.max_steps=5", "trainer.limit_train_batches=0.5",
-                                     "trainer.precision=bf16-mixed"])
+                                     "trainer.precision=bf16-mixed", "compile.enabled=true"])
 def test_settings_it_cannot_replay_are_refused_before_anything_runs(tmp_path, setting):
     with pytest.raises(ConfigError, match="does not replay"):
         check_replayable(compose(["domain=retrieval", "preset=smoke", setting]))

@@ -31,6 +31,8 @@ def check_replayable(cfg: DictConfig) -> None:
         problems.append(f"trainer.precision={trainer.precision}")
     if trainer.accelerator != "cpu" or trainer.devices != 1 or trainer.num_nodes != 1:
         problems.append("a device other than one CPU")
+    if cfg.compile.enabled:  # the ensemble's vmapped step is not compiled; an eager run would answer for it
+        problems.append("compile.enabled=true")
     if cfg.task.get("perturbations"):
         problems.append("task.perturbations")
     if problems:
