@@ -2,10 +2,13 @@
 compare is comparable (the same model, the same output, the same batch), that each timed job does the work
 it is credited with, and that the reported rates and ratios come from the timings of the right jobs. Never
 how fast: speed claims are benchmark output, not test assertions."""
+import sys
+
 import pytest
 import torch
 
 from common.attention import attention_layer
+from common.errors import ConfigError
 from common.timing import interleaved_seconds
 
 LANGUAGE = {"context": 8, "dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 4.0}
@@ -84,6 +87,30 @@ def test_language_bench_times_training_steps_and_equal_generations(monkeypatch, 
                                     "with cache": 5 / 0.5, "without cache": 5 / 2.5,
                                     "standard/torch": 2.0, "quest/standard": 0.25, "cache/no cache": 5.0})
     assert "ratios: standard/torch 2.000, quest/standard 0.250, cache/no cache 5.000" in capsys.readouterr().out
+
+
+def test_language_bench_without_nano_gpt_names_the_extra(monkeypatch):
+    from domains.language.bench import NanoGPT
+
+    monkeypatch.setitem(sys.modules, "nano_gpt.model", None)  # import fails as if the package were not installed
+    with pytest.raises(ConfigError, match=r"nano_gpt.model cannot be imported.*\[nanogpt\]"):
+        NanoGPT(65, **LANGUAGE)
+
+
+def test_language_bench_nanogpt_is_our_size_and_trains():
+    pytest.importorskip("nano_gpt.model", reason="the nanogpt extra is not installed")
+    from domains.language.bench import NanoGPT, train_steps
+    from domains.language.model import GPT
+
+    theirs = NanoGPT(65, **LANGUAGE)
+    ours = GPT(65, **LANGUAGE, dropout=0.0, attn_dropout=0.0, tie_weights=True,
+               attn_layer=attention_layer(variant="standard"))
+    assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
+    tokens = torch.randint(65, (2, LANGUAGE["context"] + 1), generator=torch.Generator().manual_seed(0))
+    assert theirs(tokens[:, :-1]).shape == (2, LANGUAGE["context"], 65)
+    before = parameters(theirs)
+    train_steps(theirs, tokens)(1)
+    assert not torch.equal(before, parameters(theirs))
 
 
 def test_speech_bench_trains_both_conformers_of_one_size_on_one_ragged_batch(monkeypatch, capsys):

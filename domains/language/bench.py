@@ -3,7 +3,8 @@
 1. Training steps/s (forward, loss, backward, AdamW step) of our GPT with ``standard`` attention against an
    equivalent GPT built from ``torch.nn.TransformerEncoderLayer`` (pre-norm, GELU, a causal mask passed
    with ``is_causal=True``; same embeddings, width, depth, heads, context and tied head), and of our GPT
-   with ``quest`` against ours with ``standard``.
+   with ``quest`` against ours with ``standard``. With ``--nanogpt``, also against nanoGPT's GPT-2 model as the
+   ``nano-gpt`` package ships it (the ``nanogpt`` extra): the anchor users compare with, at the same size.
 2. Generation tokens/s of our GPT with the KV cache against without it (re-encoding the prefix per token).
 
 Each comparison runs in rounds that alternate the models, each round starting at the next one, so drift
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.attention import attention_layer
+from common.optional import require
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
 from .model import GPT, generate
@@ -42,6 +44,23 @@ class TorchGPT(nn.Module):
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
         x = self.token_embed(tokens) + self.pos_embed(torch.arange(length, device=tokens.device))
         return self.head(self.encoder(x, mask=mask, is_causal=True))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's GPT-2 (``nano_gpt.model.GPT``: learned positions, pre-norm blocks, tied head, SDPA with
+    ``is_causal``) at our size, returning the logits alone as the other models do."""
+
+    def __init__(self, vocab_size: int, *, context: int, dim: int, depth: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        nano_gpt = require("nano_gpt.model", extra="nanogpt")
+        config = require("nano_gpt.config", extra="nanogpt").GPTConfig(
+            block_size=context, vocab_size=vocab_size, n_layer=depth, n_head=heads, n_embd=dim)
+        if mlp_ratio != 4.0:
+            raise ValueError(f"nanoGPT's MLP is 4x as wide as the model, not {mlp_ratio}x")
+        self.net = nano_gpt.GPT(config, tokenizer=None)  # the tokenizer only serves its sampling helpers
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.net(tokens)[0]
 
 
 def train_steps(model: nn.Module, tokens: Tensor):
@@ -78,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--compile", action="store_true",
                         help="also time each model's training step through torch.compile (the first round compiles, "
                         "uncounted)")
+    parser.add_argument("--nanogpt", action="store_true",
+                        help="also time nanoGPT's GPT-2 model (the nano-gpt package: pip install -e '.[nanogpt]')")
     add_device_arguments(parser)
     args = parser.parse_args(argv)
     device = device_from(args)
@@ -87,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ours = {v: GPT(args.vocab, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True,
                    attn_layer=attention_layer(variant=v)).to(device) for v in ("standard", "quest")}
     models = {"torch": TorchGPT(args.vocab, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
+    if args.nanogpt:
+        models["nanogpt"] = NanoGPT(args.vocab, **size).to(device)
     if args.compile:  # the same modules (same weights), called through torch.compile
         models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}
     tokens = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
@@ -106,9 +129,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ratios = {"standard/torch": train["standard"] / train["torch"],
               "quest/standard": train["quest"] / train["standard"],
               "cache/no cache": gen["with cache"] / gen["without cache"]}
+    references = ["torch", *(["nanogpt"] if args.nanogpt else [])]
+    ratios |= {f"standard/{ref}": train["standard"] / train[ref] for ref in references[1:]}
     if args.compile:
-        ratios |= {f"{name} compiled/eager": train[f"{name} compiled"] / train[name] for name in ("torch", "standard", "quest")}
-        ratios["standard/torch compiled"] = train["standard compiled"] / train["torch compiled"]
+        ratios |= {f"{name} compiled/eager": train[f"{name} compiled"] / train[name]
+                   for name in (*references, "standard", "quest")}
+        ratios |= {f"standard/{ref} compiled": train["standard compiled"] / train[f"{ref} compiled"] for ref in references}
     for name, rate in gen.items():
         print(f"  generate (quest) {name:13s} {rate:8.1f} tokens/s  ({new} tokens from a 1-token prompt)")
     print("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
