@@ -34,7 +34,7 @@ class DataError(OneLine, Exception):
 
 
 class Stopped(BaseException):
-    """Raised by ``Stopped.handler`` when the process gets SIGINT or SIGTERM (a scheduler preempting it,
+    """Raised inside ``Stopped.on_signals`` when the process gets SIGINT or SIGTERM (a scheduler preempting it,
     Ctrl-C). A BaseException, so that no ``except Exception`` of a run records it as a crash, and not a
     KeyboardInterrupt, which Lightning turns into ``sys.exit(1)``. ``detail`` says what became of the run."""
 
@@ -57,21 +57,24 @@ class Stopped(BaseException):
     @contextmanager
     def on_signals(cls):
         """SIGINT and SIGTERM raise ``Stopped`` inside the block (Lightning calls the SIGTERM handler it finds
-        after its own), and the handlers before it come back after. Signals reach only the main thread."""
+        after its own), and the handlers before it come back after. Only the first signal raises: a second one
+        (a launcher passing on the SIGTERM its process group already got) must not cut short the recording of
+        the first. Ignoring signals is not enough for that, because Lightning's teardown puts back the handler
+        it found when fitting began, which is this one. Signals reach only the main thread."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        before = {signum: signal.signal(signum, cls.handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+        first: list[int] = []
+
+        def handler(signum: int, frame) -> None:
+            if first:
+                return
+            first.append(signum)
+            raise cls(signum)
+
+        before = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            for signum, handler in before.items():
-                signal.signal(signum, handler)
-
-    @classmethod
-    def handler(cls, signum: int, frame) -> None:
-        """The signal handler. Further SIGINTs and SIGTERMs are ignored from here on (``on_signals`` puts the
-        earlier handlers back), so a second signal cannot cut short the recording of the first."""
-        for other in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(other, signal.SIG_IGN)
-        raise cls(signum)
+            for signum, earlier in before.items():
+                signal.signal(signum, earlier)

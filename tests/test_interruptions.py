@@ -10,8 +10,11 @@ import threading
 import time
 
 import pytest
+import pytorch_lightning as pl
 from conftest import make_record
+from pytorch_lightning.demos.boring_classes import BoringModel
 
+from common.errors import Stopped
 from common.records import read_record
 from runners.cli import main as cli
 from runners.config import compose, run_directory
@@ -101,6 +104,25 @@ def test_a_finished_rerun_replaces_the_earlier_result(toy_domain, run_args):
     assert (run_dir / "checkpoints" / "best.ckpt").read_bytes() != b"the earlier weights"
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["best.ckpt", "last.ckpt"]
     assert [p.name for p in run_dir.parent.iterdir() if not p.name.endswith(".lock")] == [run_dir.name]
+
+
+class SigtermAfterFirstStep(pl.Callback):
+    def on_train_batch_end(self, *args):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_second_sigterm_after_lightnings_teardown_does_not_cut_short_the_recording_of_the_first(tmp_path):
+    # A sweep's worker gets SIGTERM twice: from the process group, then from its launcher passing it on.
+    # Lightning's teardown puts back the handler it found, so the second one lands while the run is recorded.
+    trainer = pl.Trainer(max_steps=100, callbacks=[SigtermAfterFirstStep()], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    recorded = False
+    with Stopped.on_signals():
+        with pytest.raises(Stopped) as stop:
+            trainer.fit(BoringModel())
+        os.kill(os.getpid(), signal.SIGTERM)
+        recorded = True
+    assert recorded and stop.value.name == "SIGTERM" and trainer.global_step == 1
 
 
 @pytest.mark.slow
