@@ -321,6 +321,9 @@ def test_the_aniso_report_tests_contrasts_per_cell_with_holm_and_names_each_read
     assert "control without the shortcut" in anisotropy.reading(100.0, 0.0, 0.87)
     text = anisotropy.write_report(tmp_path, tmp_path / "report")
     assert "| 1000 | 0.5 | quest − qknorm | 12/12 vs 0/12 | +100.0% |" in text
-    assert "### κ = 1, p_bias = 0.5\n\nReading: the paper's task (shortcut on half the samples); Sigma read as a scaled" in text
-    assert "### κ = 1000, p_bias = 0.5 (the headline cell)" in text and "- κ = 10, p_bias = 0: standard" in text
+    assert ("### κ = 1, p_bias = 0.5 — run in part (the design: 112 runs per variant)\n\n"
+            "Reading: the paper's task (shortcut on half the samples); Sigma read as a scaled") in text
+    assert "### κ = 1000, p_bias = 0.5 (the headline cell) — run in part (the design: 112 runs per variant)" in text
+    assert "- κ = 10, p_bias = 0: standard, quest, qknorm, qknorm_ds, qnorm not run" in text
+    assert "- κ = 1000, p_bias = 0.5: standard, qknorm_ds, qnorm not run; in part: quest 12 of 112 runs, qknorm 12 of 112 runs" in text
     assert (tmp_path / "report" / "success_by_kappa.png").exists()
