@@ -679,18 +679,19 @@ def markdown_rows(text):
     return {row[0]: dict(zip(header, row)) for row in rows}
 
 
-def paired_mde(diffs):
-    """The pre-registered minimum detectable effect, (t₀.₉₇₅ + t₀.₈) · sd / √n on n − 1 degrees of freedom."""
+def paired_mde(diffs, alpha=0.05):
+    """The pre-registered minimum detectable effect, (t₁₋α/₂ + t₀.₈) · sd / √n on n − 1 degrees of freedom: at α for
+    a plan without targets, at Holm's first step α/m for one with them (m hypotheses), the level it is sized at."""
     n = len(diffs)
-    return (t_dist.ppf(0.975, n - 1) + t_dist.ppf(0.8, n - 1)) * np.std(diffs, ddof=1) / n ** 0.5
+    return (t_dist.ppf(1 - alpha / 2, n - 1) + t_dist.ppf(0.8, n - 1)) * np.std(diffs, ddof=1) / n ** 0.5
 
 
 # The section PLAN's tests on write_tuned_sweep's runs gave before plans could stand side by side.
 ONE_PLAN = "\n".join([
     "## Confirmatory tests", "",
     "Pre-registered in `{plan}`: tuned protocol, seeds [0, 1, 2] only, two-sided paired t-tests by seed, α = 0.05, "
-    "Holm's correction over the 1 hypotheses tested. `{plan}` is not committed: nothing shows the plan came before "
-    "the runs.", "",
+    "Holm's correction over the 1 hypotheses tested; MDEs at 80% power and α = 0.05. `{plan}` is not committed: "
+    "nothing shows the plan came before the runs.", "",
     "| hypothesis   | claim                | metric   | contrast         | n (dropped)   | difference ± 95% (+ favours "
     "the claim)   |       p | Holm p   |   MDE (80%) | verdict                   |",
     "|:-------------|:---------------------|:---------|:-----------------|:--------------|:------------------------"
@@ -713,11 +714,13 @@ def test_one_plan_keeps_its_section_and_shows_power_only_where_it_sets_targets(t
     plan.write_text(PLAN.replace("against: standard}\n  - {id: H2", "against: standard, target: 0.05}\n  - {id: H2"))
     rows = markdown_rows("\n".join(confirmatory.section(runs, confirmatory.confirm(runs, [plan]))))
     before = markdown_rows(ONE_PLAN.format(plan=plan))
-    mde = paired_mde([0.29, 0.31, 0.295])  # domain a: quest's gain 0.3 less its noise 0.01 · (1, −1, 0.5)
-    assert mde <= 0.05
-    assert (rows["H1"]["target"], rows["H1"]["power"]) == ("0.05", "powered")
+    # a plan with a target is judged at Holm's first step over its 2 hypotheses, α/2, the level it is sized at
+    mde = paired_mde([0.29, 0.31, 0.295], alpha=0.025)  # domain a: quest's gain 0.3 less its noise 0.01 · (1, −1, 0.5)
+    assert paired_mde([0.29, 0.31, 0.295]) < mde <= 0.05
+    assert (rows["H1"]["target"], rows["H1"]["power"], rows["H1"]["MDE (80%)"]) == ("0.05", "powered", f"{mde:.2g}")
     assert (rows["H2"]["target"], rows["H2"]["power"]) == ("–", "no target")
-    assert all({k: v for k, v in rows[h].items() if k not in ("target", "power")} == before[h] for h in before)
+    same = [k for k in before["H1"] if k != "MDE (80%)"]
+    assert all({k: rows[h][k] for k in same} == {k: before[h][k] for k in same} for h in before)
 
 
 PLAN_2 = """# A replication
@@ -728,7 +731,7 @@ seeds: [3, 4, 5]
 recipe_seeds: [3, 4, 5]
 alpha: 0.05
 hypotheses:
-  - {id: H1, claim: quest beats standard, domain: a, metric: mse, variant: quest, against: standard, target: 0.05}
+  - {id: H1, claim: quest beats standard, domain: a, metric: mse, variant: quest, against: standard, target: 0.06}
   - {id: H2, claim: quest beats standard, domain: b, metric: mse, variant: quest, against: standard, target: 0.02}
   - {id: H3, claim: standard beats quest, domain: a, metric: mse, variant: standard, against: quest}
 ```
@@ -756,8 +759,8 @@ def test_two_plans_stand_side_by_side_each_on_its_own_runs_and_holm_family(tmp_p
     assert {v for k, v in rows["H3"].items() if k.startswith("preregistration: ")} == {"—"}  # not in that plan
     # the replication, by hand: per seed 3, 4, 5 (noise 0.01 · (1, −1, 0.5) on all but standard)
     h1, h2 = [0.19, 0.21, 0.195], [-0.01, 0.01, -0.005]  # H3 is H1 the other way round
-    mde1, mde2 = paired_mde(h1), paired_mde(h2)
-    assert mde1 <= 0.05 and mde2 > 0.02
+    mde1, mde2 = paired_mde(h1, alpha=0.05 / 3), paired_mde(h2, alpha=0.05 / 3)  # at α/3: 3 hypotheses
+    assert mde1 <= 0.06 and mde2 > 0.02
     p = ttest_rel(h1, [0, 0, 0]).pvalue  # Holm over H1 and H3, of equal p (H2's domain b cannot rank): 2p each
     replication = {h: {k.removeprefix("replication: "): v for k, v in rows[h].items() if k.startswith("replication: ")}
                    for h in rows}

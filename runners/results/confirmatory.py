@@ -117,6 +117,19 @@ def read_plans(paths: Sequence[Path]) -> list[dict]:
     return plans
 
 
+def holm_first_step(plan: dict) -> float:
+    """α over the plan's hypotheses: Holm's first step, the level a claim is sure to be tested at whatever the
+    others do."""
+    return plan["alpha"] / len(plan["hypotheses"])
+
+
+def mde_level(plan: dict) -> float:
+    """The level a plan's minimum detectable effects are computed at, as each plan registers it: a plan with
+    targets is sized at Holm's first step (``quest power``) and judges "powered" there; one without, at α."""
+    targeted = any("target" in h for h in plan["hypotheses"])
+    return holm_first_step(plan) if targeted else plan["alpha"]
+
+
 def claim_differences(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
     """Per seed, the variant's metric less its comparator's (signed so that positive favours the variant), and
     how many seeds lost a pair to a run that did not finish ok."""
@@ -142,7 +155,7 @@ def _seeds_run(runs: pd.DataFrame, h: dict, seeds: list[int]) -> int:
 
 def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
     """One row per hypothesis: the seeds run, n, the difference (positive favours the claimed variant), its 95%
-    interval, p, Holm p over the family, minimum detectable effect at the plan's α, the target (NaN where none), and
+    interval, p, Holm p over the family, minimum detectable effect at ``mde_level``, the target (NaN where none), and
     the verdict."""
     confirm = runs[runs["protocol"] == plan["protocol"]]
     recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
@@ -154,7 +167,7 @@ def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
         rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
                      "contrast": f"{h['variant']} − {h['against']}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
-                     "mde": detectable(diff.std(), len(diff), plan["alpha"]), "target": h.get("target", np.nan),
+                     "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": h.get("target", np.nan),
                      "seeds": _seeds_run(confirm, h, h["seeds"]), "planned": len(h["seeds"]),
                      "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
@@ -318,8 +331,16 @@ def _described(c: Confirmation) -> str:
                f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
     own = " (some claims on a part of them, as the plan says)" if (c.table["planned"] < c.planned).any() else ""
     return (f"Pre-registered in `{c.path}`: {c.plan['protocol']} protocol, seeds {seed_text(c.plan['seeds'])} only{own}, two-sided "
-            f"paired t-tests by seed, α = {c.plan['alpha']}, Holm's correction over the {tested} hypotheses tested. "
+            f"paired t-tests by seed, α = {c.plan['alpha']}, Holm's correction over the {tested} hypotheses tested; "
+            f"MDEs at 80% power and {_level_text(c.plan)}. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
+
+
+def _level_text(plan: dict) -> str:
+    level = mde_level(plan)
+    if level == plan["alpha"]:
+        return f"α = {level:g}"
+    return f"Holm's first step α/{len(plan['hypotheses'])} = {level:.2g}, the level the plan was sized at"
 
 
 def _verdict_counts(c: Confirmation) -> str:

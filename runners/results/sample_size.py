@@ -20,7 +20,7 @@ from statsmodels.stats.power import TTestPower
 
 from common.errors import ConfigError
 from common.records import read_record
-from runners.results.confirmatory import claim_differences, read_plan
+from runners.results.confirmatory import claim_differences, holm_first_step, read_plan
 from runners.results.stats import POWER, detectable
 
 HOUR_S = 3600.0
@@ -85,8 +85,7 @@ def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> t
     pilot = runs[runs["protocol"] == protocol]
     if pilot.empty:
         raise ConfigError(f"no pilot run of protocol {protocol!r}; the runs have {', '.join(map(repr, runs['protocol'].unique()))}")
-    family = len(plan["hypotheses"])
-    levels = {"holm": plan["alpha"] / family, "alpha": plan["alpha"]}
+    levels = {"holm": holm_first_step(plan), "alpha": plan["alpha"]}
     claims = []
     for claim in plan["hypotheses"]:
         sd, pairs = pilot_sd(pilot, claim)
@@ -108,4 +107,4 @@ def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> t
                 n = max(int(claim[f"n_{level}"]) for h, claim in claimed if variant in (h["variant"], h["against"]))
                 row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
             domains.append(row)
-    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": family, **levels}
+    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": len(plan["hypotheses"]), **levels}
