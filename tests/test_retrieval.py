@@ -325,5 +325,6 @@ def test_the_aniso_report_tests_contrasts_per_cell_with_holm_and_names_each_read
             "Reading: the paper's task (shortcut on half the samples); Sigma read as a scaled") in text
     assert "### κ = 1000, p_bias = 0.5 (the headline cell) — run in part (the design: 112 runs per variant)" in text
     assert "- κ = 10, p_bias = 0: standard, quest, qknorm, qknorm_ds, qnorm not run" in text
+    assert "Holm's family is the 2 contrasts run so far, of the design's 16" in text
     assert "- κ = 1000, p_bias = 0.5: standard, qknorm_ds, qnorm not run; in part: quest 12 of 112 runs, qknorm 12 of 112 runs" in text
     assert (tmp_path / "report" / "success_by_kappa.png").exists()
