@@ -76,3 +76,22 @@ def test_an_archive_reads_as_its_runs_with_the_trajectory_thinned(tmp_path):
     copy = tmp_path / "copy"
     assert (copy / "launches.jsonl").read_text() == '{"command": "quest sweep x"}\n'
     pd.testing.assert_frame_equal(load_runs(runs).drop(columns="run_dir"), load_runs(copy).drop(columns="run_dir"))
+
+
+def test_an_archive_leaves_out_a_run_still_in_progress(tmp_path, capsys):
+    """A sweep writes a classifier's record before adding its robustness: a run whose lock another process
+    holds is not copied until it is let go, and the lock files are neither copied nor created."""
+    from runners.runs.rundir import claimed, lock_path
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        write_record(runs / f"a-{seed}", RunRecord(**make_record("standard", seed, {"mse": 1.0})))
+    with claimed(runs / "a-1") as mine:  # as the worker adding its robustness holds it
+        assert mine
+        assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
+        assert "1 runs still in progress left out" in capsys.readouterr().out
+        assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["a-0"]
+    assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
+    assert "in progress" not in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["a-0", "a-1"]
+    assert not lock_path(runs / "a-0").exists()  # the probe creates no lock file

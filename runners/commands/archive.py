@@ -3,7 +3,9 @@
 Each ``record.json`` is copied with its probe trajectory thinned to 17 steps (the first, the initial sharpness,
 and the last included); the launch logs (``launches.jsonl``) and a tuned protocol's ``selection.json`` are copied
 as they are, all in the same layout, so ``quest aggregate <folder>`` and ``quest select <folder>`` read the copy
-as they read the runs. Checkpoints, training logs and caches are not copied.
+as they read the runs. Checkpoints, training logs and caches are not copied. A run whose lock another process
+holds is left out: its record may not be finished (a sweep adds robustness to a record after training);
+archive again once the sweep has moved on.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.runs.is_dir():
         parser.error(f"{args.runs} is not a folder")
-    records, others = archive(args.runs, args.folder)
+    records, others, busy = archive(args.runs, args.folder)
     print(f"archive: {records} records and {others} launch logs and choices -> {args.folder}")
+    if busy:
+        print(f"archive: {busy} runs still in progress left out; archive again once they finish")
     return 0

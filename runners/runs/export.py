@@ -10,6 +10,7 @@ from pathlib import Path
 
 from common.records import read_records
 from runners.runs.launches import LAUNCH_LOG
+from runners.runs.rundir import in_progress
 from runners.runs.selection import SELECTION_FILE
 
 KEPT_PROBES = 17  # probe steps kept per run: the first (the initial sharpness), the last and those evenly between
@@ -26,10 +27,13 @@ def thin(trajectory: dict, keep: int = KEPT_PROBES) -> dict:
                        for name, stats in trajectory["layers"].items()}}
 
 
-def archive(source: Path, target: Path) -> tuple[int, int]:
+def archive(source: Path, target: Path) -> tuple[int, int, int]:
     """Copy the records under ``source`` (malformed ones are left out, as aggregation leaves them) and every
-    launch log and selection file to ``target``; returns how many records and other files were copied."""
+    launch log and selection file to ``target``; returns how many records and other files were copied, and
+    how many records were left out because their run is still in progress (its record may be unfinished)."""
     records, _ = read_records(source)
+    busy = {path for path, _ in records if in_progress(path.parent)}
+    records = [(path, record) for path, record in records if path not in busy]
     for path, record in records:
         out = target / path.relative_to(source)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -40,4 +44,4 @@ def archive(source: Path, target: Path) -> tuple[int, int]:
     for path in others:
         (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target / path.relative_to(source))
-    return len(records), len(others)
+    return len(records), len(others), len(busy)

@@ -68,6 +68,26 @@ def _lock(fd: int, lock: Path, wait: bool) -> bool:
     return True
 
 
+def in_progress(run_dir: Path) -> bool:
+    """Whether another process holds the run's lock now: the run is being built, or its record is still being
+    added to (a sweep's robustness step writes into it after training). Probed with a shared lock taken and
+    let go at once, without creating the lock file; a worker that tries to claim the run in that instant
+    finds it busy and leaves it to the sweep's next launch, which is all such a collision costs."""
+    try:
+        fd = os.open(lock_path(run_dir), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as err:
+        raise ConfigError(f"cannot probe the lock {lock_path(run_dir)} ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    return False
+
+
 def publish(build_dir: Path, run_dir: Path) -> None:
     """Put the run built in ``build_dir`` in ``run_dir``'s place, and remove the run it replaces."""
     old = run_dir.parent / f".{run_dir.name}.old"
