@@ -780,6 +780,23 @@ def test_two_plans_stand_side_by_side_each_on_its_own_runs_and_holm_family(tmp_p
             "0.02).") in top
 
 
+def test_the_headline_parts_a_claim_decided_below_its_power_from_one_that_may_have_missed_its_target():
+    """Below 80% power for its target, a supported or contradicted claim found its difference all the same; only a
+    claim left undecided is one whose sizes cannot show an effect of the target's size."""
+    from pathlib import Path
+
+    from runners.results.confirmatory import Confirmation, headline
+
+    table = pd.DataFrame({"id": ["A", "B", "C", "D"], "target": [0.01] * 4, "mde": [0.02, 0.03, 0.005, 0.04],
+                          "verdict": ["supported", "cannot tell", "cannot tell", "contradicted"],
+                          "seeds": [9] * 4, "planned": [9] * 4})
+    plan = Confirmation(Path("plan.md"), {"seeds": list(range(9))}, table, pd.DataFrame(), pd.DataFrame())
+    assert headline([plan])[2] == (
+        "- `plan.md`: of its 4 claims, 1 supported (A), 1 contradicted (D), 2 cannot tell. Its sizes cannot show an "
+        "effect of the target's size for B (MDE 0.03 > target 0.01). Decided although not powered for its target: "
+        "A (supported; MDE 0.02 > target 0.01), D (contradicted; MDE 0.04 > target 0.01).")
+
+
 def test_a_plan_without_all_its_runs_is_tested_on_the_seeds_present_and_says_so(tmp_path):
     """A plan of five seeds whose runs reach seed 2 (domain b's only seed 1), and one none of whose seeds has run:
     the aggregate goes on, the first tested on the seeds present and labelled as not the registered analysis."""

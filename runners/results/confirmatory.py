@@ -432,11 +432,17 @@ def _cannot_show(c: Confirmation) -> str:
         return "It sets no target, so no claim is labelled powered or not; each claim's MDE (80% power) is in the table."
     short = targeted[targeted["mde"] > targeted["target"]]
     unknown = targeted[targeted["mde"].isna()]
+    # a claim decided below 80% power found its difference all the same; only an undecided one may have missed it
+    decided = short["verdict"].str.startswith(("supported", "contradicted"))
     said = []
-    if len(short):
+    if (~decided).any():
         said.append("Its sizes cannot show an effect of the target's size for " + ", ".join(
-            f"{row['id']} ({_short_of(row['mde'], row['target'])})" for _, row in short.iterrows()) + ".")
-    elif len(targeted) > len(unknown):
+            f"{row['id']} ({_short_of(row['mde'], row['target'])})" for _, row in short[~decided].iterrows()) + ".")
+    if decided.any():
+        said.append("Decided although not powered for its target: " + ", ".join(
+            f"{row['id']} ({row['verdict']}; {_short_of(row['mde'], row['target'])})"
+            for _, row in short[decided].iterrows()) + ".")
+    if short.empty and len(targeted) > len(unknown):
         said.append(f"Each of its {len(targeted) - len(unknown)} claims with a target and an MDE is powered (MDE ≤ target).")
     if len(unknown):
         said.append(f"Whether its sizes reach the target of {', '.join(unknown['id'])} is unknown until 2 seeds are paired.")
