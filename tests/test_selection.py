@@ -95,3 +95,50 @@ def test_an_archive_leaves_out_a_run_still_in_progress(tmp_path, capsys):
     assert "in progress" not in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["a-0", "a-1"]
     assert not lock_path(runs / "a-0").exists()  # the probe creates no lock file
+
+
+def lr_grid(scores):
+    """``{lr: [score per seed]}`` as the margin's grid: seeds 0, 1, ... in order."""
+    return {lr: dict(enumerate(values)) for lr, values in scores.items()}
+
+
+def test_a_margin_inside_the_seed_noise_is_within_noise_and_the_curve_finds_the_vertex():
+    import math
+
+    from runners.runs.margins import WITHIN_NOISE, margin
+    # validation is a parabola in log(lr) peaking at 2e-3, with seed noise larger than the gap between 1e-3 and 3e-3
+    peak = lambda lr: 0.9 - 0.05 * math.log(lr / 2e-3) ** 2
+    noise = [0.03, -0.02, 0.01, -0.02]
+    m = margin(lr_grid({lr: [peak(lr) + e * (1 if lr == 1e-3 else -1) for e in noise] for lr in (3.33e-4, 1e-3, 3e-3, 9e-3)}))
+    assert m.best == 3e-3 and m.runner_up == 1e-3 and m.seeds == 4 and not m.edge
+    assert m.verdict == WITHIN_NOISE and m.low < 0 < m.high
+    exact = margin(lr_grid({lr: [peak(lr)] * 4 for lr in (3.33e-4, 1e-3, 3e-3, 9e-3)}))
+    assert exact.curve == 2e-3 and exact.chosen == 2e-3  # the parabola through its three best points is the curve
+    assert 1e-3 <= m.curve_low <= m.curve <= m.curve_high <= 9e-3
+
+
+def test_a_clear_margin_is_decided_and_a_best_value_at_the_end_of_the_grid_is_an_edge():
+    from runners.runs.margins import DECIDED, margin
+    m = margin(lr_grid({1e-3: [0.50, 0.52, 0.51], 3e-3: [0.60, 0.63, 0.61], 9e-3: [0.70, 0.72, 0.74]}))
+    assert m.best == 9e-3 and m.verdict == DECIDED and m.low > 0
+    assert m.edge and m.curve is None and m.chosen == 9e-3  # nothing says the curve stops rising past 9e-3
+    assert "edge of the grid" in m.describe()
+
+
+def test_beside_a_diverged_value_the_best_grid_value_stands():
+    from runners.runs.margins import DECIDED, margin
+    worst = float("-inf")
+    m = margin(lr_grid({1e-3: [0.5, 0.5], 3e-3: [0.6, 0.62], 9e-3: [0.9, worst]}))
+    assert m.best == 3e-3 and m.runner_up == 1e-3 and not m.edge  # the diverged 9e-3 brackets the choice
+    assert m.curve is None and m.chosen == 3e-3  # no parabola through a diverged run
+    lost = margin(lr_grid({3e-3: [0.6, 0.62], 9e-3: [0.9, worst]}))
+    assert lost.best == 3e-3 and lost.verdict == DECIDED  # its runner-up did not finish one seed
+
+
+def test_quest_select_prints_each_choice_margin(tmp_path, capsys):
+    for seed, lr, val in [(0, 1e-3, 0.70), (1, 1e-3, 0.72), (0, 3e-3, 0.71), (1, 3e-3, 0.74), (0, 9e-3, 0.60), (1, 9e-3, 0.65)]:
+        write_record(tmp_path / f"run{seed}-{lr}", RunRecord(**grid_record("standard", seed, lr, 2, val, 0.5)))
+    assert cli(["select", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 0.003 vs 0.001 | +0.0150 [" in out and "within noise" in out
+    assert "select: a / d / study: optim.lr=0.003 (within noise)" in out

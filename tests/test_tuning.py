@@ -204,3 +204,20 @@ def load_sweep_cfg():
     from runners.config import compose
 
     return compose(["domain=toy", "attention=quest", "seed=0"])
+
+
+def test_the_curve_rule_chooses_between_grid_values_and_says_where_the_grid_cannot_decide(tmp_path, scored_run, monkeypatch,
+                                                                                          capsys):
+    """standard's best rate lies between 1e-3 and 2e-3 (the two score alike: within noise), quest's past the
+    extension's reach (an edge): the curve's vertex for one, the edge value, said as such, for the other."""
+    monkeypatch.setitem(BEST_LR, "standard", math.sqrt(2) * 1e-3)
+    assert sweep.main([tuned_spec(tmp_path, extend=1, rule="curve")]) == 0
+    selection = json.loads((tmp_path / "runs" / "selection.json").read_text())
+    standard, quest = selection["margins"]["toy"]["standard"], selection["margins"]["toy"]["quest"]
+    assert selection["rule"] == "curve" and standard["verdict"] == "within noise" and not standard["edge"]
+    assert 1e-3 < selection["chosen"]["toy"]["standard"]["optim.lr"] == standard["curve"] < 2e-3
+    assert quest["edge"] and quest["curve"] is None and selection["chosen"]["toy"]["quest"] == {"optim.lr": 4e-3}
+    out = capsys.readouterr().out
+    assert "select: toy / quest: optim.lr=0.004 (curve rule); best 0.004 vs 0.002" in out and "edge of the grid" in out
+    tuned = {(v, lr) for v, s, lr, where in scored_run if "/select/" not in where and s == 1}
+    assert tuned == {("standard", standard["curve"]), ("quest", 4e-3)}  # the confirmation runs at the choices

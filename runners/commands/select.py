@@ -3,7 +3,9 @@ runs chose on validation data.
 
 The runs' candidates (each combination of the settings that vary over them, seed excepted) ranked by their
 mean validation score, best first, per domain, dataset and preset, and per variant with ``--by variant``
-(each variant at its own best settings); then each setting's main effect (the mean score at each of its
+(each variant at its own best settings); then each choice's margin over the runner-up, paired over seeds, with its
+verdict (decided or within noise), whether it sits on the grid's edge and the curve rule's vertex
+(``runners.runs.margins``); then each setting's main effect (the mean score at each of its
 values, over the candidates). The rule is ``runners.runs.selection``'s: mean of the records'
 ``best_val`` over seeds, a run that diverged or failed counting as the worst score, ties to the smaller model.
 Test metrics are not read.
@@ -15,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from runners.runs.selection import chosen, effects_table, overrides, select, selection_table
+from runners.runs.selection import chosen, effects_table, group_margins, margins_table, overrides, select, selection_table
 
 
 def main(argv: list[str]) -> int:
@@ -28,13 +30,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="write every candidate, ranked, as JSON")
     args = parser.parse_args(argv)
     ranked = select(*args.runs, by=tuple(args.by))
-    table = "\n".join(selection_table(ranked) + effects_table(ranked)).strip() + "\n"
+    table = "\n".join(selection_table(ranked) + margins_table(ranked) + effects_table(ranked)).strip() + "\n"
     print(table, end="")
     counts = {row["runs"] for row in ranked}
     if len(counts) > 1:  # a grid still running, or runs lost: a choice among unequal evidence
         print(f"select: candidates have {min(counts)} to {max(counts)} runs each; the grid is incomplete", file=sys.stderr)
+    found = group_margins(ranked)
     for group, row in chosen(ranked).items():
-        print(f"select: {' / '.join(map(str, group))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}")
+        verdict = f" ({found[group].verdict}{', on an edge' if found[group].edge else ''})" if group in found else ""
+        print(f"select: {' / '.join(map(str, group))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}{verdict}")
     if args.output:
         args.output.write_text(table)
     if args.json:

@@ -23,10 +23,10 @@ from statistics import fmean, stdev
 from common.errors import ConfigError
 from common.records import read_records
 from runners.config import UNHASHED
+from runners.runs.margins import Margin, bucket, margin
 
 SELECTION_FILE = "selection.json"  # where a sweep's tuned protocol keeps its choices (runners.sweeps.tuning)
 IGNORED = ("seed", *UNHASHED)  # what never makes two runs different candidates
-TIE = 1e-4
 
 
 def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -66,14 +66,9 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
         rows = [_candidate(group, varying, [records[i] for i in runs], [flat[i] for i in runs], mode)
                 for runs in pool.values()]
         sign = -1 if mode == "max" else 1
-        rows.sort(key=lambda row: (_bucket(sign * row["mean"]), row["params"]))  # stable: then the runs' order
+        rows.sort(key=lambda row: (bucket(sign * row["mean"]), row["params"]))  # stable: then the runs' order
         ranked += rows
     return ranked
-
-
-def _bucket(score: float) -> float:
-    """Scores equal to ``TIE`` share a bucket; a worst score (infinite) stays last."""
-    return round(score / TIE) if math.isfinite(score) else score
 
 
 def _candidate(group: tuple, varying: list[str], runs: list[dict], flat: list[dict], mode: str) -> dict:
@@ -82,6 +77,7 @@ def _candidate(group: tuple, varying: list[str], runs: list[dict], flat: list[di
               and math.isfinite(rec["best_val"]["value"]) else worst for rec in runs]
     return {"group": group, "settings": {k: flat[0].get(k) for k in varying},
             "runs": len(runs), "seeds": sorted(rec["seed"] for rec in runs),
+            "scores": {rec["seed"]: score for rec, score in zip(runs, scores)},
             "mean": fmean(scores), "std": stdev(scores) if len(scores) > 1 and all(map(math.isfinite, scores)) else 0.0,
             "params": runs[0]["params"], "failed": sum(rec["status"] != "ok" for rec in runs),
             "metric": f"val/{runs[0]['primary_metric']}", "mode": mode}
@@ -93,6 +89,49 @@ def select(*roots: str | Path, by: tuple[str, ...] = ()) -> list[dict]:
     if not records:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))}")
     return candidates([rec for _, rec in sorted(records, key=lambda item: str(item[0]))], by)
+
+
+def group_margins(ranked: list[dict]) -> dict[tuple, Margin]:
+    """Per group of two or more candidates, the chosen one's margin over the runner-up (``runners.runs.margins``);
+    where one numeric setting varies, also whether the choice sits on the grid's edge and the curve's vertex. The
+    grid's keys are that setting's values, else the candidates' ranks (0 the chosen)."""
+    found = {}
+    for group in dict.fromkeys(row["group"] for row in ranked):
+        rows = [row for row in ranked if row["group"] == group]
+        if len(rows) > 1:
+            sign = 1 if rows[0]["mode"] == "max" else -1
+            keys = [_numeric(row["settings"]) for row in rows]
+            ordered = None not in keys
+            found[group] = margin({(key if ordered else float(rank)): {seed: sign * score for seed, score in row["scores"].items()}
+                                   for rank, (key, row) in enumerate(zip(keys, rows))}, ordered=ordered)
+    return found
+
+
+def _numeric(settings: dict) -> float | None:
+    """The value of a candidate's one numeric setting, None where several settings vary or it is not a number."""
+    (value,) = settings.values() if len(settings) == 1 else (None,)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def margins_table(ranked: list[dict]) -> list[str]:
+    """Markdown: each group's choice, its runner-up, their paired difference with its 95% interval and verdict,
+    and (one numeric setting) whether the choice is on the grid's edge and where the curve rule would put it."""
+    found = group_margins(ranked)
+    if not found:
+        return []
+    lines = ["", "**Margins**: the chosen candidate against the runner-up, paired over the seeds both ran (signed so that "
+             "> 0 favours the chosen)", "", "| group | chosen vs runner-up | difference [95% CI] | seeds | verdict | edge "
+             "| curve vertex [90% bootstrap] |", "|---|---|---|---|---|---|---|"]
+    for group, m in found.items():
+        rows = [row for row in ranked if row["group"] == group]
+        names = [f"{m.best:g}", f"{m.runner_up:g}"]
+        if _numeric(rows[0]["settings"]) is None:  # keyed by rank: name the candidates by their settings
+            names = [" ".join(f"{k}={x}" for k, x in rows[int(rank)]["settings"].items()) for rank in (m.best, m.runner_up)]
+        interval = f"{m.difference:+.4f} [{m.low:+.4f}, {m.high:+.4f}]" if math.isfinite(m.low) else f"{m.difference:+.4f}"
+        curve = f"{m.curve:.3g} [{m.curve_low:.3g}, {m.curve_high:.3g}]" if m.curve is not None else "–"
+        lines.append(f"| {' / '.join(map(str, group))} | {names[0]} vs {names[1]} | {interval} | {m.seeds} | {m.verdict} "
+                     f"| {'yes' if m.edge else 'no'} | {curve} |")
+    return lines
 
 
 def chosen(ranked: list[dict]) -> dict[tuple, dict]:

@@ -14,13 +14,18 @@ beside the sweep's one-recipe runs.
                                          # for the same domains and variants under, say, another init
       label: PyTorch init                # added to the protocols' names, so this sweep's tables stay apart
       recipe: false                      # the tuned runs only (default true: the sweep's own runs beside them)
+      rule: curve                        # best (default): the best grid value; curve: the vertex of a parabola
+                                         # in log(value) through the best and its neighbours (one key only)
 
 A sweep ``grid:`` applies to the tuned runs too (each choice in every cell); selection runs at the recipe.
 
 Selection runs go to ``<output_dir>/select/`` and are never attacked. The choice per domain and variant is
 ``runners.runs.selection``'s rule (mean ``best_val`` over the selection seeds, a diverged or failed run the
-worst score, ties to the earlier value in grid order). It is written to ``<output_dir>/selection.json`` once every
-selection run is recorded and no edge is left to extend, and stays fixed from then on: later launches, and the
+worst score, ties to the earlier value in grid order), or with ``rule: curve`` the vertex of ``runners.runs.margins``.
+Either way each choice's margin (the best value against the runner-up, paired over the selection seeds, *decided*
+or *within noise*, and whether it sits on an edge the extension could not leave) is printed and kept beside it. It
+is written to ``<output_dir>/selection.json`` once every selection run is recorded and no edge is left to extend
+(a value that diverged or failed past the best brackets it too), and stays fixed from then on: later launches, and the
 aggregation that labels each run "same recipe" or "tuned", read that file (delete it to choose again). The
 confirmation runs, the sweep's own and the tuned ones, go to ``<output_dir>/`` itself; a tuned run whose choice
 is the recipe's is the same run as the recipe's and is made once.
@@ -28,7 +33,6 @@ is the recipe's is the same run as the recipe's and is made once.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,9 +42,11 @@ from common.attention import VARIANTS
 from common.errors import ConfigError
 from common.records import read_records
 from runners.config import compose, run_directory
-from runners.runs.selection import SELECTION_FILE, TIE, candidates, leaves, read_selection
+from runners.runs.margins import Grid, Margin, bucket, margin
+from runners.runs.selection import SELECTION_FILE, candidates, leaves, read_selection
 
-SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe"}
+SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe", "rule"}
+RULES = ("best", "curve")
 
 
 def check_select(value) -> str | None:
@@ -66,6 +72,8 @@ def check_select(value) -> str | None:
     extend = value.get("extend", 0)
     if not isinstance(extend, int) or extend < 0 or (extend and len(scale) > 1):
         return "extend must be a count >= 0, and 0 where more than one key is scaled"
+    if value.get("rule", "best") not in RULES or (value.get("rule") == "curve" and len(scale) > 1):
+        return f"rule must be one of {', '.join(RULES)}, and best where more than one key is scaled"
     if not isinstance(value.get("label", ""), str):
         return "label must be a short text"
     if not isinstance(value.get("recipe", True), bool):
@@ -94,7 +102,12 @@ class Tuning:
         self.confirm_seeds = select.get("confirm_seeds") or spec.get("seeds", [0])  # also where recipe: false
         self.scale = {key: sorted(map(float, factors)) for key, factors in select.get("scale", {}).items()}
         self.extend = select.get("extend", 0)
+        self.rule = select.get("rule", "best")
         self._recipe: dict[str, dict[str, float]] = {}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.scale)
 
     @property
     def file(self) -> Path:
@@ -133,16 +146,38 @@ class Tuning:
     def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[float] | None:
         """The score of each setting of the grid (``_product`` order) by ``runners.runs.selection``'s rule,
         signed so that higher is better; None while one of its runs has no record."""
+        runs = self._runs(domain, variant, grid, records)
+        if runs is None:
+            return None
         scores = []
+        for found in runs:
+            row, = candidates(found)
+            scores.append(row["mean"] if row["mode"] == "max" else -row["mean"])
+        return scores
+
+    def _runs(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[list[dict]] | None:
+        """The records of each setting of the grid (``_product`` order), None while one of them has no record."""
+        found = []
         for settings in _product(grid):
             values = {key: self.value(domain, key, factor) for key, factor in settings.items()}
             runs = [rec for rec in records if rec["domain"] == domain and rec["variant"] == variant
                     and rec["seed"] in self.seeds and all(_close(rec["leaves"].get(k), v) for k, v in values.items())]
             if len({rec["seed"] for rec in runs}) < len(self.seeds):
                 return None
+            found.append(runs)
+        return found
+
+    def margin(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> Margin | None:
+        """The margin of the choice over a one-key grid (``runners.runs.margins``); None for a grid of several keys."""
+        if len(grid) != 1:
+            return None
+        (key, factors), = grid.items()
+        scored: Grid = {}
+        for factor, runs in zip(factors, self._runs(domain, variant, grid, records)):
             row, = candidates(runs)
-            scores.append(row["mean"] if row["mode"] == "max" else -row["mean"])
-        return scores
+            sign = 1 if row["mode"] == "max" else -1
+            scored[self.value(domain, key, factor)] = {seed: sign * score for seed, score in row["scores"].items()}
+        return margin(scored)
 
     def selection_runs(self) -> list[list[str]]:
         """The selection runs of the current round: every grid as far as it is extended now."""
@@ -167,16 +202,25 @@ class Tuning:
             return self._borrow()
         records = self._records()
         picked: dict[str, dict[str, dict[str, float]]] = {}
+        margins: dict[str, dict[str, dict]] = {}
         for domain in self.domains:
             for variant in self.variants:
                 grid, complete = self._grid(domain, variant, records)
                 if not complete:
                     return None
                 settings = _product(grid)[_best(self._scores(domain, variant, grid, records))]
-                picked.setdefault(domain, {})[variant] = {k: self.value(domain, k, f) for k, f in settings.items()}
-        selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
-                     "confirm_seeds": self.confirm_seeds, "label": self.label,
-                     "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked}
+                values = {k: self.value(domain, k, f) for k, f in settings.items()}
+                found = self.margin(domain, variant, grid, records)
+                if found is not None:  # one key: its margin, and the curve's choice under rule: curve
+                    (key, value), = values.items()
+                    values = {key: found.chosen if self.rule == "curve" else value}
+                    margins.setdefault(domain, {})[variant] = found.as_json()
+                    print(f"select: {domain} / {variant}: {key}={values[key]:g} ({self.rule} rule); {found.describe()}")
+                picked.setdefault(domain, {})[variant] = values
+        selection = {"keys": self.keys, "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
+                     "confirm_seeds": self.confirm_seeds, "label": self.label, "rule": self.rule,
+                     "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked,
+                     "margins": margins}
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.file.write_text(json.dumps(selection, indent=1) + "\n")
         return selection
@@ -214,7 +258,7 @@ class Tuning:
 
 def _best(scores: list[float]) -> int:
     """The index of the best score; scores within the selection rule's tie (1e-4) go to the earlier one."""
-    return max(range(len(scores)), key=lambda i: (round(scores[i] / TIE) if math.isfinite(scores[i]) else scores[i], -i))
+    return max(range(len(scores)), key=lambda i: (bucket(scores[i]), -i))
 
 
 def _close(a, b) -> bool:
