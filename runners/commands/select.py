@@ -17,7 +17,15 @@ import json
 import sys
 from pathlib import Path
 
-from runners.runs.selection import chosen, effects_table, group_margins, margins_table, overrides, select, selection_table
+from runners.runs import rule_simulation
+from runners.runs.selection import chosen, effects_table, grids, group_margins, margins_table, overrides, select, selection_table
+
+
+def _seed_counts(text: str) -> list[int]:
+    counts = [int(n) for n in text.split(",") if n.strip().isdigit()]
+    if len(counts) != len(text.split(",")) or not all(1 < n <= 1000 for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seed counts from 2 to 1000")
+    return counts
 
 
 def main(argv: list[str]) -> int:
@@ -28,9 +36,13 @@ def main(argv: list[str]) -> int:
                         help="choose separately for each value of this record field")
     parser.add_argument("-o", "--output", type=Path, help="also write the tables to this markdown file")
     parser.add_argument("--json", type=Path, help="write every candidate, ranked, as JSON")
+    parser.add_argument("--simulate", type=_seed_counts, metavar="N,N,...",
+                        help="also simulate what rules best and curve cost at these numbers of selection seeds, from "
+                             "each grid's own curvature and noise (runners.runs.rule_simulation)")
     args = parser.parse_args(argv)
     ranked = select(*args.runs, by=tuple(args.by))
-    table = "\n".join(selection_table(ranked) + margins_table(ranked) + effects_table(ranked)).strip() + "\n"
+    simulated = rule_simulation.table(grids(ranked), args.simulate) if args.simulate else []
+    table = "\n".join(selection_table(ranked) + margins_table(ranked) + simulated + effects_table(ranked)).strip() + "\n"
     print(table, end="")
     counts = {row["runs"] for row in ranked}
     if len(counts) > 1:  # a grid still running, or runs lost: a choice among unequal evidence

@@ -108,17 +108,17 @@ def _curve(grid: Grid, best: float, values: list[float]) -> tuple[float | None, 
         return None, None, None
     x = [math.log(v) for v in three]
     seeds = sorted(set.intersection(*(set(grid[v]) for v in three)))
-    vertex = _vertex(x, [float(np.mean(list(grid[v].values()))) for v in three])
+    peak = vertex(x, [float(np.mean(list(grid[v].values()))) for v in three])
     rng = np.random.default_rng(0)
     draws = []
     for _ in range(BOOTSTRAP):
         pick = rng.choice(seeds, size=len(seeds)) if len(seeds) > 1 else seeds
-        draws.append(_vertex(x, [float(np.mean([grid[v][s] for s in pick])) for v in three]))
+        draws.append(vertex(x, [float(np.mean([grid[v][s] for s in pick])) for v in three]))
     low, high = np.quantile(draws, [0.05, 0.95])
-    return (_round(math.exp(vertex)), _round(math.exp(low)), _round(math.exp(high)))
+    return _round(math.exp(peak)), _round(math.exp(low)), _round(math.exp(high))
 
 
-def _vertex(x: list[float], y: list[float]) -> float:
+def vertex(x: list[float], y: list[float]) -> float:
     """The maximum of the parabola through three points, kept between the outer two: a curve that is not concave
     there (a resample where the middle is not the highest) puts it at the best of the three."""
     (x0, x1, x2), (y0, y1, y2) = x, y

@@ -23,7 +23,7 @@ from statistics import fmean, stdev
 from common.errors import ConfigError
 from common.records import read_records
 from runners.config import UNHASHED
-from runners.runs.margins import Margin, bucket, margin
+from runners.runs.margins import Grid, Margin, bucket, margin
 
 SELECTION_FILE = "selection.json"  # where a sweep's tuned protocol keeps its choices (runners.sweeps.tuning)
 IGNORED = ("seed", *UNHASHED)  # what never makes two runs different candidates
@@ -96,15 +96,31 @@ def group_margins(ranked: list[dict]) -> dict[tuple, Margin]:
     where one numeric setting varies, also whether the choice sits on the grid's edge and the curve's vertex. The
     grid's keys are that setting's values, else the candidates' ranks (0 the chosen)."""
     found = {}
-    for group in dict.fromkeys(row["group"] for row in ranked):
-        rows = [row for row in ranked if row["group"] == group]
+    for group, rows in _groups(ranked).items():
         if len(rows) > 1:
-            sign = 1 if rows[0]["mode"] == "max" else -1
             keys = [_numeric(row["settings"]) for row in rows]
             ordered = None not in keys
-            found[group] = margin({(key if ordered else float(rank)): {seed: sign * score for seed, score in row["scores"].items()}
-                                   for rank, (key, row) in enumerate(zip(keys, rows))}, ordered=ordered)
+            found[group] = margin(dict(zip(keys if ordered else map(float, range(len(rows))), map(_signed, rows))),
+                                  ordered=ordered)
     return found
+
+
+def grids(ranked: list[dict]) -> dict[tuple, Grid]:
+    """Per group whose candidates differ in one numeric setting, its grid: value -> {seed: score, higher better}."""
+    return {group: {_numeric(row["settings"]): _signed(row) for row in rows}
+            for group, rows in _groups(ranked).items() if None not in (_numeric(row["settings"]) for row in rows)}
+
+
+def _groups(ranked: list[dict]) -> dict[tuple, list[dict]]:
+    found: dict[tuple, list[dict]] = {}
+    for row in ranked:
+        found.setdefault(row["group"], []).append(row)
+    return found
+
+
+def _signed(row: dict) -> dict[int, float]:
+    sign = 1 if row["mode"] == "max" else -1
+    return {seed: sign * score for seed, score in row["scores"].items()}
 
 
 def _numeric(settings: dict) -> float | None:
