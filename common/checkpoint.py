@@ -23,14 +23,17 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor, nn
 
 from common.data import refused_global
 from common.errors import ConfigError, error_line
+from common.files import FileError, MiB, interpolation, read_yaml
 
 log = logging.getLogger(__name__)  # its info line (which weights a run starts from) is shown by runners.console
 
 CHECKPOINTS = ("best.ckpt", "last.ckpt")  # a run directory's checkpoints, in order of preference
+MAX_CONFIG_BYTES = MiB  # a run's config.yaml takes a few KiB
 
 
 @dataclass(frozen=True)
@@ -55,20 +58,29 @@ def locate(path: Path, key: str) -> tuple[Path, Path]:
 
 def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tuple[Path, Path, DictConfig]:
     """(run directory, checkpoint, resolved config) of the run at ``path`` (``locate``); with ``domain``, a
-    run of another domain is a ``ConfigError``. ``key`` names what pointed at the run, for the messages."""
+    run of another domain is a ``ConfigError``. ``key`` names what pointed at the run, for the messages.
+    The config is data (``common.files``): a ``${...}`` in it is refused, never resolved, since a run
+    directory may come from anyone and ``oc.env`` would read the environment into what the command writes."""
     run_dir, checkpoint = locate(Path(path).expanduser(), key)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{key}: {run_dir} is not a run directory (no config.yaml beside checkpoints/)")
     try:
-        config = OmegaConf.load(config_path)
-    except Exception as err:  # truncated, not YAML, or not a mapping
-        raise ConfigError(f"{key}: {config_path} is not a readable run config ({error_line(err)})") from None
-    if not isinstance(config, DictConfig) or not isinstance(config.get("domain"), str):
+        data = read_yaml(config_path, "run config", MAX_CONFIG_BYTES)
+    except FileError as err:  # truncated, not YAML, too large, not a file
+        raise ConfigError(f"{key}: {config_path} is not a readable run config ({err.reason})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("domain"), str):
         raise ConfigError(f"{key}: {config_path} is not a run config (no domain: key)")
-    if domain is not None and config.get("domain") != domain:
-        raise ConfigError(f"{key}: {run_dir} is a {config.get('domain')!r} run, not a {domain!r} run")
-    return run_dir, checkpoint, config
+    found = interpolation(data, "config")
+    if found:
+        raise ConfigError(f"{key}: {config_path} is not a run config: {found[0]} holds an interpolation "
+                          f"{found[1]!r}, which a run's resolved config never has (refused, not resolved)")
+    if domain is not None and data["domain"] != domain:
+        raise ConfigError(f"{key}: {run_dir} is a {data['domain']!r} run, not a {domain!r} run")
+    try:
+        return run_dir, checkpoint, OmegaConf.create(data)
+    except OmegaConfBaseException as err:  # a key OmegaConf cannot hold (null)
+        raise ConfigError(f"{key}: {config_path} is not a run config ({error_line(err)})") from None
 
 
 def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> FinishedRun:

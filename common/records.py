@@ -5,13 +5,17 @@
 ``quest curve``) read it back as a ``RunRecord`` (``RunRecord.read``), set their field and write it again.
 Tables are built from the JSON form (``read_record``, ``read_records``).
 
-Validation checks every field's type and that each value of ``metrics``, ``probes`` and (when
-``quest robustness`` has added it) ``robustness`` is a real number: an int or float, never a bool or a
-numeric string such as ``"0.5"``. NaN and ±inf are numbers here: a diverged metric may be NaN.
+A record file is data (``common.files``): a regular file of at most ``MAX_RECORD_BYTES``, JSON within the
+nesting and integer limits. Validation checks every field's type, the values of its maps and lists where the
+schema types them (each value of ``metrics``, ``probes`` and, when ``quest robustness`` has added it,
+``robustness`` a real number: an int or float, never a bool or a numeric string such as ``"0.5"``), and the keys
+readers take from the nested fields (``NESTED``, and a probe trajectory's numbers per step). NaN and ±inf are
+numbers here: a diverged metric may be NaN.
 """
 from __future__ import annotations
 
 import json
+import logging
 import numbers
 import os
 import tempfile
@@ -22,8 +26,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from common.files import FileError, MiB, read_json
+
+log = logging.getLogger(__name__)
+
 RECORD_NAME = "record.json"
 SCHEMA_VERSION = 1
+MAX_RECORD_BYTES = 64 * MiB  # a long run's probe trajectory (every 25 steps, every layer) takes a few MiB
 STATUSES = ("ok", "diverged", "failed", "stopped")  # stopped: by SIGINT or SIGTERM, not a result
 
 Numbers = dict[str, float]  # a map of names to real numbers, which aggregation averages
@@ -102,7 +111,7 @@ class _Field:
 
     required: bool
     types: tuple[type, ...]  # the JSON types accepted
-    numbers: bool  # a map whose values must be real numbers
+    item: type | None  # each value of a map or item of a list, where the annotation says (float: a real number)
 
 
 @cache
@@ -114,7 +123,9 @@ def _fields() -> dict[str, _Field]:
         parts = typing.get_args(hints[field.name]) if isinstance(hints[field.name], types.UnionType) \
             else (hints[field.name],)
         kinds = tuple(typing.get_origin(part) or part for part in parts if required or part is not type(None))
-        found[field.name] = _Field(required, kinds + ((int,) if float in kinds else ()), Numbers in parts)
+        items = [typing.get_args(part)[-1] for part in parts if typing.get_origin(part) in (dict, list)]
+        item = None if not items or items[0] is Any else typing.get_origin(items[0]) or items[0]
+        found[field.name] = _Field(required, kinds + ((int,) if float in kinds else ()), item)
     return found
 
 
@@ -135,6 +146,59 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+NUMBER, INTEGER, OPTIONAL = "a number", "an integer", " or null"
+KIND_TESTS = {NUMBER: _is_number, INTEGER: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "a string": lambda v: isinstance(v, str), "a mapping": lambda v: isinstance(v, dict)}
+ITEM_KINDS = {float: NUMBER, int: INTEGER, str: "a string", dict: "a mapping"}
+
+# The keys readers take from the nested fields (tables, selection, archive, curves), each with its kind; a key
+# marked with "?" may be absent. Checked, so that a record that passes validation is one every reader can read.
+NESTED = {
+    "best_val": {"value": NUMBER + OPTIONAL, "epoch?": INTEGER + OPTIONAL, "evaluation?": INTEGER,
+                 "evaluations?": INTEGER},
+    "divergence": {"step": INTEGER, "reason": "a string"},
+    "stopped": {"signal": "a string", "step": INTEGER},
+    "snapshots": {"fraction": NUMBER, "step": INTEGER, "file": "a string"},
+    "curve": {"fraction": NUMBER, "step": INTEGER, "metrics": "a mapping", "robustness?": "a mapping"},
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    return (kind.endswith(OPTIONAL) and value is None) or KIND_TESTS[kind.removesuffix(OPTIONAL)](value)
+
+
+def _nested(name: str, value: Any) -> str | None:
+    """What is wrong with the nested field ``name`` (a mapping, or a list of them), or None."""
+    for index, entry in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+        place = f"field {name!r}" + ("" if index is None else f" item {index}")
+        for key, kind in NESTED[name].items():
+            optional, key = key.endswith("?"), key.removesuffix("?")
+            if key not in entry and not optional:
+                return f"{place} lacks {key!r}"
+            if key in entry and not _is(entry[key], kind):
+                return f"{place} key {key!r} is {entry[key]!r}, not {kind}"
+        if name == "curve" and not all(map(_is_number, entry["metrics"].values())):
+            return f"{place} has metrics that are not numbers"
+    if name == "best_val" and ("evaluation" in value) != ("evaluations" in value):
+        return "field 'best_val' has one of 'evaluation' and 'evaluations' without the other"
+    return None
+
+
+def _trajectory(value: dict) -> str | None:
+    """What is wrong with a probe trajectory (``{"step": [...], "layers": {name: {stat: [...]}}}``), or None:
+    each stat has a number for every step."""
+    steps, layers = value.get("step"), value.get("layers")
+    if not isinstance(steps, list) or not all(map(KIND_TESTS[INTEGER], steps)) or not isinstance(layers, dict):
+        return "field 'trajectory' is not {'step': [integers], 'layers': {...}}"
+    for name, stats in layers.items():
+        if not isinstance(stats, dict):
+            return f"field 'trajectory' layer {name!r} is not a mapping of stats"
+        for stat, values in stats.items():
+            if not isinstance(values, list) or len(values) != len(steps) or not all(map(_is_number, values)):
+                return f"field 'trajectory' layer {name!r} stat {stat!r} is not {len(steps)} numbers, one per step"
+    return None
+
+
 def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     """``record`` if it follows the schema (see the module docstring), else ``RecordError`` naming ``where``."""
     schema = _fields()
@@ -145,11 +209,18 @@ def validate(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     for key, field in present.items():
         if not isinstance(record[key], field.types) or isinstance(record[key], bool):
             raise RecordError(where, f"field {key!r} has type {type(record[key]).__name__}")
-    for name in (key for key, field in present.items() if field.numbers):
-        for key, value in record[name].items():
-            if not _is_number(value):
-                raise RecordError(where, f"field {name!r} key {key!r} is {value!r} "
-                                         f"({type(value).__name__}), not a number")
+    for name, field in present.items():
+        if field.item is None or record[name] is None:
+            continue
+        kind = ITEM_KINDS[field.item]
+        for key, value in (record[name].items() if isinstance(record[name], dict) else enumerate(record[name])):
+            if not _is(value, kind):
+                raise RecordError(where, f"field {name!r} {'key' if isinstance(key, str) else 'item'} {key!r} is "
+                                         f"{value!r} ({type(value).__name__}), not {kind}")
+    problem = next(filter(None, (_nested(name, record[name]) for name in NESTED if record.get(name) is not None)), None)
+    problem = problem or (_trajectory(record["trajectory"]) if record.get("trajectory") is not None else None)
+    if problem:
+        raise RecordError(where, problem)
     if record["status"] not in STATUSES:
         raise RecordError(where, f"status {record['status']!r} is not one of {', '.join(STATUSES)}")
     if record["schema"] != SCHEMA_VERSION:
@@ -177,18 +248,15 @@ def write_record(run_dir: str | Path, record: RunRecord) -> Path:
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
-    """The JSON form of a record, from its file or its run directory; malformed ones raise ``RecordError``."""
+    """The JSON form of a record, from its file or its run directory, read as data (``common.files``: a regular
+    file of at most ``MAX_RECORD_BYTES``); a damaged or malformed one raises ``RecordError``."""
     path = Path(path)
     if path.is_dir():
         path = path / RECORD_NAME
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))  # as JSON is
-    except FileNotFoundError:
-        raise RecordError(path, "no such record") from None
-    except UnicodeDecodeError as err:
-        raise RecordError(path, f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise RecordError(path, f"not valid JSON ({err.msg} at line {err.lineno})") from None
+        record = read_json(path, "record", MAX_RECORD_BYTES)
+    except FileError as err:
+        raise RecordError(err.path, err.reason) from None
     if not isinstance(record, dict):
         raise RecordError(path, "not a JSON object")
     return validate(record, str(path))
@@ -199,12 +267,14 @@ def find_records(root: str | Path) -> list[Path]:
 
 
 def read_records(*roots: str | Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[RecordError]]:
-    """Every valid record under ``roots`` with its path, and the errors of those that are not; a record under
-    two of them (``runs runs/vision``) once."""
+    """Every valid record under ``roots`` with its path, and the errors of those that are not, each logged once
+    as skipped (a command that reads many records goes on without a damaged one); a record under two of them
+    (``runs runs/vision``) once."""
     good, bad = [], []
     for path in {p.resolve(): p for root in roots for p in find_records(root)}.values():
         try:
             good.append((path, read_record(path)))
         except RecordError as err:
+            log.warning("skipping %s", err)
             bad.append(err)
     return good, bad

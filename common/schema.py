@@ -7,9 +7,9 @@ The per-domain sections (``data``, ``model``, ``task``, ``robustness``) differ f
 schema stays the domain's config file: its keys and their defaults' types. A dataclass per domain would either
 repeat each file's defaults or take them away from the presets beside them, and would ask a plugin domain,
 which may ship only a YAML file or a dict (``common.registry.register_domain``), for Python it does not need.
-What several domains share is here: ``DataKeys`` and ``ModelKeys`` give the ranges (and types) of the common
-keys of ``data`` and ``model`` wherever a domain has them. A domain file may also add Lightning arguments to
-``trainer`` (language's ``val_check_interval``), typed by its default there.
+What several domains share is here: ``DataKeys``, ``ModelKeys`` and ``RobustnessKeys`` give the ranges (and
+types) of the common keys of ``data``, ``model`` and ``robustness`` wherever a domain has them. A domain file
+may also add Lightning arguments to ``trainer`` (language's ``val_check_interval``), typed by its default there.
 
 The fields, in their order and with their defaults, are the start of every composed config, over which a run's
 hash is taken (``runners.config.config_hash``): a field added or moved changes every run's hash, and a new
@@ -27,11 +27,14 @@ from typing import Any
 
 from common.errors import ConfigError
 
-BOUNDS = {"min": (">=", operator.ge), "max": ("<=", operator.le), "above": (">", operator.gt)}
+BOUNDS = {"min": (">=", operator.ge), "max": ("<=", operator.le), "above": (">", operator.gt),
+          "below": ("<", operator.lt)}
+MAX_SEED = 2**32 - 1  # numpy's seeds, which Lightning's seed_everything passes on, stop here
 
 
 def bounded(default: Any = dataclasses.MISSING, **limits: float) -> Any:
-    """A field whose number must lie within ``limits``: ``min`` / ``max`` inclusive, ``above`` exclusive."""
+    """A field whose number (or each number of its list) must lie within ``limits``: ``min`` / ``max``
+    inclusive, ``above`` / ``below`` exclusive."""
     return field(default=default, metadata={"bounds": limits})
 
 
@@ -77,7 +80,7 @@ class Optim:
     name: str = one_of("adamw", *OPTIMIZER_NAMES, what="optimiser")
     lr: float = bounded(1.0e-3, above=0)
     weight_decay: float = bounded(0.05, min=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = bounded((0.9, 0.999), min=0, below=1)  # torch's Adam takes no other
     momentum: float = bounded(0.9, min=0, max=1)  # sgd only
     nesterov: bool = True  # sgd only: Nesterov's momentum (false: the classical heavy ball, as Segmenter)
     schedule: str = one_of("cosine", *SCHEDULES, what="schedule")
@@ -177,7 +180,7 @@ class RunConfig:
 
     domain: str
     preset: str = "demo"
-    seed: int = bounded(0, min=0)
+    seed: int = bounded(0, min=0, max=MAX_SEED)
     output_dir: str = "runs"  # runs land in <output_dir>/<domain>/<variant>/seed<seed>-<config hash>
     cache_dir: str = ".cache/quest"  # generated and featurised datasets, reused across runs
     threads: int | None = bounded(None, min=1)  # torch intra-op threads; null leaves torch's default
@@ -201,6 +204,7 @@ class DataKeys:
     num_workers: int = bounded(min=0)
     context: int = bounded(min=1)
     answer_kappa: float = bounded(min=1)
+    split_seed: int = bounded(min=0, max=MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,17 @@ class ModelKeys:
     attn_dropout: float = bounded(min=0, max=1)
 
 
-DOMAIN_SECTIONS = {"data": DataKeys, "model": ModelKeys}
+@dataclass(frozen=True)
+class RobustnessKeys:
+    """The ``robustness`` keys (``common.perturbations``) of the domains that have the section."""
+
+    eps: list[float] = bounded(above=0)  # L-inf budgets, in input units
+    severities: list[int] = bounded(min=1, max=5)  # the corruption benchmarks' five levels
+    max_samples: int | None = bounded(min=1)
+    seed: int = bounded(min=0, max=MAX_SEED)
+
+
+DOMAIN_SECTIONS = {"data": DataKeys, "model": ModelKeys, "robustness": RobustnessKeys}
 
 
 def defaults(domain: str) -> dict:
@@ -254,6 +268,8 @@ def type_name(annotation: Any) -> str:
             names.append("null")
         elif typing.get_origin(option) is tuple:
             names.append(f"list of {len(typing.get_args(option))} {typing.get_args(option)[0].__name__}")
+        elif typing.get_origin(option) is list:
+            names.append(f"list of {typing.get_args(option)[0].__name__}")
         else:
             names.append(option.__name__)
     return " or ".join(names)
@@ -269,6 +285,8 @@ def accepts(annotation: Any, value: Any) -> bool:
         items = typing.get_args(annotation)
         return (isinstance(value, (list, tuple)) and len(value) == len(items)
                 and all(accepts(item, v) for item, v in zip(items, value)))
+    if typing.get_origin(annotation) is list:
+        return isinstance(value, (list, tuple)) and all(accepts(typing.get_args(annotation)[0], v) for v in value)
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
@@ -284,9 +302,9 @@ def check_value(key: str, spec: dataclasses.Field, value: Any) -> None:
     if choices and value not in choices:
         what = spec.metadata["what"]
         raise ConfigError(f"unknown {what + ' ' if what else ''}{key}={value!r}; choose from {', '.join(choices)}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return  # null, where a key may be null, has no range
-    if not all(BOUNDS[kind][1](value, bound) for kind, bound in limits.items()):
+    numbers = [v for v in (value if isinstance(value, (list, tuple)) else [value])
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]  # null, where a key may be null, has no range
+    if not all(BOUNDS[kind][1](v, bound) for v in numbers for kind, bound in limits.items()):
         allowed = " and ".join(f"{BOUNDS[kind][0]} {bound}" for kind, bound in limits.items())
         raise ConfigError(f"config key {key!r} must be {allowed}, got {value!r}")
 

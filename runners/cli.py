@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             print(__doc__.strip() + f"\nusage: quest {{{','.join(COMMANDS)},...}} ... (each takes --help)", file=sys.stderr)
             return 0 if argv and argv[0] in ("-h", "--help") else 2
         return entry(argv[1:])
-    except (ConfigError, DataError, RecordError, FileNotFoundError) as err:
+    except (ConfigError, DataError, RecordError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2
     except Stopped as stop:  # SIGINT or SIGTERM: stopped on purpose, not a crash
@@ -54,10 +54,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a run (composing, importing)
         print("quest: stopped by SIGINT", file=sys.stderr)
         return 130
-    except Exception as err:  # not the user's input: keep the traceback for whoever debugs it
-        traceback.print_exc()
+    except Exception as err:
+        if (line := path_error(err)) is not None:
+            print(f"quest: error: {line}", file=sys.stderr)
+            return 2
+        traceback.print_exc()  # not the user's input: keep the traceback for whoever debugs it
         print(f"quest: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+
+
+def path_error(err: Exception) -> str | None:
+    """One line for an ``OSError`` on a path, None for any other error. A path reaches here given to the command,
+    or as its output under one, where the system refuses it (permission denied, a name too long, a read-only
+    folder, a file where a folder belongs, a full disk): the user's to fix, as wrong input is. A
+    ``FileNotFoundError`` of the project's own names what is missing in its message."""
+    if not isinstance(err, OSError) or (err.filename is None and not isinstance(err, FileNotFoundError)):
+        return None
+    if err.filename is None:
+        return str(err)
+    return f"{err.filename}{f' -> {err.filename2}' if err.filename2 else ''}: {err.strerror}"
 
 
 if __name__ == "__main__":

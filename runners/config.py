@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
+from common.files import interpolation
 from common.registry import discover, get_domain, package_domains
 from common.schema import DOMAIN_SECTIONS, RunConfig, accepts, check_section, defaults, find_field, type_name
 
@@ -33,6 +34,9 @@ GROUPS = ("domain", "preset", "attention")
 # same map, another kernel; ``compile``: the same step, compiled; each equal to float rounding): left out of the hash.
 UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "compile", "trainer.enable_progress_bar",
             "logging", "progress")
+# Keys added after runs were recorded, left out of the hash at the value those runs had, so that they keep their
+# run directories and a sweep still finds them done.
+UNHASHED_AT = {"model.arch": "gpt"}
 
 
 def _load(path: Path, what: str) -> DictConfig:
@@ -46,16 +50,10 @@ def _load(path: Path, what: str) -> DictConfig:
 
 def refuse_interpolation(value: Any, where: str) -> None:
     """A ``ConfigError`` if a string in ``value`` (scalar, list or mapping, keys included) holds ``${``."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            refuse_interpolation(key, where)
-            refuse_interpolation(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for item in value:
-            refuse_interpolation(item, where)
-    elif isinstance(value, str) and "${" in value:
-        raise ConfigError(f"{where}: {value!r} holds an interpolation ${{...}}; values given on the command line "
-                          "or in a sweep file are data and are not resolved")
+    found = interpolation(value, where)
+    if found:
+        raise ConfigError(f"{found[0]}: {found[1]!r} holds an interpolation ${{...}}; values given on the command "
+                          "line or in a sweep file are data and are not resolved")
 
 
 class Text(str):
@@ -230,15 +228,24 @@ def _check_choices(cfg: DictConfig) -> None:
                           f"choose from {', '.join(domain.datasets)}")
 
 
+def _parent(data: dict, key: str) -> tuple[dict, str]:
+    """The section of ``data`` holding the dotted ``key`` (empty where it has none), and the key's last part."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        data = data.get(part, {})
+    return data, leaf
+
+
 def config_hash(cfg: DictConfig) -> str:
     """Ten hex digits of the config minus where-and-how-loud keys: equal for DDP ranks and reruns."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in UNHASHED:
-        *parents, leaf = key.split(".")
-        node = data
-        for p in parents:
-            node = node.get(p, {})
+        node, leaf = _parent(data, key)
         node.pop(leaf, None)
+    for key, value in UNHASHED_AT.items():
+        node, leaf = _parent(data, key)
+        if node.get(leaf) == value:
+            node.pop(leaf)
     return hashlib.sha1(OmegaConf.to_yaml(OmegaConf.create(data)).encode()).hexdigest()[:10]
 
 

@@ -69,7 +69,7 @@ def test_a_non_numeric_metric_is_skipped_listed_and_the_rest_aggregated(tmp_path
     bad.write_text(bad.read_text().replace('"test/mse": 3.0', '"test/mse": "0.5"'))
     (runs / "empty").mkdir()
     (runs / "empty" / "record.json").write_text("[]")
-    with caplog.at_level(logging.WARNING, logger="runners.results.frame"):
+    with caplog.at_level(logging.WARNING, logger="common.records"):
         assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
     reason = "field 'metrics' key 'test/mse' is '0.5' (str), not a number"
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2 and reason in caplog.text
@@ -90,7 +90,7 @@ def test_a_record_that_is_not_utf8_is_skipped_and_listed(tmp_path, caplog):
     reason = "not UTF-8 text (byte 0xff at offset 0)"
     with pytest.raises(RecordError, match=re.escape(f"{bad}: {reason}")):
         read_record(bad)
-    with caplog.at_level(logging.WARNING, logger="runners.results.frame"):
+    with caplog.at_level(logging.WARNING, logger="common.records"):
         assert aggregate.main([str(runs), "-o", str(out), "--no-plots"]) == 0
     assert f"skipping {bad}: {reason}" in caplog.text
     text = out.read_text()
@@ -102,7 +102,7 @@ def test_a_record_under_two_of_the_roots_is_read_and_warned_about_once(tmp_path,
     write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
     (runs / "bad").mkdir()
     (runs / "bad" / "record.json").write_text("{")
-    with caplog.at_level(logging.WARNING, logger="runners.results.frame"):
+    with caplog.at_level(logging.WARNING, logger="common.records"):
         assert aggregate.main([str(runs), str(runs / "bad"), str(runs / "a-d-quest-0"), "-o", str(out), "--no-plots"]) == 0
     assert caplog.text.count("skipping") == 1
     assert "2 run records aggregated, 1 skipped" in out.read_text()

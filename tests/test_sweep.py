@@ -349,7 +349,7 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
     ("domains: [toy\n", "not valid YAML"),
     ("- toy\n- quest\n", "a sweep file is a mapping of sweep keys"),
     ("", "this one is empty"),
-    ("domains: [toy]\nseeds: 3\n", "seeds: must be a non-empty list of seeds >= 0, got 3"),
+    ("domains: [toy]\nseeds: 3\n", "seeds: must be a non-empty list of seeds from 0 to 4294967295, got 3"),
     ("domains: [toy]\ngrid: {optim.lr: 0.1}\n", "grid: must map config keys to non-empty lists of values"),
     ("domains: []\n", "domains: must be a non-empty list of names or all, got []"),
     ("domains: retrieval\n", "domains: must be a non-empty list of names or all, got 'retrieval'"),

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from common.errors import DataError
+from common.files import regular_file
 
 log = logging.getLogger(__name__)
 
@@ -27,34 +28,37 @@ def short_hash(content: Any, length: int = 10) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
-UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)  # a folder the user gave
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG)  # a folder the user gave
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save(obj, path)`` through a temporary file beside it, so a reader never sees half a file; a
-    folder that cannot be written is the user's to fix (``cache_dir``), named in one line."""
+    folder that cannot be written, or a disk that fills up, is the user's to fix (``cache_dir``), named in one
+    line, with no temporary file left."""
     path = Path(path)
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as file:  # torch writes through Python's file: a full disk is an OSError here
+            torch.save(obj, file)
+        os.replace(tmp, path)
     except OSError as err:
-        if err.errno not in UNWRITABLE:
+        if err.errno not in UNWRITABLE + FULL:
             raise
         raise DataError(f"cannot write the cache file {path} ({err.strerror}); point cache_dir= at a writable "
-                        "folder") from None
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
+                        "folder with space") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
 def refused_global(err: pickle.UnpicklingError) -> str | None:
     """The global that ``torch.load(weights_only=True)`` refused to build (a file that would have run code),
     or None where the file is simply not one torch wrote."""
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    # torch's wordings: "Unsupported global: GLOBAL os.system", "unsupported GLOBAL posix.system whose module ..."
+    found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(err))
     return found[1] if found else None
 
 
@@ -69,11 +73,11 @@ def cached(path: str | Path, build: Callable[[], Any]) -> Any:
     path = Path(path)
     if path.exists():
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved = torch.load(regular_file(path, "cache file"), map_location="cpu", weights_only=True)
             if isinstance(saved, dict) and saved.get("key") == path.name and "value" in saved:
                 return saved["value"]
             problem = "made for another key"
-        except Exception as err:  # truncated by a killed run, an older format, or objects other than tensors
+        except Exception as err:  # truncated by a killed run, an older format, objects other than tensors, a FIFO
             problem = f"unreadable: {type(err).__name__}"
         log.warning("rebuilding the cache %s (%s)", path, problem)
     obj = build()

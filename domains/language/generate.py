@@ -7,10 +7,10 @@ run, or has no best checkpoint is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from common.arguments import CommandParser, number, positive_int, seed, whole
 from common.errors import ConfigError, DataError
 
 LANGUAGE = "language"
@@ -25,18 +25,16 @@ def load_run(run_dir: Path, device: str):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest generate", description=__doc__.splitlines()[0])
+    parser = CommandParser("quest generate", __doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a finished language run: runs/language/<variant>/seed<n>-<hash>")
     parser.add_argument("--prompt", default="\n", help="text the samples continue (default: a newline)")
-    parser.add_argument("--max-new-tokens", type=int, default=500)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 samples greedily")
-    parser.add_argument("--top-k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
-    parser.add_argument("--num-samples", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=whole(0), default=500)
+    parser.add_argument("--temperature", type=number(0), default=0.8, help="0 samples greedily")
+    parser.add_argument("--top-k", type=whole(0), default=200, help="sample among the k likeliest tokens (0: all)")
+    parser.add_argument("--num-samples", type=positive_int, default=1)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     args = parser.parse_args(argv)
-    if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0 or args.num_samples < 1:
-        parser.error("--max-new-tokens, --temperature and --top-k must be >= 0, --num-samples >= 1")
     try:
         return _sample(args)
     except (ConfigError, DataError) as err:

@@ -9,11 +9,11 @@ classes are ImageNet wnids; ``--val`` defaults to the run's ``<data.root>/val``.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from common.arguments import CommandParser, positive_int
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.records import RunRecord, write_record
@@ -73,22 +73,19 @@ def table(results: dict[str, float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest imagenet", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest imagenet", __doc__)
     parser.add_argument("run", metavar="RUN", help="run directory or checkpoint file")
     parser.add_argument("--real", metavar="JSON", help="ReaL's real.json (google-research/reassessed-imagenet)")
     parser.add_argument("--val", metavar="DIR", help="ImageNet val/<wnid>/ILSVRC2012_val_*.JPEG (default: the "
                         "run's <data.root>/val)")
     parser.add_argument("--imagenet-c", metavar="DIR", help="ImageNet-C: DIR/<corruption>/<severity>/<wnid>/")
     parser.add_argument("--imagenet-a", metavar="DIR", help="ImageNet-A: DIR/<wnid>/")
-    parser.add_argument("--max-per-class", type=int, metavar="N", help="evaluate the first N images of each class")
+    parser.add_argument("--max-per-class", type=positive_int, metavar="N", help="evaluate the first N images of each class")
     args = parser.parse_args(argv)
     if not (args.real or args.imagenet_c or args.imagenet_a):
         parser.error("give at least one of --real, --imagenet-c, --imagenet-a")
     if args.val and not args.real:
         parser.error("--val goes with --real")
-    if args.max_per_class is not None and args.max_per_class < 1:
-        parser.error("--max-per-class must be at least 1")
     results = evaluate_run(args.run, real=args.real, val=args.val, imagenet_c=args.imagenet_c,
                            imagenet_a=args.imagenet_a, max_per_class=args.max_per_class)
     print(f"{args.run}:\n{table(results)}")

@@ -24,15 +24,14 @@ beside those without add whether each verdict holds under that setting.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from common.arguments import CommandParser
 from runners.results.document import write_results
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest aggregate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest aggregate", __doc__)
     parser.add_argument("runs", nargs="*", help="directories of runs (searched recursively for record.json)")
     parser.add_argument("-o", "--output", default="RESULTS.md", help="markdown file to write")
     parser.add_argument("--report", action="append", default=[], type=Path, metavar="REPORT_MD",

@@ -9,22 +9,25 @@ archive again once the sweep has moved on.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from common.arguments import CommandParser
 from runners.runs.export import archive
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest archive", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest archive", __doc__)
     parser.add_argument("runs", type=Path, help="a sweep's output folder")
     parser.add_argument("folder", type=Path, help="where the copy goes (e.g. RESULTS/records/<sweep>)")
     args = parser.parse_args(argv)
     if not args.runs.is_dir():
         parser.error(f"{args.runs} is not a folder")
-    records, others, busy = archive(args.runs, args.folder)
+    if args.folder.exists() and not args.folder.is_dir():
+        parser.error(f"{args.folder} is a file; the copy goes into a folder")
+    records, others, busy, damaged = archive(args.runs, args.folder)
     print(f"archive: {records} records and {others} launch logs and choices -> {args.folder}")
     if busy:
         print(f"archive: {busy} runs still in progress left out; archive again once they finish")
+    if damaged:
+        print(f"archive: {damaged} damaged records left out (each named above)")
     return 0

@@ -11,25 +11,24 @@ high-water mark is reset first, so the imports' peak does not count), on a GPU
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from functools import partial
 
 import torch
 
+from common.arguments import CommandParser, positive_int, shape, shapes
 from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
-from runners.commands import positive_int
 
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest bench", description=__doc__)
-    parser.add_argument("--shapes", default=SHAPES, help="batch,heads,tokens,head_dim shapes timed, ';'-separated")
-    parser.add_argument("--long", default="1,4,16384,64", help="shape of the memory measurement")
-    parser.add_argument("--repeats", type=int, default=12)
+    parser = CommandParser("quest bench", __doc__)
+    parser.add_argument("--shapes", type=shapes, default=SHAPES, help="batch,heads,tokens,head_dim shapes timed, ';'-separated")
+    parser.add_argument("--long", type=shape, default="1,4,16384,64", help="shape of the memory measurement")
+    parser.add_argument("--repeats", type=positive_int, default=12)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="of q, k, v and the variants' scales (bfloat16: what an accelerator trains in)")
@@ -50,15 +49,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.model or args.fixed_cost:
         return model_bench(args)
-    shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes.split(";")]
-    long = tuple(int(x) for x in args.long.split(","))
+    long = args.long
     names = [SDPA, *VARIANTS]
     dtype = DTYPES[args.dtype]
     result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": long, "shapes": {}}
-    for shape in shapes:
-        times = time_variants(shape, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
-        result["shapes"][str(list(shape))] = {"sdpa_ms": 1e3 * times[SDPA],
+    for dims in args.shapes:
+        times = time_variants(dims, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
+        result["shapes"][str(list(dims))] = {"sdpa_ms": 1e3 * times[SDPA],
                                              "ratio": {v: times[v] / times[SDPA] for v in VARIANTS},
                                              "normalisation": {n: times[n] / times[SDPA] for n in NORMALISATIONS}}
     measure = partial(memory_in_child, long, device=args.device, dtype=args.dtype, layout=args.layout)

@@ -6,14 +6,12 @@ is restored and tested on the test split; with ``--robustness``, a classifier is
 """
 from __future__ import annotations
 
-import argparse
-
+from common.arguments import CommandParser
 from runners.runs.snapshot_tests import evaluate_curve
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest curve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest curve", __doc__)
     parser.add_argument("runs", nargs="+", help="finished run directories that kept snapshots")
     parser.add_argument("--robustness", action="store_true", help="attack and corrupt each snapshot of a classifier")
     args = parser.parse_args(argv)

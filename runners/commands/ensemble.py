@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runners.commands import THREADS_HELP, positive_int
+from common.arguments import CommandParser, positive_int
+from runners.commands import THREADS_HELP
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, recorded_status
 from runners.sweeps.ensemble import chunks, plan, run_chunks
 from runners.sweeps.progress import Progress
@@ -22,8 +23,7 @@ from runners.sweeps.workers import report_to, run_workers
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quest ensemble", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest ensemble", __doc__)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
     parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)

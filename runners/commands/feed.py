@@ -8,13 +8,13 @@ move per-sample work onto the device.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import time
 
 import torch
 from pytorch_lightning.utilities import move_data_to_device
 
+from common.arguments import CommandParser, positive_int
 from common.registry import build_config
 from common.timing import sync
 from runners import console
@@ -52,10 +52,9 @@ def step_rate(cfg, datamodule, task, batches: int, device: torch.device) -> floa
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest feed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest feed", __doc__)
     parser.add_argument("overrides", nargs="+", help="domain=<name> preset=<p> key=value ...")
-    parser.add_argument("--batches", type=int, default=20, help="batches timed for each side")
+    parser.add_argument("--batches", type=positive_int, default=20, help="batches timed for each side")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_intermixed_args(argv)
     cfg = compose(args.overrides)

@@ -2,15 +2,14 @@
 ablations, read from the plugin registry without importing any domain's data or model code."""
 from __future__ import annotations
 
-import argparse
-
 import runners.config  # noqa: F401  (makes the project's domains package known)
+from common.arguments import CommandParser
 from common.attention import ABLATIONS, VARIANTS
 from common.registry import domain_names, get_domain
 
 
 def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="quest list", description="Domains, datasets and attention variants.").parse_args(argv)
+    CommandParser("quest list", "Domains, datasets and attention variants.").parse_args(argv)
     print("domains:")
     for name in domain_names():
         try:

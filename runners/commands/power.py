@@ -11,13 +11,13 @@ domain, where a seed trains every variant the domain's claims use once, and the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from common.arguments import CommandParser
 from common.errors import ConfigError
 from runners.results.frame import load_runs
 from runners.results.sample_size import plan_power
@@ -49,8 +49,7 @@ def _domains_table(domains: pd.DataFrame, levels: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest power", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest power", __doc__)
     parser.add_argument("pilot", nargs="+", help="directories of the pilot's runs (searched for record.json)")
     parser.add_argument("--plan", type=Path, required=True, metavar="PREREGISTRATION_MD",
                         help="the analysis plan: a markdown file with one ```yaml block (runners.results.confirmatory)")

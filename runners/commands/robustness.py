@@ -12,9 +12,9 @@ have no such section and are refused.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from common.arguments import CommandParser
 from common.attention import get_variant
 from common.checkpoint import run_config
 from runners.runs.robust_accuracy import evaluate_run
@@ -24,8 +24,7 @@ ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without g
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest robustness", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest robustness", __doc__)
     parser.add_argument("args", nargs="+", metavar="RUN | KEY=VALUE",
                         help="run directories or checkpoint files, and config overrides for this evaluation")
     args = parser.parse_args(argv).args

@@ -8,15 +8,14 @@ difference to standard at every length, and one of how that difference changes f
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from common.arguments import CommandParser
 from runners.results.learning_curves import report
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest scaling", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest scaling", __doc__)
     parser.add_argument("runs", nargs="+", help="directories of runs with tested curves")
     parser.add_argument("-o", "--output", type=Path, default=Path("SCALING.md"), help="markdown file to write")
     args = parser.parse_args(argv)

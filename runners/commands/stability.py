@@ -14,16 +14,15 @@ a run that diverged, or ended above its initial loss (the first training loss), 
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from common.arguments import CommandParser
 from runners.results.frame import GROUP
 from runners.results.lr_sensitivity import load_lr_runs, section
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest stability", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest stability", __doc__)
     parser.add_argument("runs", nargs="+", help="run directories of a learning-rate sweep")
     parser.add_argument("-o", "--output", default="STABILITY.md", help="markdown file to write")
     args = parser.parse_args(argv)

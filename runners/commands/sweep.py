@@ -47,8 +47,9 @@ import sys
 import time
 from pathlib import Path
 
+from common.arguments import CommandParser, positive_int
 from common.errors import Stopped
-from runners.commands import THREADS_HELP, positive_int
+from runners.commands import THREADS_HELP
 from runners.results.document import write_results
 from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import prepare
@@ -59,8 +60,7 @@ from runners.sweeps.workers import report_to, run_all, run_workers
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quest sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest sweep", __doc__)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
     parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)

@@ -5,17 +5,17 @@ its summary: the status and headline test metrics, and the path of its record.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from common.arguments import CommandParser
 from common.records import RECORD_NAME, RunRecord
 from runners.config import compose, run_directory
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest train", description="One run: compose the config, train, test, "
+    parser = CommandParser("quest train", "One run: compose the config, train, test, "
                                      "write the record.")
     parser.add_argument("overrides", nargs="*", help="domain=<name> preset=<p> attention=<variant> seed=<n> key.sub=value ...")
     parser.add_argument("--print-config", action="store_true", help="show the composed config and exit")

@@ -38,25 +38,28 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from common.errors import ConfigError
+from common.files import MAX_DOCUMENT_BYTES, FileError, parse_yaml, read_text
+from common.schema import MAX_SEED
 from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
 PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+MAX_PLAN_SEEDS = 10_000  # seeds a plan may list: far beyond any study's runs
 FIELDS = {"id", "claim", "domain", "metric", "variant", "against"}
 
 
 def read_plan(path: Path) -> dict:
-    """The plan in ``path``'s first fenced yaml block, checked; a ``ConfigError`` names what is missing."""
-    found = PLAN.search(path.read_text())
+    """The plan in ``path``'s first fenced yaml block, read as data (``common.files``) and checked; a
+    ``ConfigError`` names what is missing or out of range."""
+    found = PLAN.search(read_text(path, "analysis plan", MAX_DOCUMENT_BYTES))
     if not found:
         raise ConfigError(f"{path}: no ```yaml block holds the analysis plan")
     try:
-        plan = yaml.safe_load(found.group(1))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: the plan is not valid YAML ({str(err).splitlines()[0]})") from None
+        plan = parse_yaml(found.group(1), path)
+    except FileError as err:
+        raise ConfigError(f"{path}: the plan is not valid YAML ({err.reason})") from None
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: the plan is a mapping of protocol, seeds, recipe_seeds, alpha and hypotheses")
     missing = {"protocol", "seeds", "recipe_seeds", "alpha", "hypotheses"} - set(plan)
@@ -66,6 +69,10 @@ def read_plan(path: Path) -> dict:
         raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
     if not plan["hypotheses"]:
         raise ConfigError(f"{path}: the plan lists no hypotheses")
+    if isinstance(plan["alpha"], bool) or not isinstance(plan["alpha"], (int, float)) or not 0 < plan["alpha"] < 1:
+        raise ConfigError(f"{path}: alpha must be a number between 0 and 1, got {plan['alpha']!r}")
+    if not isinstance(plan["protocol"], str):
+        raise ConfigError(f"{path}: protocol must be a protocol label (a string), got {plan['protocol']!r}")
     plan["seeds"], plan["recipe_seeds"] = (_seed_list(plan[key], f"{path}: {key}") for key in ("seeds", "recipe_seeds"))
     ids = [h.get("id") for h in plan["hypotheses"]]
     if twice := sorted({str(i) for i in ids if ids.count(i) > 1}):
@@ -73,6 +80,8 @@ def read_plan(path: Path) -> dict:
     for hypothesis in plan["hypotheses"]:
         if lacking := FIELDS - set(hypothesis):
             raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")
+        if not all(isinstance(hypothesis[field], str) for field in FIELDS):
+            raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: {', '.join(sorted(FIELDS))} must be strings")
         target = hypothesis.get("target")  # optional: the difference worth detecting (quest power)
         if "target" in hypothesis and (isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0):
             raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: target must be a positive number "
@@ -85,12 +94,16 @@ def read_plan(path: Path) -> dict:
 
 
 def _seed_list(value, where: str) -> list[int]:
-    """Seeds as a plan writes them: a list of integers, or ``{first: a, count: n}`` for a, a+1, ..., a+n-1."""
+    """Seeds as a plan writes them: a list of integers, or ``{first: a, count: n}`` for a, a+1, ..., a+n-1; each
+    a run's seed, at most ``MAX_PLAN_SEEDS`` of them (a count is checked before its list is made)."""
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
     if isinstance(value, dict) and set(value) == {"first", "count"}:
-        value = list(range(value["first"], value["first"] + value["count"])) if all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value.values()) else None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ConfigError(f"{where} must be a list of integers or {{first: <seed>, count: <n>}}")
+        value = list(range(value["first"], value["first"] + value["count"])) if all(map(whole, value.values())) and (
+            0 < value["count"] <= MAX_PLAN_SEEDS) else None
+    if not isinstance(value, list) or not all(whole(v) and 0 <= v <= MAX_SEED for v in value) or not (
+            0 < len(value) <= MAX_PLAN_SEEDS):
+        raise ConfigError(f"{where} must be a list of 1 to {MAX_PLAN_SEEDS} seeds from 0 to {MAX_SEED}, or "
+                          "{first: <seed>, count: <n>}")
     return value
 
 

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from common.files import MAX_DOCUMENT_BYTES, read_text, read_yaml
 from runners.results import confirmatory
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
@@ -29,7 +29,7 @@ from runners.results.tables import (
     verdict_table,
 )
 from runners.runs.launches import describe_launches, read_launches
-from runners.runs.selection import SELECTION_FILE, read_selection
+from runners.runs.selection import SELECTION_FILE, grids, group_margins, margins_table, read_selection, select
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 
@@ -119,8 +119,10 @@ def budget_line(group: pd.DataFrame) -> str | None:
             f"{'; longer training could change this table' if last > len(ok) / 2 else ''}).")
 
 
-def selection_section(run_dirs: Sequence[str]) -> list[str]:
-    """Per sweep with a tuned protocol among ``run_dirs``: each domain's recipe value and each variant's choice."""
+def selection_section(run_dirs: Sequence[str], figures: Path | None = None, relative_to: Path = Path(".")) -> list[str]:
+    """Per sweep with a tuned protocol among ``run_dirs``: each domain's recipe value and each variant's choice, then
+    each choice's margin over its runner-up and (with ``figures``, a folder) a plot of validation against the
+    scaled setting per domain."""
     lines = []
     for root in run_dirs:
         path = Path(root) / SELECTION_FILE
@@ -144,13 +146,54 @@ def selection_section(run_dirs: Sequence[str]) -> list[str]:
                   f"worst; ties to the smaller value), from multiples of the recipe's value; confirmation seeds "
                   f"{selection['confirm_seeds']}. The selection runs are under `{root}/select`.", "",
                   pd.DataFrame(rows).T.rename_axis("domain").to_markdown(), "",
+                  *margin_lines(Path(root), selection, figures, relative_to),
                   *describe_launches(read_launches(Path(root) / "select"))]
+    return lines
+
+
+def margin_lines(root: Path, selection: dict, figures: Path | None, relative_to: Path) -> list[str]:
+    """How sure each choice of a sweep's selection is (``runners.runs.margins``), from its selection runs, with a
+    figure per domain; nothing where the selection runs are not there."""
+    try:
+        ranked = select(root / "select", by=("variant",))
+    except FileNotFoundError:
+        return []
+    rule = selection.get("rule", "best")
+    lines = [f"Chosen by the {'curve' if rule == 'curve' else 'best grid value'} rule (`docs/selection.md`); how sure "
+             "each choice is, from the selection runs:", *margins_table(ranked), ""]
+    if figures is None or len(selection["keys"]) != 1:
+        return lines
+    from runners.results.selection_plot import plot_selection  # matplotlib: only when plotting
+
+    found, shapes, (key,) = group_margins(ranked), grids(ranked), selection["keys"]
+    stem = re.sub(r"[^\w.-]+", "-", str(root))
+    for domain in selection["chosen"]:
+        groups = [g for g in shapes if g[0] == domain and g in found]
+        if not groups:
+            continue
+        first = next(row for row in ranked if row["group"] == groups[0])
+        variants = {g[-1]: g for g in groups}  # a group is (domain, dataset, preset, variant)
+        path = plot_selection({v: shapes[g] for v, g in variants.items()}, {v: found[g] for v, g in variants.items()},
+                              {v: selection["chosen"][domain].get(v, {}).get(key) for v in variants}, key=key,
+                              metric=first["metric"].removeprefix("val/"), sign=1 if first["mode"] == "max" else -1,
+                              title=f"{domain}: selection runs under {root}/select",
+                              path=figures / f"selection_{stem}_{domain}.png")
+        lines += [f"![{domain}: validation against {key}]({path.relative_to(relative_to).as_posix()})", ""]
     return lines
 
 
 def heading(key: tuple[str, ...]) -> str:
     """A group's section heading: domain / dataset / preset, then its protocol where it has one."""
     return " / ".join(part for part in key if part)
+
+
+def read_anchors(path: Path) -> list[dict]:
+    """The entries of an anchors file (``anchor_section``), read as data (``common.files``): a YAML list of mappings."""
+    anchors = read_yaml(path, "anchors file", MAX_DOCUMENT_BYTES)
+    if not isinstance(anchors, list) or not all(isinstance(anchor, dict) for anchor in anchors):
+        raise ConfigError(f"{path}: the anchors are a YAML list of mappings (experiment, paper, nearest, agreement, "
+                          "and measured or see)")
+    return anchors
 
 
 def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: str) -> list[str]:
@@ -174,7 +217,12 @@ def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: s
 
 
 def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
-    key = tuple(str(where["table"]).split("/"))
+    names = lambda value: isinstance(value, list) and value and all(isinstance(name, str) for name in value)
+    if (not isinstance(where, dict) or not isinstance(where.get("table"), str) or not names(where.get("metrics"))
+            or not (where.get("variants") is None or names(where["variants"]))):
+        raise ConfigError(f"{source}: measured: is {{table: <domain/dataset/preset>, metrics: [names], "
+                          "variants: [names] (optional)}")
+    key = tuple(where["table"].split("/"))
     key += ("",) * (len(GROUP) == len(key) + 1)  # domain/dataset/preset[/protocol]
     group = None if runs is None or len(key) != len(GROUP) else runs[(runs[GROUP] == pd.Series(key, index=GROUP)).all(axis=1)]
     if group is None or group.empty:
@@ -191,10 +239,9 @@ def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
     return "<br>".join(cells)
 
 
-def include_report(path: Path, extras: Path, out_dir: Path) -> str:
-    """A study's report as a section of RESULTS.md: headings one level down, each figure it links copied to
-    ``extras/<report's first heading>/`` and linked from there."""
-    text = path.read_text()
+def include_report(path: Path, text: str, extras: Path, out_dir: Path) -> str:
+    """A study's report (``text``, read from ``path``) as a section of RESULTS.md: headings one level down, each
+    figure it links copied to ``extras/<report's first heading>/`` and linked from there."""
     first = HEADING.search(text)
     folder = extras / re.sub(r"[^a-z0-9]+", "-", (first.group(2) if first else path.stem).lower()).strip("-")
 
@@ -251,10 +298,11 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     """RESULTS.md at ``out`` from the runs under ``run_dirs``, with its CSV, plots and the reports' figures in
     the folder of its name (RESULTS/); returns how many runs, skipped records and reports it holds. ``confirm``:
     pre-registered plans, tested side by side and summed up at the top."""
-    for path in [*report_files, *confirm, *(p for p in (notes, anchors_file) if p)]:
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file")
-    confirmatory.read_plans(confirm)  # a broken plan stops here, before anything is written
+    # Every input is read, and a broken one stops here, before anything is written.
+    texts = {path: read_text(path, "report", MAX_DOCUMENT_BYTES) for path in report_files}
+    entries = read_anchors(anchors_file) if anchors_file else None
+    reading = read_text(notes, "notes file", MAX_DOCUMENT_BYTES) if notes else None
+    confirmatory.read_plans(confirm)
     extras = out.parent / out.stem  # RESULTS.md -> RESULTS/ for the CSV, the plots and the reports' figures
     extras.mkdir(parents=True, exist_ok=True)
     runs, figures, skipped = None, {}, []
@@ -266,18 +314,18 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
 
             figures = write_plots(runs, extras, relative_to=out.parent)
         runs.drop(columns=list(DESCRIPTIONS)).to_csv(extras / "runs.csv", index=False)
-    reports = [include_report(path, extras, out.parent) for path in report_files]
-    anchors = anchor_section(runs, OmegaConf.to_container(OmegaConf.load(anchors_file)), str(anchors_file)) if anchors_file else []
+    reports = [include_report(path, text, extras, out.parent) for path, text in texts.items()]
+    anchors = anchor_section(runs, entries, str(anchors_file)) if anchors_file else []
     sources = [*run_dirs, *(f"--report {p}" for p in report_files),
                *(f"--{name} {p}" for name, p in (("anchors", anchors_file), *(("confirm", p) for p in confirm),
                                                  ("notes", notes)) if p)]
-    extra, headline = selection_section(run_dirs), []
+    extra, headline = selection_section(run_dirs, extras if plots else None, out.parent), []
     if confirm and runs is not None:
         confirmations = confirmatory.confirm(runs, confirm)
         extra += confirmatory.section(runs, confirmations)
         headline = confirmatory.headline(confirmations)
     document = render(runs, figures, sources, skipped, reports, read_launches(*run_dirs), anchors, extra, headline)
     if notes:
-        document = insert_notes(document, notes.read_text(), str(notes))
+        document = insert_notes(document, reading, str(notes))
     out.write_text(document)
     return 0 if runs is None else len(runs), len(skipped), len(reports)

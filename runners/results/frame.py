@@ -1,7 +1,6 @@
 """Run records as a table: one row per run, its identity columns and every test metric."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pandas as pd
@@ -9,9 +8,6 @@ import pandas as pd
 from common.attention import VARIANTS
 from common.records import read_records
 from runners.runs.selection import SELECTION_FILE, leaves, read_selection
-
-log = logging.getLogger(__name__)
-
 
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
 # accuracies (common.perturbations), so higher is better.
@@ -30,11 +26,9 @@ PROTOCOLS = ("same recipe", "tuned")
 
 
 def load_runs(*roots: str | Path) -> pd.DataFrame:
-    """One row per run under any of ``roots``: identity columns plus every test metric. Malformed
+    """One row per run under any of ``roots``: identity columns plus every test metric. Damaged or malformed
     records are skipped with a warning; ``attrs["skipped"]`` of the result lists them as (path, reason)."""
-    records, errors = read_records(*roots)
-    for err in errors:
-        log.warning("aggregate: skipping %s", err)
+    records, errors = read_records(*roots)  # each damaged one logged as skipped
     skipped = [(err.path, err.reason) for err in errors]
     selections = {Path(root): read_selection(Path(root) / SELECTION_FILE) for root in roots
                   if (Path(root) / SELECTION_FILE).is_file()}

@@ -3,6 +3,7 @@ variant, and the stability probes over training (cross-layer max logit, key and 
 any other `probe/<name>` a domain logs), averaged over the runs of each variant."""
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -12,21 +13,31 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from common.files import FileError, MiB, read_table  # noqa: E402
 from runners.results.frame import GROUP, repeats, variant_order  # noqa: E402
 from runners.results.tables import short_name  # noqa: E402
 
+log = logging.getLogger(__name__)
+MAX_LOG_BYTES = 256 * MiB  # a training log's CSV: a line per logged step
+
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """stat -> DataFrame indexed by step, one column per variant (mean over its runs)."""
+    """stat -> DataFrame indexed by step, one column per variant (mean over its runs); a run whose training log
+    (``metrics.csv``) cannot be read is left out with a warning naming it."""
     frames = []
     for run in runs.itertuples():
-        log = Path(run.run_dir) / "metrics.csv"
-        if not log.exists():
+        path = Path(run.run_dir) / "metrics.csv"
+        if not path.exists():
             continue
-        table = pd.read_csv(log)
-        cols = [c for c in table.columns if c.startswith("probe/") and c.count("/") == 1]
-        if cols:
-            long = table[["step"] + cols].melt("step", var_name="stat").dropna()
+        try:
+            table = read_table(path, "training log", MAX_LOG_BYTES)
+        except FileError as err:
+            log.warning("leaving a run out of the probe plots: %s", err)
+            continue
+        cols = [c for c in table.columns if str(c).startswith("probe/") and str(c).count("/") == 1]
+        if cols and "step" in table:
+            numbers = table[["step"] + cols].apply(pd.to_numeric, errors="coerce")  # a damaged cell is left out
+            long = numbers.melt("step", var_name="stat").dropna()
             frames.append(long.assign(variant=run.variant))
     if not frames:
         return {}

@@ -27,11 +27,12 @@ def thin(trajectory: dict, keep: int = KEPT_PROBES) -> dict:
                        for name, stats in trajectory["layers"].items()}}
 
 
-def archive(source: Path, target: Path) -> tuple[int, int, int]:
-    """Copy the records under ``source`` (malformed ones are left out, as aggregation leaves them) and every
-    launch log and selection file to ``target``; returns how many records and other files were copied, and
-    how many records were left out because their run is still in progress (its record may be unfinished)."""
-    records, _ = read_records(source)
+def archive(source: Path, target: Path) -> tuple[int, int, int, int]:
+    """Copy the records under ``source`` (damaged or malformed ones are left out with a warning, as aggregation
+    leaves them) and every launch log and selection file to ``target``; returns how many records and other files
+    were copied, how many records were left out because their run is still in progress (its record may be
+    unfinished), and how many because they could not be read."""
+    records, damaged = read_records(source)
     busy = {path for path, _ in records if in_progress(path.parent)}
     records = [(path, record) for path, record in records if path not in busy]
     for path, record in records:
@@ -40,8 +41,8 @@ def archive(source: Path, target: Path) -> tuple[int, int, int]:
         if "trajectory" in record:
             record = {**record, "trajectory": thin(record["trajectory"])}
         out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
-    others = [p for name in (LAUNCH_LOG, SELECTION_FILE) for p in source.rglob(name)]
+    others = [p for name in (LAUNCH_LOG, SELECTION_FILE) for p in source.rglob(name) if p.is_file()]  # not a FIFO
     for path in others:
         (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target / path.relative_to(source))
-    return len(records), len(others), len(busy)
+    return len(records), len(others), len(busy), len(damaged)

@@ -3,11 +3,16 @@ results aggregated from the folder can say how they were made."""
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+
+from common.files import FileError, MiB, parse_json, read_text
+
+log = logging.getLogger(__name__)
 
 LAUNCH_LOG = "launches.jsonl"  # one line per launch of a sweep into its output_dir (``log_launch``)
 
@@ -32,14 +37,60 @@ def log_launch(folder: Path, command: list[str], started: float, workers: int, r
         log_file.write(json.dumps(entry) + "\n")
 
 
+MAX_LOG_BYTES = 16 * MiB  # a line per launch: a few hundred bytes each
+# What ``describe_launches`` takes from each line, and its kind.
+LAUNCH_FIELDS = {"command": str, "started": str, "wall_s": (int, float), "finished": bool, "workers": int, "ran": dict,
+                 "hardware": dict, "git_commit": (str, type(None))}
+
+
 def read_launches(*roots: str | Path) -> list[dict]:
-    """The sweep launches logged in each of ``roots`` (``log_launch``), oldest first."""
+    """The sweep launches logged in each of ``roots`` (``log_launch``), oldest first. The log is data
+    (``common.files``): a line that is not a launch is skipped with a warning naming the file and the line, a
+    log that cannot be read with one naming the file."""
     launches = []
     for root in roots:
         path = Path(root) / LAUNCH_LOG
-        if path.is_file():
-            launches += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not path.exists():
+            continue
+        try:
+            lines = read_text(path, "launch log", MAX_LOG_BYTES).splitlines()
+        except FileError as err:
+            log.warning("skipping the launch log %s", err)
+            continue
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                launch = parse_json(line, f"{path} line {number}")
+            except FileError as err:
+                log.warning("skipping a launch: %s", err)
+                continue
+            problem = _problem(launch)
+            if problem:
+                log.warning("skipping a launch: %s line %d %s", path, number, problem)
+            else:
+                launches.append(launch)
     return sorted(launches, key=lambda launch: launch["started"])
+
+
+def _problem(launch) -> str | None:
+    """What keeps ``describe_launches`` from reading a logged line, or None."""
+    if not isinstance(launch, dict):
+        return "is not a JSON object"
+    wrong = [key for key, kind in LAUNCH_FIELDS.items()
+             if not isinstance(launch.get(key), kind) or isinstance(launch.get(key), bool) != (kind is bool)]
+    machine, ran, trackers = launch.get("hardware"), launch.get("ran"), launch.get("trackers", {})
+    if isinstance(machine, dict) and (not {"cpus", "platform"} <= set(machine) or not _strings(machine.get("gpus", []))):
+        wrong.append("hardware")
+    if isinstance(ran, dict) and not all(isinstance(n, int) for n in ran.values()):
+        wrong.append("ran")
+    if not isinstance(trackers, dict) or not _strings(list(trackers.values())):
+        wrong.append("trackers")
+    return f"lacks or mistypes {', '.join(wrong)}" if wrong else None
+
+
+def _strings(values) -> bool:
+    return isinstance(values, list) and all(isinstance(value, str) for value in values)
 
 
 def describe_launches(launches: Sequence[dict]) -> list[str]:

@@ -14,13 +14,13 @@ from this table cannot lean on the test set. The rule is the same wherever it is
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from statistics import fmean, stdev
 
 from common.errors import ConfigError
+from common.files import FileError, MiB, read_json
 from common.records import read_records
 from runners.config import UNHASHED
 from runners.runs.margins import Grid, Margin, bucket, margin
@@ -214,10 +214,9 @@ def read_selection(path: Path) -> dict:
     """A tuned protocol's choices (``selection.json``, written by ``runners.sweeps.tuning``), checked: a file
     that is not one is a one-line ``ConfigError``, never a traceback."""
     try:
-        selection = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: not a readable selection file ({type(err).__name__}); delete it to choose "
-                          "again") from None
+        selection = read_json(path, "selection file", 16 * MiB)  # data (common.files); a few KiB when written
+    except FileError as err:
+        raise ConfigError(f"{path}: not a readable selection file ({err.reason}); delete it to choose again") from None
     wrong = [key for key, kind in SELECTION_FIELDS.items()
              if not isinstance(selection, dict) or not isinstance(selection.get(key), kind)]
     if wrong:

@@ -5,11 +5,11 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from common.attention import VARIANTS
 from common.errors import ConfigError
+from common.files import MiB, read_yaml
 from common.registry import domain_names
+from common.schema import MAX_SEED
 from runners.config import CONFIG_DIR, refuse_interpolation
 from runners.sweeps.tuning import Tuning, check_select, unique_runs
 
@@ -19,25 +19,22 @@ SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir
 
 def load_sweep(path: str | Path) -> dict:
     """The sweep file at ``path`` (or named in ``configs/sweep/``), checked key by key: anything it cannot
-    mean is a one-line ``ConfigError`` naming the file and the key. Its values are data (no ``${...}``)."""
+    mean is a one-line ``ConfigError`` naming the file and the key. It is read as data (``common.files``), and its
+    values stay data (no ``${...}``)."""
     path = Path(path)
     if not path.exists() and (CONFIG_DIR / "sweep" / f"{path}.yaml").exists():
         path = CONFIG_DIR / "sweep" / f"{path}.yaml"
     if not path.is_file():
         raise ConfigError(f"sweep file {path} does not exist")
-    try:
-        loaded = OmegaConf.load(path)
-    except Exception as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(loaded, DictConfig) or not loaded:
+    spec = read_yaml(path, "sweep file", MiB)
+    if not isinstance(spec, dict) or not spec:
         raise ConfigError(f"{path}: a sweep file is a mapping of sweep keys ({', '.join(sorted(SWEEP_KEYS))}); "
-                          f"this one is {'empty' if not loaded else 'a list'}")
-    spec = OmegaConf.to_container(loaded, resolve=False)
+                          f"this one is {'empty' if not spec else f'a {type(spec).__name__}'}")
     for key, value in spec.items():
         refuse_interpolation(value, f"{path}: {key}")
     unknown = set(spec) - SWEEP_KEYS
     if unknown:
-        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}; "
+        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(map(str, unknown)))}; "
                           f"valid: {', '.join(sorted(SWEEP_KEYS))}")
     for key, value in spec.items():
         problem = SWEEP_CHECKS[key](value)
@@ -68,8 +65,9 @@ SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with it
     "domains": _names,
     "variants": _names,
     "ablations": lambda v: None if v is None else _strings(v),
-    "seeds": lambda v: None if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                                  for s in v) else "must be a non-empty list of seeds >= 0",
+    "seeds": lambda v: None if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool)
+                                                                  and 0 <= s <= MAX_SEED for s in v)
+    else f"must be a non-empty list of seeds from 0 to {MAX_SEED}",
     "preset": lambda v: None if isinstance(v, str) and v else "must be a preset name",
     "output_dir": lambda v: None if isinstance(v, str) and v else "must be a folder",
     "overrides": lambda v: None if v is None else _overrides(v),

@@ -1,0 +1,68 @@
+"""The commands' arguments (``quest <command>``, the domains' commands too): a parser whose errors are one line,
+and argument types that hold their ranges, so that a wrong argument is answered as any wrong input is (exit 2,
+one line) and never reaches the command as a value it cannot use (``--batches 0`` dividing by zero)."""
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from common.schema import MAX_SEED
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: ``--help`` shows its description as written (a module docstring); an error is the one
+    line ``<prog>: error: <what>``, without the usage block argparse prints before it."""
+
+    def __init__(self, prog: str, description: str | None = None, **options):
+        options.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, **options)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``least`` to ``most`` (no limit when None)."""
+    span = f">= {least}" if most is None else f"from {least} to {most}"
+
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-")
+        if not digits.isdigit() or len(digits) > 20 or not least <= int(text) <= (most if most is not None else math.inf):
+            raise argparse.ArgumentTypeError(f"must be a whole number {span}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+positive_int = whole(1)
+seed = whole(0, MAX_SEED)
+
+
+def number(least: float = 0.0) -> Callable[[str], float]:
+    """An argparse type: a finite number of at least ``least``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < least:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {least:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+def shape(text: str, dims: int = 4) -> tuple[int, ...]:
+    """An argparse type: ``dims`` whole numbers >= 1, comma-separated (batch,heads,tokens,head_dim)."""
+    parts = text.split(",")
+    if len(parts) != dims or not all(part.strip().isdigit() and 0 < int(part) and len(part.strip()) <= 9 for part in parts):
+        raise argparse.ArgumentTypeError(f"must be {dims} whole numbers >= 1 separated by commas "
+                                         f"(batch,heads,tokens,head_dim), got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def shapes(text: str) -> list[tuple[int, ...]]:
+    """An argparse type: ``shape``s separated by ';'."""
+    return [shape(part) for part in text.split(";")]
