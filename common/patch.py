@@ -10,7 +10,11 @@ and hooks keep working; learnable variants add their gains under ``<module>.qk``
 - ``torch.nn.MultiheadAttention`` with one embedding size for q/k/v, no ``add_bias_kv`` and no
   ``add_zero_attn``, and with it ``nn.TransformerEncoder/DecoderLayer``, torchvision's ``vit_*``,
   torchaudio's ``Conformer`` and PyG's ``GPSConv``, which all build on it;
-- timm's ViT ``Attention`` (its qkv, q_norm/k_norm, proj and dropouts are kept).
+- timm's ViT ``Attention`` (its qkv, q_norm/k_norm, proj and dropouts are kept);
+- the attention layers of Hugging Face transformers models that compute attention through its
+  ``AttentionInterface`` (Llama, Qwen3, GPT-NeoX, GPT-2, ViT, BERT, ...): ``common.hf`` gives each the variant's
+  fold and selects the variant's backend. These take the elliptical variants too: transformers hands each layer
+  every key's values, from which the previous layer's are kept.
 
 Conversion swaps the module's class (as ``torch.nn.utils.parametrize`` does) for one whose forward runs
 ``common.attention``; every converted module carries a stability probe like the project's own layers.
@@ -18,6 +22,7 @@ Attention-like modules of any other kind are left alone and listed in the report
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import sys
@@ -133,21 +138,33 @@ def _torch_blocker(module: nn.MultiheadAttention) -> str | None:
     return None
 
 
+def _transformers_integration():
+    """``common.hf`` if transformers is loaded (a model holding its layers has loaded it), without importing it."""
+    return importlib.import_module("common.hf") if "transformers" in sys.modules else None
+
+
 def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwargs) -> PatchReport:
     """Convert every supported attention module of ``model`` to ``variant`` in place and report what was
     done. ``attention_kwargs`` go to the variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``).
     With ``variant="standard"`` the model computes what it computed before."""
     spec = get_variant(variant)
-    if spec.elliptical:
+    hf = _transformers_integration()
+    hf_layers = {name: m for name, m in model.named_modules() if hf is not None and hf.is_attention(m)}
+    if spec.elliptical and not hf_layers:
         raise ValueError(f"variant {variant!r} reads each layer's previous values, which third-party layers do "
-                         "not pass on; build the model from common.blocks.Encoder to use it")
+                         "not pass on; build the model from common.blocks.Encoder (or take a transformers model) to use it")
     report = PatchReport(spec.name)
+    if hf_layers:
+        hf.convert(list(hf_layers.values()), spec.name, **attention_kwargs)
+        report.replaced |= {name: f"transformers {type(m).__name__}" for name, m in hf_layers.items()}
     timm_attention = _timm_attention_class()
     kinds = (MultiheadAttention, EdgeMultiheadAttention, PatchedTimmAttention)  # already common.attention
     for name, module in list(model.named_modules()):
-        if isinstance(module, kinds):
+        if isinstance(module, kinds) or name in hf_layers:
             continue
-        if type(module) is nn.MultiheadAttention:
+        if spec.elliptical and isinstance(module, (nn.MultiheadAttention, timm_attention or ())):
+            report.skipped[name] = "elliptical variants need each layer's previous values, which it does not pass on"
+        elif type(module) is nn.MultiheadAttention:
             blocker = _torch_blocker(module)
             if blocker:
                 report.skipped[name] = blocker
@@ -163,7 +180,7 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
             # Its inference path packs padded batches into nested tensors for torch's fused kernel only.
             module.use_nested_tensor = False
         attention_like = _ATTENTION_LIKE.search(type(module).__name__) or isinstance(module, nn.MultiheadAttention)
-        if (attention_like and not isinstance(module, kinds)
+        if (attention_like and not isinstance(module, kinds) and name not in report.replaced
                 and name not in report.skipped and not _holds_replaced(name, report)):
             report.skipped[name] = f"unknown attention module {type(module).__module__}.{type(module).__qualname__}"
 

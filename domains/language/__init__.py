@@ -1,6 +1,6 @@
-"""Causal language modelling: a decoder-only GPT on bytes or characters of Python's standard library
-(embedded), any UTF-8 text, enwik8, text8 or WikiText-103. Primary metric: test loss in nats per token.
-``quest generate <run dir>`` (``generate.py``) samples from a trained run with the KV cache."""
+"""Causal language modelling: a decoder-only GPT (ours, or a transformers architecture: ``model.arch``) on bytes
+or characters of Python's standard library (embedded), any UTF-8 text, enwik8, text8 or WikiText-103. Primary
+metric: test loss in nats per token. ``quest generate <run dir>`` (``generate.py``) samples from a trained run with the KV cache."""
 from common.registry import BuildConfig, register_domain
 
 # dataset name -> loader of its corpus (corpus.py)
@@ -16,5 +16,11 @@ def build(cfg: BuildConfig):
     from .model import GPT, LanguageTask
 
     datamodule = LanguageDataModule(cfg.data)
-    net = GPT(datamodule.tokenizer.vocab_size, context=cfg.data["context"], attn_layer=cfg.attn_layer, **cfg.model)
+    vocab, context, model = datamodule.tokenizer.vocab_size, cfg.data["context"], dict(cfg.model)
+    if model.pop("arch") == "gpt":
+        net = GPT(vocab, context=context, attn_layer=cfg.attn_layer, **model)
+    else:
+        from .hf import TransformersLM
+
+        net = TransformersLM(vocab, arch=cfg.model["arch"], context=context, attention=cfg.attention, **model)
     return datamodule, LanguageTask(net, datamodule.tokenizer, cfg.optim, seed=cfg.seed, **cfg.task)

@@ -4,7 +4,9 @@
    equivalent GPT built from ``torch.nn.TransformerEncoderLayer`` (pre-norm, GELU, a causal mask passed
    with ``is_causal=True``; same embeddings, width, depth, heads, context and tied head), and of our GPT
    with ``quest`` against ours with ``standard``. With ``--nanogpt``, also against nanoGPT's GPT-2 model as the
-   ``nano-gpt`` package ships it (the ``nanogpt`` extra): the anchor users compare with, at the same size.
+   ``nano-gpt`` package ships it (the ``nanogpt`` extra): the anchor users compare with, at the same size. With
+   ``--hf llama`` (or qwen3, gpt_neox, gpt2: ``model.arch``), also that transformers architecture at the same size,
+   with QUEST and with the library's own SDPA (the ``hf`` extra).
 2. Generation tokens/s of our GPT with the KV cache against without it (re-encoding the prefix per token).
 
 Each comparison runs in rounds that alternate the models, each round starting at the next one, so drift
@@ -23,6 +25,7 @@ from common.attention import attention_layer
 from common.optional import require
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
+from .hf import ARCHS, TransformersLM
 from .model import GPT, generate
 
 
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         "uncounted)")
     parser.add_argument("--nanogpt", action="store_true",
                         help="also time nanoGPT's GPT-2 model (the nano-gpt package: pip install -e '.[nanogpt]')")
+    parser.add_argument("--hf", choices=ARCHS, action="append", default=[], metavar="ARCH",
+                        help=f"also time this transformers architecture ({', '.join(ARCHS)}; repeatable) with quest and "
+                        "with the library's sdpa (pip install -e '.[hf]')")
     add_device_arguments(parser)
     args = parser.parse_args(argv)
     device = device_from(args)
@@ -110,6 +116,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     models = {"torch": TorchGPT(args.vocab, **size).to(device), "standard": ours["standard"], "quest": ours["quest"]}
     if args.nanogpt:
         models["nanogpt"] = NanoGPT(args.vocab, **size).to(device)
+    for arch in args.hf:
+        for variant in ("quest", "sdpa"):
+            net = TransformersLM(args.vocab, arch=arch, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True,
+                                 attention={"variant": "standard" if variant == "sdpa" else variant})
+            if variant == "sdpa":
+                net.model.set_attn_implementation("sdpa")  # the library's own attention, not ours
+            models[f"{arch} {variant}"] = net.to(device)
     if args.compile:  # the same modules (same weights), called through torch.compile
         models |= {f"{name} compiled": torch.compile(model) for name, model in list(models.items())}
     tokens = torch.randint(args.vocab, (args.batch_size, args.context + 1), device=device)
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
               "cache/no cache": gen["with cache"] / gen["without cache"]}
     references = ["torch", *(["nanogpt"] if args.nanogpt else [])]
     ratios |= {f"standard/{ref}": train["standard"] / train[ref] for ref in references[1:]}
+    ratios |= {f"{arch} quest/{name}": train[f"{arch} quest"] / train[name] for arch in args.hf
+               for name in ("quest", f"{arch} sdpa")}
     if args.compile:
         ratios |= {f"{name} compiled/eager": train[f"{name} compiled"] / train[name]
                    for name in (*references, "standard", "quest")}
