@@ -221,3 +221,14 @@ def test_the_curve_rule_chooses_between_grid_values_and_says_where_the_grid_cann
     assert "select: toy / quest: optim.lr=0.004 (curve rule); best 0.004 vs 0.002" in out and "edge of the grid" in out
     tuned = {(v, lr) for v, s, lr, where in scored_run if "/select/" not in where and s == 1}
     assert tuned == {("standard", standard["curve"]), ("quest", 4e-3)}  # the confirmation runs at the choices
+
+
+def test_a_variant_tuned_but_not_among_the_sweeps_variants_is_chosen_for_and_not_confirmed(tmp_path, scored_run):
+    path = write_spec(tmp_path, variants=["standard"], seeds=[0],
+                      select={"variants": ["standard", "quest"], "seeds": [100, 101], "scale": {"optim.lr": [0.5, 1, 2]},
+                              "extend": 2, "confirm_seeds": [0, 1], "recipe": False})
+    assert sweep.main([path]) == 0
+    chosen = json.loads((tmp_path / "runs" / "selection.json").read_text())["chosen"]["toy"]
+    assert set(chosen) == {"standard", "quest"}
+    confirmed = {(v, s) for v, s, lr, where in scored_run if "/select/" not in where}
+    assert confirmed == {("standard", 0), ("standard", 1)}

@@ -3,7 +3,8 @@ runs at selection seeds, then every variant trained and tested at its own choice
 beside the sweep's one-recipe runs.
 
     select:
-      variants: [standard, quest]        # the variants tuned (default: the sweep's)
+      variants: [standard, quest]        # the variants tuned (default: the sweep's); one not among the sweep's
+                                         # variants is chosen for, never confirmed (its choice kept for a `use:`)
       domains: [vision]                  # default: the sweep's
       seeds: [100, 101]                  # selection seeds: never the seeds of a comparison
       scale: {optim.lr: [0.333, 1, 3]}   # multiples of each domain's recipe value, rounded to 3 significant digits
@@ -96,6 +97,7 @@ class Tuning:
         self.label = select.get("label")  # what sets this sweep's tables apart from another's (say, its init)
         self.domains = list(select.get("domains") or domains)
         self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
+        self.confirmed = [v for v in self.variants if v in variants]  # the tuned variants the sweep also runs
         self.combos = list(combos)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
         self.seeds = select.get("seeds", [])
         self.recipe_seeds = spec.get("seeds", [0]) if select.get("recipe", True) else []
@@ -250,10 +252,10 @@ class Tuning:
         return selection
 
     def tuned_runs(self, selection: dict) -> list[list[str]]:
-        """Each tuned variant at its choice on the confirmation seeds."""
+        """Each tuned variant the sweep runs at its choice on the confirmation seeds."""
         return [self._args(domain, variant, seed, self.out, selection["chosen"][domain][variant], combo)
                 for seed in self.confirm_seeds for domain in self.domains for combo in self.combos
-                for variant in self.variants]
+                for variant in self.confirmed]
 
 
 def _best(scores: list[float]) -> int:
