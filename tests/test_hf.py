@@ -243,6 +243,15 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
         import common.hf  # noqa: F401
 
 
+def test_a_transformers_architecture_without_the_extra_is_one_line_naming_it(monkeypatch, run_args, capsys):
+    from runners.cli import main as cli
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if the package were not installed
+    assert cli(["train", "domain=language", "preset=smoke", "model.arch=gpt2", *run_args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'quest-study[hf]'" in err
+
+
 def test_the_attention_core_patcher_and_integration_import_with_torch_alone():
     """Neither Lightning, PyG, OmegaConf, timm nor the study's own layers above common load with them."""
     blocked = ["lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "torch_geometric", "omegaconf",
