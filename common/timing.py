@@ -1,4 +1,4 @@
-"""Side-by-side timing for the benchmarks (`quest bench`, ``python -m domains.<d>.bench``): speed claims are
+"""Side-by-side timing for the benchmarks (`quest bench`, `quest <domain>-bench`): speed claims are
 ratios of jobs timed in one process, interleaved, so that drift and load from other processes fall on all.
 """
 from __future__ import annotations

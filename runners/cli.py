@@ -1,5 +1,6 @@
 """`quest <command>`: the project's commands (``runners.commands``) and those the domains add (``quest
-generate`` for language runs, ``quest imagenet`` for vision runs), each with ``--help``.
+generate`` for language runs, ``quest imagenet`` for vision runs, the domains' benchmarks and reports), each with
+``--help``; ``quest --help`` lists them in groups.
 
 Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths),
 128 + N stopped by signal N (130: SIGINT, Ctrl-C; 143: SIGTERM, a scheduler's preemption).
@@ -8,14 +9,17 @@ mistyped key is answered in about a second.
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import os
+import re
 import signal
 import sys
 import traceback
 
 from common.errors import ConfigError, DataError, Stopped
-from runners.commands import COMMANDS
+from runners.commands import COMMANDS, GROUPS
 
 
 def find_command(name: str):
@@ -39,9 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         entry = find_command(argv[0]) if argv else None
         if entry is None:
-            print(__doc__.strip() + f"\nusage: quest {{{','.join(COMMANDS)},...}} ... (each takes --help)", file=sys.stderr)
-            return 0 if argv and argv[0] in ("-h", "--help") else 2
-        return entry(argv[1:])
+            asked = bool(argv) and argv[0] in ("-h", "--help")
+            if argv and not asked:
+                print(f"quest: error: no command {argv[0]!r}", file=sys.stderr)
+            print(overview(), file=sys.stdout if asked else sys.stderr)
+            return 0 if asked else 2
+        code = entry(argv[1:])
+        return code if isinstance(code, int) else 0  # a tool's main may return its measurements
     except (ConfigError, DataError, RecordError) as err:
         print(f"quest: error: {err}", file=sys.stderr)
         return 2
@@ -61,6 +69,42 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # not the user's input: keep the traceback for whoever debugs it
         print(f"quest: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+
+
+def summary(module: str) -> str:
+    """The first line of a command module's docstring, read from its source (nothing imported), without the
+    `quest <name> ...` usage it may start with."""
+    try:
+        spec = importlib.util.find_spec(module)
+        with open(spec.origin, encoding="utf-8") as source:
+            doc = ast.get_docstring(ast.parse(source.read())) or ""
+    except (ImportError, AttributeError, OSError, SyntaxError, TypeError, ValueError):
+        return ""
+    line = " ".join(doc.split("\n\n")[0].split())
+    if line.startswith("`quest ") and "`: " in line:
+        line = line.split("`: ", 1)[1]
+    line = re.sub(r"\s*\([^()]*\)", "", line.split(". ")[0]).replace("``", "").rstrip(".")
+    return line if len(line) <= 88 else line[:85].rstrip() + "..."
+
+
+def overview() -> str:
+    """``quest --help``: every command in its group, with the first line of its own help."""
+    lines = ["usage: quest <command> [arguments] (each command takes --help)", ""]
+    for group, names in GROUPS:
+        lines.append(f"{group}:")
+        lines += [f"  {name:18s} {summary(f'runners.commands.{COMMANDS[name]}')}" for name in names]
+    import runners.config  # noqa: F401  (makes the project's domains package known)
+    from common.registry import domain_names, get_domain
+
+    lines.append("from the domains:")
+    for domain in domain_names():
+        try:
+            commands = get_domain(domain).commands
+        except Exception:  # noqa: BLE001  (a broken plugin: `quest list` says why)
+            continue
+        lines += [f"  {name:18s} {summary(module)} ({domain})" for name, module in commands.items()]
+    lines += ["", __doc__.strip().split("\n\n", 1)[1]]
+    return "\n".join(lines)
 
 
 def path_error(err: Exception) -> str | None:

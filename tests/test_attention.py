@@ -1,13 +1,18 @@
+import importlib.util
 import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from common.attention import (
+    ABLATIONS,
+    FOLD_SCALES,
+    FOLDS,
     VARIANTS,
     AttentionState,
     EdgeMultiheadAttention,
@@ -30,19 +35,27 @@ B, H, N, D = 2, 3, 7, 8
 # A variant built from existing settings: QUEST's free query with a learnable per-head gain. Registering it is one
 # line; every test parametrised over ALL_VARIANTS then checks it as it checks the study's own variants.
 ONE_LINE = Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold="HeadGain")
-ALL_VARIANTS = [*VARIANTS, ONE_LINE.name]
-# The learnable scales each fold owns, by name.
-FOLD_PARAMETERS = {"QKFold": set(), "LayerGain": {"gain"}, "HeadGain": {"gain"}, "DimScale": {"q_scale", "k_scale"}}
+# A variant with a fold of its own, the example of docs/add-a-variant.md (docs/examples/key_scale.py), registered
+# as the guide says and checked by the same tests, none of them edited for it.
+_spec = importlib.util.spec_from_file_location("key_scale", Path(__file__).parents[1] / "docs" / "examples" / "key_scale.py")
+GUIDE = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(GUIDE)
+ALL_VARIANTS = [*VARIANTS, ONE_LINE.name, GUIDE.QUEST_KS.name]
 
 
 @pytest.fixture(autouse=True)
 def one_line_variant(monkeypatch):
     monkeypatch.setitem(VARIANTS, ONE_LINE.name, ONE_LINE)
+    monkeypatch.setitem(FOLDS, "KeyScale", GUIDE.KeyScale)
+    monkeypatch.setitem(FOLD_SCALES, "KeyScale", GUIDE.KEY_SCALE_SCALES)
+    monkeypatch.setitem(VARIANTS, GUIDE.QUEST_KS.name, GUIDE.QUEST_KS)
 
 
 def reference_logits(q, k, variant, fold=None, metric=None):
     """The variant's row of the table in common/attention/__init__.py written out literally, read from its
-    ``Variant`` entry rather than its name, so a new entry is checked without touching this function."""
+    declaration alone: its ``Variant`` entry (elliptical, which of q and k are normalised, the scale) and its
+    fold's ``reference_logits`` (the learnable scales' literal formula). A new variant or fold is checked
+    without touching this function (docs/add-a-variant.md)."""
     spec = get_variant(variant)
     unit = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # noqa: E731
     if spec.elliptical and metric is not None:
@@ -51,14 +64,8 @@ def reference_logits(q, k, variant, fold=None, metric=None):
         q = unit(q)
     if spec.norm_k:
         k = unit(k)
-    if spec.fold == "DimScale":
-        q, k = fold.q_scale * q, fold.k_scale * k
-    logits = q @ k.transpose(-2, -1)
-    if spec.scaled:
-        logits = logits / math.sqrt(q.shape[-1])
-    if spec.fold in ("LayerGain", "HeadGain"):
-        logits = fold.gain.view(-1, 1, 1) * logits
-    return logits
+    logits = (fold if fold is not None else make_fold(spec, q.shape[1], q.shape[-1])).reference_logits(q, k)
+    return logits / math.sqrt(q.shape[-1]) if spec.scaled else logits
 
 
 def reference_attend(q, k, v, variant, key_padding_mask=None, attn_bias=None, **params):
@@ -232,7 +239,8 @@ def test_learnable_parameters_get_gradients_and_elliptical_metric_none(variant):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     assert prev.grad is None and not state.values.requires_grad  # elliptical weights carry no gradient
     extra = {n for n, _ in mha.qk.named_parameters()}
-    assert extra == FOLD_PARAMETERS[get_variant(variant).fold]
+    assert extra == set(FOLD_SCALES[get_variant(variant).fold])  # what the fold's line declares is what it creates
+    assert mha.variant.learnable == bool(extra)
 
 
 def test_qknorm_gain_initialisation():
@@ -477,6 +485,17 @@ def test_bench_inputs_are_laid_out_as_the_attention_module_gives_them():
     x = torch.randn(B, N, H * D)
     for want, got in zip(mha._project(x, x, x), make_inputs((B, H, N, D), "quest", "cpu").qkv()):
         assert got.shape == want.shape and got.stride() == want.stride()
+
+
+def test_a_fold_without_learnable_scales_is_not_learnable():
+    """The uniform ablation's fold (ZeroQuery) rewrites q but owns no parameter: attend() runs it without a fold
+    module, as it runs QUEST; a fold that declares scales needs its module."""
+    assert not ABLATIONS["uniform"].learnable and not VARIANTS["quest"].learnable
+    assert VARIANTS["qknorm"].learnable and GUIDE.QUEST_KS.learnable
+    q, k, v = (torch.randn(B, H, N, D) for _ in range(3))
+    torch.testing.assert_close(attend(q, k, v, "uniform"), v.mean(2, keepdim=True).expand_as(v))
+    with pytest.raises(ValueError, match="has learnable scales"):
+        attend(q, k, v, GUIDE.QUEST_KS.name)
 
 
 def test_uniform_ablation_averages_the_visible_values():

@@ -19,7 +19,9 @@ only formed when asked for (``need_weights`` or a stability probe).
 
 A variant is one ``Variant`` entry in ``VARIANTS``: which of q and k are L2-normalised, whether the
 1/sqrt(d) scale stays, whether it is elliptical, and its ``fold``, the name of the ``QKFold`` class that
-owns its learnable scales ("LayerGain", "HeadGain", "DimScale"; plain "QKFold" when it has none).
+owns its learnable scales ("LayerGain", "HeadGain", "DimScale"; plain "QKFold" when it has none). A variant
+is learnable when its fold owns parameters (``FOLD_SCALES``); docs/add-a-variant.md lists every place a new
+variant or fold touches.
 
 Layers of a stack share one ``AttentionState``: each attention module reads the previous layer's
 values from it (elliptical variants need them) and leaves its own, so a stack never needs to know
@@ -50,7 +52,7 @@ import importlib
 # VARIANTS and get_variant only, and should not wait for torch to load. A name's file is imported, and torch
 # with it, when the name is first asked for.
 _EXPORTS = {
-    "variants": ("Variant", "VARIANTS", "ABLATIONS", "get_variant"),
+    "variants": ("Variant", "VARIANTS", "ABLATIONS", "FOLD_SCALES", "get_variant"),
     "kernels": ("l2_normalize", "KERNELS"),
     "folds": ("QKFold", "LayerGain", "HeadGain", "DimScale", "ZeroQuery", "FOLDS", "qknorm_gain_init", "make_fold",
               "fold_qk"),

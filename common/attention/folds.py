@@ -30,7 +30,12 @@ class QKFold(nn.Module):
     """Folds a variant into (q, k) for one attention layer, so that plain dot-product attention with
     the returned scale gives the variant's logits. Subclasses add learnable scales: ``logit_gain`` (one factor
     on every logit of a head, folded into k's normalisation where k is normalised, so it costs no pass
-    of its own) or ``rescale``; q and k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges)."""
+    of its own) or ``rescale``; q and k have heads on dim 1: [B, H, N, D] (dense) or [N, H, D] (edges).
+
+    Beside its fast path a fold writes its logits out literally, ``reference_logits``, which the attention tests
+    hold the fast path (gain folded into the key's normalisation, fused kernels, SDPA) to for every variant that
+    names the fold, so a new fold needs no test of its own; the scales it creates are declared in
+    ``variants.FOLD_SCALES`` (none: its variants are not learnable)."""
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
@@ -60,12 +65,19 @@ class QKFold(nn.Module):
         q, k = self.rescale(q, k)
         return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
 
+    def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """The logits [..., N, M] written out the slow, literal way, from q and k as the variant leaves them
+        before this fold (weighted by the elliptical metric and L2-normalised as its ``Variant`` says) and before
+        the 1/sqrt(d) scale of a scaled variant; dense layout [B, H, N, D]. Only the tests call it."""
+        return q @ k.transpose(-2, -1)
+
     def extra_repr(self) -> str:
         return f"variant={self.variant.name}"
 
 
 class LayerGain(QKFold):
     """g · q̂·k̂ with one learnable g per layer, started at ``qknorm_gain_init`` (or ``qk_gain_init``)."""
+
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
@@ -80,6 +92,9 @@ class LayerGain(QKFold):
     def logit_gain(self, like: Tensor) -> Tensor:
         return _per_head(self.gain, like)
 
+    def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.gain.view(-1, 1, 1) * (q @ k.transpose(-2, -1))
+
 
 class HeadGain(LayerGain):
     """g_h · q̂·k̂: one learnable gain per head."""
@@ -93,6 +108,7 @@ class DimScale(QKFold):
     """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos.
     Computed as q̂·((c_q⊙c_k)⊙k̂): the same logits and gradients, one pass over k instead of one over each."""
 
+
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
         super().__init__(variant, num_heads, head_dim, eps=eps, l2norm_kernel=l2norm_kernel)
@@ -101,6 +117,9 @@ class DimScale(QKFold):
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k * (self.q_scale * self.k_scale)
+
+    def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        return (self.q_scale * q) @ (self.k_scale * k).transpose(-2, -1)
 
 
 class ZeroQuery(QKFold):
@@ -111,8 +130,12 @@ class ZeroQuery(QKFold):
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return torch.zeros_like(q), k
 
+    def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
 
-# The classes a ``Variant`` may name as its ``fold``.
+
+# The classes a ``Variant`` may name as its ``fold``: a new fold is one more class here, and its line in
+# ``variants.FOLD_SCALES``.
 FOLDS: dict[str, type[QKFold]] = {fold.__name__: fold for fold in (QKFold, LayerGain, HeadGain, DimScale, ZeroQuery)}
 
 
@@ -142,4 +165,4 @@ def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None
 def _stateless_fold(spec: Variant, eps: float) -> QKFold:
     """The fold of a variant without learnable scales, built once: a module per call would cost more than
     the normalisation it applies at short sequences."""
-    return QKFold(spec, 0, 0, eps=eps)
+    return FOLDS[spec.fold](spec, 0, 0, eps=eps)

@@ -17,8 +17,19 @@ class Variant:
 
     @property
     def learnable(self) -> bool:
-        return self.fold != "QKFold"
+        """Whether its fold owns learnable scales (``FOLD_SCALES``): a fold without any, such as the uniform
+        ablation's ``ZeroQuery``, runs statelessly wherever a parameter-free variant does."""
+        if self.fold not in FOLD_SCALES:
+            raise ValueError(f"variant {self.name!r} names fold {self.fold!r}; the folds are {', '.join(FOLD_SCALES)}")
+        return bool(FOLD_SCALES[self.fold])
 
+
+# Each fold class of folds.py (its ``FOLDS``) -> the learnable scales it creates, by attribute name: declared here,
+# without torch, so that whether a variant is learnable is known without building it. A new fold is a class in
+# folds.py, its entry in ``FOLDS`` and its line here (docs/add-a-variant.md); the tests check that each class
+# creates what its line says.
+FOLD_SCALES: dict[str, tuple[str, ...]] = {"QKFold": (), "LayerGain": ("gain",), "HeadGain": ("gain",),
+                                           "DimScale": ("q_scale", "k_scale"), "ZeroQuery": ()}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v

@@ -19,13 +19,22 @@ class SplitDataModule(pl.LightningDataModule):
     classes: list[str] = []  # class names, in label order, where the data has classes
     split_info: dict | None = None  # set with ``describe_split``; the run record keeps it as ``split``
 
-    def describe_split(self, source: str, rule: str, members: dict[str, Iterable]) -> None:
+    def describe_split(self, source: str, rule: str, members: dict[str, Iterable], *, drawn_from: int | None = None) -> None:
         """Say how the splits were made: ``source`` is ``shipped`` (the dataset's own split), ``random``,
-        ``grouped`` or ``ordered`` (cut in the data's order, e.g. time); ``rule`` says how (a seed, a file
-        pattern, a group key); ``members`` names each split's samples (file paths relative to the root, row
-        or sample ids). Two runs share a test set exactly when their test hashes agree."""
+        ``grouped``, ``ordered`` (cut in the data's order, e.g. time) or ``generated``; ``rule`` says how (a seed, a
+        file pattern, a group key); ``members`` names each split's samples (file paths relative to the root, row
+        or sample ids). Two runs share a test set exactly when their test hashes agree.
+
+        Generated data has no names of its own: its samples are numbered 0, 1, 2, ... in every split, so the
+        numbers alone would give val and test one hash, whatever the seed. Pass ``drawn_from``, the seed the
+        samples were generated from (``data.split_seed``): each split's hash then covers the split's name and that
+        seed with its numbers, so it tells val from test and changes with the seed."""
+        def digest(split: str, ids: Iterable) -> str:
+            named = sorted(map(str, ids))
+            return short_hash(named if drawn_from is None else {"split": split, "seed": drawn_from, "ids": named}, 12)
+
         self.split_info = {"source": source, "rule": rule,
-                           "hash": {split: short_hash(sorted(map(str, ids)), 12) for split, ids in members.items()}}
+                           "hash": {split: digest(split, ids) for split, ids in members.items()}}
 
     @property
     def num_classes(self) -> int:

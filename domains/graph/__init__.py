@@ -14,7 +14,8 @@ DATASETS = {"qm9": "domains.graph.molecules:qm9_splits", "qm9_atoms": "domains.g
             **dict.fromkeys(("cora", "citeseer", "pubmed"), "domains.graph.stored:planetoid_splits")}
 
 
-@register_domain("graph", metric="mae", mode="min", datasets=DATASETS)
+@register_domain("graph", metric="mae", mode="min", datasets=DATASETS,
+                 commands={"graph-bench": "domains.graph.bench", "gcn-reference": "domains.graph.gcn_reference"})
 def build(cfg: BuildConfig):
     from common.errors import ConfigError
 

@@ -2,7 +2,7 @@
 PyG's ``GPSConv`` (``torch.nn.MultiheadAttention``) at the same size, in one process, on the same
 random ZINC-sized graph batch. Rounds alternate between the two so machine load hits both alike.
 
-    python -m domains.graph.bench [--dim 64 --depth 10 --heads 4 --graphs 32 --nodes 23 --steps 20]
+    quest graph-bench [--dim 64 --depth 10 --heads 4 --graphs 32 --nodes 23 --steps 20]
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def steps_per_second(model: nn.Module, graph: Batch, steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="quest graph-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--depth", type=int, default=10)
     parser.add_argument("--heads", type=int, default=4)

@@ -5,7 +5,7 @@ GCN's recipe: bag-of-words rows scaled to sum to 1, dropout 0.5 on each layer's 
 0.01 with L2 5e-4 on the first layer's weights only, 200 full-graph epochs, the epoch of best validation accuracy
 kept (its test accuracy reported). Published on Cora's public split: 81.5%.
 
-    python -m domains.graph.gcn_reference [--dataset cora --root <folder of ind.<name>.*> --seeds 0 1 2 3 4]
+    quest gcn-reference [--dataset cora --root <folder of ind.<name>.*> --seeds 0 1 2 3 4]
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def train(graph, masks: dict, seed: int, epochs: int = 200) -> tuple[float, floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="quest gcn-reference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="cora", choices=["cora", "citeseer", "pubmed"])
     parser.add_argument("--root", default=None, help="folder of ind.<name>.* (Cora: the shipped files)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])

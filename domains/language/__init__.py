@@ -10,7 +10,7 @@ DATASETS = {"stdlib": "domains.language.corpus:stdlib", "text": "domains.languag
 
 
 @register_domain("language", metric="loss", mode="min", datasets=DATASETS,
-                 commands={"generate": "domains.language.generate"})
+                 commands={"generate": "domains.language.generate", "language-bench": "domains.language.bench"})
 def build(cfg: BuildConfig):
     from .data import LanguageDataModule
     from .model import GPT, LanguageTask

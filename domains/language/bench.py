@@ -1,4 +1,4 @@
-"""Speed of the language model, measured side by side in one process: ``python -m domains.language.bench``.
+"""Speed of the language model, measured side by side in one process: ``quest language-bench``.
 
 1. Training steps/s (forward, loss, backward, AdamW step) of our GPT with ``standard`` attention against an
    equivalent GPT built from ``torch.nn.TransformerEncoderLayer`` (pre-norm, GELU, a causal mask passed
@@ -86,7 +86,7 @@ def rates(jobs: dict, work: int, rounds: int, device: torch.device) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(prog="python -m domains.language.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="quest language-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--depth", type=int, default=4)

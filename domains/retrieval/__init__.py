@@ -5,7 +5,8 @@ from common.registry import BuildConfig, register_domain
 DATASETS = {"generated": "domains.retrieval.data:generated"}
 
 
-@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS)
+@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS,
+                 commands={"retrieval-report": "domains.retrieval.report", "retrieval-aniso": "domains.retrieval.anisotropy"})
 def build(cfg: BuildConfig):
     from .data import RetrievalDataModule
     from .model import FORMS, FaithfulRetrievalNet, RetrievalNet, RetrievalTask

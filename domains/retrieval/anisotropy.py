@@ -5,8 +5,8 @@ made after the runs: the power computation that sized the seeds, the shortcut ru
 lets a norm or a direction reader do, and the success rates with the QUEST-vs-QKNorm and QUEST-vs-standard
 contrasts per cell (Fisher's exact test, Holm over every contrast of the study).
 
-``python -m domains.retrieval.anisotropy RESULTS/records/mechanism-aniso -o RESULTS/mechanism-aniso`` writes
-``report.md`` and ``success_by_kappa.png``; ``python -m domains.retrieval.anisotropy --plan`` prints the design
+``quest retrieval-aniso RESULTS/records/mechanism-aniso -o RESULTS/mechanism-aniso`` writes
+``report.md`` and ``success_by_kappa.png``; ``quest retrieval-aniso --plan`` prints the design
 (seeds, headline κ, shortcut norm) from the task alone, as fixed before the runs.
 """
 from __future__ import annotations
@@ -243,7 +243,7 @@ def write_report(root: Path, out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m domains.retrieval.anisotropy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="quest retrieval-aniso", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="?", help="the sweep's output directory or its archived records")
     parser.add_argument("-o", "--output", type=Path, help="where the report goes (default <runs>/report)")

@@ -1,7 +1,7 @@
 """Figures and tables of the retrieval study, from its run records (``quest ensemble`` or ``quest sweep``
 wrote them; ``quest aggregate`` gives the generic tables beside these).
 
-``python -m domains.retrieval.report study runs/retrieval_study`` writes into ``runs/retrieval_study/report/``:
+``quest retrieval-report study runs/retrieval_study`` writes into ``runs/retrieval_study/report/``:
 ``success_heatmaps.png`` (per variant, the success rate in every learning rate × weight decay cell, with its
 counts), ``success_rates.png`` (per variant, the success rate over the whole grid with a 95% Wilson interval,
 beside the paper's figures), ``key_norms.png`` (the answer token's key norm over training on biased and on
@@ -10,14 +10,14 @@ cells) and ``report.md`` with the numbers. A diverged run counts as a failure; a
 left out and counted. Variants that compute what another does in this model (``EQUIVALENT``) are listed as
 such rather than run.
 
-``python -m domains.retrieval.report design runs/retrieval_design`` applies the design rule of
+``quest retrieval-report design runs/retrieval_design`` applies the design rule of
 ``configs/sweep/retrieval_design.yaml``: for each candidate width, the success rate of standard attention
 without the shortcut, and the smallest candidate reaching ``RULE_RATE``.
 
-``python -m domains.retrieval.report ablations runs/retrieval_ablations`` tabulates the faithful task's factors
+``quest retrieval-report ablations runs/retrieval_ablations`` tabulates the faithful task's factors
 (``configs/sweep/retrieval_ablations.yaml``) per variant.
 
-``python -m domains.retrieval.report shortcut`` applies the rule for the shortcut's strength (``SHORTCUT_RULE``),
+``quest retrieval-report shortcut`` applies the rule for the shortcut's strength (``SHORTCUT_RULE``),
 which reads no run: for each candidate ‖b‖, how often the robust rule's oracle and the shortcut's disagree.
 """
 from __future__ import annotations
@@ -305,7 +305,7 @@ def ablations(root: Path, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     defaults = OmegaConf.load(CONFIG).optim
-    parser = argparse.ArgumentParser(prog="python -m domains.retrieval.report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="quest retrieval-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("study", "design", "ablations", "shortcut"))
     parser.add_argument("runs", type=Path, nargs="?", help="the sweep's output directory (study, design)")

@@ -15,7 +15,7 @@ def network(cfg: BuildConfig, num_classes: int):
                           attn_layer=cfg.attn_layer, **cfg.model)
 
 
-@register_domain("speech", metric="acc", mode="max", datasets=DATASETS)
+@register_domain("speech", metric="acc", mode="max", datasets=DATASETS, commands={"speech-bench": "domains.speech.bench"})
 def build(cfg: BuildConfig):
     from .data import SpeechDataModule
     from .model import KeywordTask

@@ -1,5 +1,5 @@
 """Training speed of our Conformer encoder (``variant=standard``) against ``torchaudio.models.Conformer`` at
-equal size, side by side in one process: ``python -m domains.speech.bench [--dim 144 --depth 16 ...]``.
+equal size, side by side in one process: ``quest speech-bench [--dim 144 --depth 16 ...]``.
 
 Both get the same batch of features with ragged lengths (so both mask padding) and take AdamW steps on
 the same loss. Rounds alternate between the two models and each model's median round counts
@@ -37,7 +37,7 @@ def train_steps(model: torch.nn.Module, x: torch.Tensor, lengths: torch.Tensor, 
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(prog="python -m domains.speech.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="quest speech-bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=144)
     parser.add_argument("--depth", type=int, default=4)

@@ -5,7 +5,14 @@ from __future__ import annotations
 # command -> its module under runners.commands (each has ``main(argv) -> exit status``)
 COMMANDS = {"train": "train", "list": "listing", "sweep": "sweep", "ensemble": "ensemble", "aggregate": "aggregate",
             "stability": "stability", "bench": "bench", "feed": "feed", "robustness": "robustness",
-            "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling", "power": "power"}
+            "select": "select", "archive": "archive", "curve": "curve", "scaling": "scaling", "power": "power",
+            "docs": "docs"}
+
+# how `quest --help` lists them (the domains' own commands follow, under their domain)
+GROUPS = (("run", ("train", "sweep", "ensemble", "list")),
+          ("results", ("aggregate", "select", "power", "archive", "curve", "scaling", "stability")),
+          ("evaluate and measure", ("robustness", "bench", "feed")),
+          ("documentation", ("docs",)))
 
 
 # quest sweep and quest ensemble: a worker's threads, when the default share would oversubscribe the machine

@@ -12,7 +12,7 @@ domain, its rank there (1 = best) and its mean rank, and how many domains find i
 not different or worse than `standard`.
 A record that cannot be read or breaks the schema is skipped with a warning and listed at the end.
 
-``--report`` adds a study's own report (``quest stability``, ``python -m domains.retrieval.report``) as a
+``--report`` adds a study's own report (``quest stability``, ``quest retrieval-report``) as a
 section: its headings one level down, its figures copied beside the CSV. ``--notes`` adds the hand-written
 reading of the numbers: each ``## <heading>`` section of the notes file goes under the generated heading of
 the same text, marked as written by hand, so RESULTS.md is regenerated, never edited, and the prose stays
