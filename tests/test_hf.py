@@ -293,7 +293,7 @@ def test_the_language_domain_builds_every_variant_into_a_transformers_architectu
 
 @pytest.mark.parametrize("arch,variant", [("llama", "qknorm_hs"), ("qwen3", "quest"), ("gpt_neox", "elliptical_quest"),
                                           ("gpt2", "qknorm_ds")])
-def test_quest_train_trains_a_transformers_architecture(arch, variant, run_args, capsys):
+def test_quest_train_trains_and_quest_generate_samples_a_transformers_architecture(arch, variant, run_args, capsys):
     from common.records import find_records, read_record
     from runners.cli import main as cli
 
@@ -303,6 +303,8 @@ def test_quest_train_trains_a_transformers_architecture(arch, variant, run_args,
     record = read_record(path)
     assert record["config"]["model"]["arch"] == arch and record["status"] == "ok"
     assert set(record["probes"]) == set(probes.STATS) and all(v == v for v in record["probes"].values())  # finite
+    assert cli(["generate", str(path.parent), "--prompt", "def ", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
 
 
 @pytest.mark.parametrize("override,message", [("model.arch=bert", "unknown model.arch 'bert'"),
@@ -346,3 +348,17 @@ def test_the_language_bench_times_a_transformers_architecture_beside_our_gpt(mon
     assert result["llama quest/quest"] == pytest.approx(0.5) and result["llama quest/llama sdpa"] == pytest.approx(0.25)
     out = capsys.readouterr().out
     assert "train llama quest" in out and "train llama sdpa" in out
+
+
+@pytest.mark.parametrize("arch,variant", [("llama", "quest"), ("gpt2", "qknorm_ds"), ("gpt_neox", "elliptical")])
+def test_the_language_domains_sampler_decodes_a_transformers_architecture_with_the_cache(arch, variant):
+    from domains.language.hf import TransformersLM
+    from domains.language.model import generate
+
+    torch.manual_seed(0)
+    size = {"dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0, "dropout": 0.0, "attn_dropout": 0.0, "tie_weights": True}
+    net = TransformersLM(VOCAB, arch=arch, context=12, attention={"variant": variant}, **size).eval()
+    prompt = torch.randint(VOCAB, (2, 3), generator=torch.Generator().manual_seed(2))
+    # 20 new tokens run past the context of 12, where both re-encode the last 12 tokens each step
+    cached = generate(net, prompt, 20, temperature=0)
+    assert torch.equal(cached, generate(net, prompt, 20, temperature=0, use_cache=False)) and cached.shape == (2, 23)

@@ -10,6 +10,8 @@ Qwen3 do not). Llama and Qwen3 (SwiGLU, three matrices) carry 1.5x our GPT's MLP
 """
 from __future__ import annotations
 
+import inspect
+
 from torch import Tensor, nn
 
 from common.errors import ConfigError
@@ -53,6 +55,13 @@ class TransformersLM(nn.Module):
         self.context = context
         self.model = require("transformers", extra="hf").AutoModelForCausalLM.from_config(config)
         replace_attention(self.model, **attention, seq_len=context)
+        # transformers renamed past_key_values to cache after 5.18
+        self.cache_name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        return self.model(input_ids=tokens, use_cache=False).logits
+    def new_cache(self):
+        return require("transformers", extra="hf").DynamicCache(config=self.model.config)
+
+    def forward(self, tokens: Tensor, cache=None) -> Tensor:
+        """With ``cache`` (``self.new_cache()``, a transformers ``DynamicCache``), ``tokens`` follow those already
+        cached (``domains.language.model.generate``)."""
+        return self.model(input_ids=tokens, use_cache=cache is not None, **{self.cache_name: cache}).logits

@@ -72,8 +72,11 @@ class GPT(nn.Module):
             for projection in (layer.attn.out_proj, mlp_out):
                 nn.init.normal_(projection.weight, std=INIT_STD / math.sqrt(2 * depth))
 
+    def new_cache(self) -> list[KVCache]:
+        return self.encoder.new_cache()
+
     def forward(self, tokens: Tensor, cache: list[KVCache] | None = None) -> Tensor:
-        """With ``cache`` (``self.encoder.new_cache()``), ``tokens`` follow those already cached."""
+        """With ``cache`` (``self.new_cache()``), ``tokens`` follow those already cached."""
         past = len(cache[0]) if cache else 0
         if past + tokens.shape[1] > self.context:
             raise ValueError(f"{past + tokens.shape[1]} positions exceed the context of {self.context}")
@@ -83,19 +86,22 @@ class GPT(nn.Module):
 
 
 @torch.no_grad()
-def generate(net: GPT, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+def generate(net: nn.Module, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
-    """``prompt`` [B, T] followed by ``max_new_tokens`` sampled tokens. ``temperature`` 0 is greedy; ``top_k``
-    keeps the k likeliest tokens. The cache holds every position until the context is full; from then on
-    each step re-encodes the last ``context`` tokens (absolute positions shift, so nothing is reusable),
-    so cached and uncached generation agree token for token."""
-    tokens, cache = prompt, None
+    """``prompt`` [B, T] followed by ``max_new_tokens`` sampled tokens, from our ``GPT`` or a ``TransformersLM``
+    (``net(tokens, cache)``, ``net.new_cache()``, ``net.context``). ``temperature`` 0 is greedy; ``top_k`` keeps
+    the k likeliest tokens. The cache holds every position until the context is full; from then on each step
+    re-encodes the last ``context`` tokens (positions shift, so nothing is reusable), so cached and uncached
+    generation agree token for token."""
+    tokens, cache, cached = prompt, None, 0
     for _ in range(max_new_tokens):
-        if cache is not None and len(cache[0]) < net.context:
+        if cache is not None and cached < net.context:
             logits = net(tokens[:, -1:], cache)  # only the newest token; the rest is cached
+            cached += 1
         else:
-            cache = net.encoder.new_cache() if use_cache else None
-            logits = net(tokens[:, -net.context:], cache)
+            cache = net.new_cache() if use_cache else None
+            window = tokens[:, -net.context:]
+            logits, cached = net(window, cache), window.shape[1]
         tokens = torch.cat([tokens, sample(logits[:, -1].float(), temperature, top_k, generator)], dim=1)
     return tokens
 
