@@ -1,8 +1,8 @@
-"""The variants inside Hugging Face transformers models (common.hf), on tiny models built from configs: logits equal a
-hand-written eager reference for every registered variant on four causal-LM architectures, `standard` equals the
-library's own SDPA on seven, cached generation equals uncached, training steps reach every weight and scale, a saved
-model reloads with its variant, probes, bf16 autocast, the language domain's transformers architectures, and the
-one-line error without the extra."""
+"""The variants inside Hugging Face transformers models (common.hf), on tiny models built from configs: logits and
+attention weights equal a hand-written eager reference for every registered variant on four causal-LM architectures,
+`standard` equals the library's own SDPA on seven, cached generation equals uncached, training steps reach every
+weight and scale, a saved model reloads with its variant, probes, bf16 autocast, the language domain's transformers
+architectures (training, sampling, the bench), and the one-line error without the extra."""
 import subprocess
 import sys
 
@@ -91,7 +91,8 @@ def _reference(variant: str, values: dict):
         }[variant]()
         if mask is not None:
             logits = logits + mask
-        return (logits.softmax(-1) @ v).transpose(1, 2), None
+        weights = logits.softmax(-1)
+        return (weights @ v).transpose(1, 2), weights
 
     return forward
 
@@ -106,11 +107,15 @@ def test_logits_equal_a_hand_written_reference(arch, variant):
     model = with_variant(causal_lm(arch), variant)
     ids, mask = batch()
     with torch.no_grad():
-        ours = model(ids, attention_mask=mask).logits
+        ours = model(ids, attention_mask=mask, output_attentions=True)
         model.config._attn_implementation = name
-        reference = model(ids, attention_mask=mask).logits
+        reference = model(ids, attention_mask=mask, output_attentions=True)
     seen = mask.bool()  # a padding query sees no key: SDPA returns zeros there, the eager softmax a plain mean
-    torch.testing.assert_close(ours[seen], reference[seen], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.logits[seen], reference.logits[seen], atol=1e-5, rtol=1e-5)
+    if arch != "gpt2":  # output_attentions, per layer (GPT-2 returns them from its eager implementation only)
+        for weights, expected in zip(ours.attentions, reference.attentions, strict=True):
+            torch.testing.assert_close(weights.transpose(1, 2)[seen], expected.transpose(1, 2)[seen], atol=1e-5, rtol=1e-5)
+    ours = ours.logits
     # the variant ran, not the library's attention; but Qwen3 RMS-normalises q and k per head (weights start at 1), so
     # until those weights move, QUEST's ‖q‖·cos and qnorm's ‖k‖·cos equal its q·k/√d
     if variant != "standard" and not (arch == "qwen3" and variant in ("quest", "qnorm")):
