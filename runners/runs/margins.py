@@ -51,12 +51,12 @@ class Margin:
         """The curve rule's choice: the vertex where there is one, else the best grid value."""
         return self.best if self.curve is None else self.curve
 
-    def describe(self, unit: str = "") -> str:
+    def describe(self) -> str:
         """One line: best vs runner-up, the difference with its interval and verdict, then the curve's choice."""
         text = f"best {self.best:g}"
         if self.runner_up is not None:
             interval = f" [{self.low:+.4f}, {self.high:+.4f}]" if math.isfinite(self.low) else ""
-            text += f" vs {self.runner_up:g}: {self.difference:+.4f}{unit}{interval} over {self.seeds} seeds, {self.verdict}"
+            text += f" vs {self.runner_up:g}: {self.difference:+.4f}{interval} over {self.seeds} seeds, {self.verdict}"
         if self.edge:
             text += f"; {EDGE} of the grid (the curve may rise past it)"
         if self.curve is not None:
@@ -109,12 +109,12 @@ def _curve(grid: Grid, best: float, values: list[float]) -> tuple[float | None, 
     x = [math.log(v) for v in three]
     seeds = sorted(set.intersection(*(set(grid[v]) for v in three)))
     peak = vertex(x, [float(np.mean(list(grid[v].values()))) for v in three])
-    rng = np.random.default_rng(0)
-    draws = []
-    for _ in range(BOOTSTRAP):
-        pick = rng.choice(seeds, size=len(seeds)) if len(seeds) > 1 else seeds
-        draws.append(vertex(x, [float(np.mean([grid[v][s] for s in pick])) for v in three]))
-    low, high = np.quantile(draws, [0.05, 0.95])
+    low = high = peak  # one seed in common: nothing to resample
+    if len(seeds) > 1:
+        rng = np.random.default_rng(0)
+        draws = [vertex(x, [float(np.mean([grid[v][s] for s in pick])) for v in three])
+                 for pick in (rng.choice(seeds, size=len(seeds)) for _ in range(BOOTSTRAP))]
+        low, high = np.quantile(draws, [0.05, 0.95])
     return _round(math.exp(peak)), _round(math.exp(low)), _round(math.exp(high))
 
 
