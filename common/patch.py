@@ -145,8 +145,15 @@ def _transformers_integration():
 
 def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwargs) -> PatchReport:
     """Convert every supported attention module of ``model`` to ``variant`` in place and report what was
-    done. ``attention_kwargs`` go to the variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``).
-    With ``variant="standard"`` the model computes what it computed before."""
+    done. ``attention_kwargs`` go to the variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``; without
+    ``seq_len`` a QK-norm gain starts at sqrt(head_dim), not log2(L² − L)). Masks keep torch's conventions
+    (``key_padding_mask``: True = padding).
+
+    With ``variant="standard"`` the model computes what it computed before, to float rounding, but for one case:
+    an ``nn.TransformerEncoder`` in eval mode without gradients given a ``src_key_padding_mask``, where torch's
+    nested-tensor fast path writes zeros at the padded positions and the converted encoder writes what its layers
+    compute there (the positions a caller masks out). Converted layers never take torch's fused fast path
+    (docs/attention.md, "What to know before converting a model")."""
     spec = get_variant(variant)
     hf = _transformers_integration()
     hf_layers = {name: m for name, m in model.named_modules() if hf is not None and hf.is_attention(m)}

@@ -293,3 +293,22 @@ def test_torch_fused_inference_paths_do_not_bypass_the_variant():
     with torch.no_grad():
         run(model)
     assert len(found) == 2 and all(p.stats for p in found.values())
+
+
+def test_standard_matches_an_encoder_with_padding_where_docs_say():
+    """docs/attention.md: a converted nn.TransformerEncoder with ``standard`` equals the original at every
+    non-padded position, and at padded ones too but in eval without gradients, where torch's nested-tensor fast
+    path writes zeros there."""
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2).eval()
+    converted = copy.deepcopy(encoder)
+    replace_attention(converted, "standard")
+    x, pad = torch.randn(3, 8, 32), torch.zeros(3, 8, dtype=torch.bool)
+    pad[1, 5:], pad[2, 2:] = True, True
+    with torch.no_grad():
+        theirs, ours = encoder(x, src_key_padding_mask=pad), converted(x, src_key_padding_mask=pad)
+    torch.testing.assert_close(ours[~pad], theirs[~pad], atol=1e-5, rtol=1e-5)
+    assert theirs[pad].abs().max() == 0 and ours[pad].abs().max() > 0  # the documented difference
+    torch.testing.assert_close(ours.masked_fill(pad[..., None], 0), theirs, atol=1e-5, rtol=1e-5)
+    theirs, ours = encoder(x, src_key_padding_mask=pad), converted(x, src_key_padding_mask=pad)  # gradients on
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

@@ -16,6 +16,7 @@ from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_text, read_yaml
 from runners.results import confirmatory
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
+from runners.results.index import write_index
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
 from runners.results.tables import (
     _fmt,
@@ -35,6 +36,16 @@ HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 
 
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+# The first lines of a results document whose every variant ran once per table (the demo): what it can show.
+ONE_SEED = ("**One seed per variant: a demo, not a comparison.** Each variant ran once in each table (one seed, short "
+            "presets). What this can show: that every variant builds, trains and is tested in every domain, and what "
+            "one run of each scored. What it cannot show: which variant is better. With one seed there is no interval "
+            "and no test, so this page ranks nothing and gives no verdict, and its differences are as large as "
+            "seed-to-seed noise can make them. For a comparison, run seeds (`quest sweep study`), each variant at its "
+            "own learning rate (`quest sweep fair`) and a pre-registered test (`quest aggregate --confirm PLAN.md`); "
+            "RESULTS.md holds this project's.")
 
 
 def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | None = None,
@@ -60,17 +71,24 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                       "described under the table) to a perfect score is not ranked.")
         if headline:
             parts += ["", *headline]
+        if (one_seed := runs.groupby([*GROUP, "variant"], dropna=False)["seed"].nunique().max() <= 1):
+            parts += ["", ONE_SEED]
         borrowed = borrowed_ablations(runs)
-        parts += ["", *describe_launches(launches), *extra, "## Across domains", "", summary_table(runs).to_markdown(), "",
-                  *([borrowed, ""] if borrowed else []),
-                  "Tables where each variant is better than, not different from, or worse than `standard` "
-                  "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
-                  "learn and whose attention ablation is detectable, as in the ranks above (a table without its own "
-                  "attention ablation cannot show that attention matters there: a tuned table without one is judged by "
-                  "its same-recipe table's, the same sweep's runs of the same data, model and size that differ only in "
-                  "the learning rate, and a table with neither is not ranked); a table holding the same runs as another "
-                  "counts once; a second setting's tables, such as another init, are not counted here but below):", "",
-                  verdict_table(runs).to_markdown(), ""]
+        parts += ["", *describe_launches(launches), *extra, "## Across domains", ""]
+        if one_seed:  # nothing to rank or test: say so instead of a table of dashes
+            parts += ["One seed per variant: no ranking and no verdict (see the top of this page); each domain's "
+                      "table below shows what every variant scored.", ""]
+        else:
+            parts += [summary_table(runs).to_markdown(), "",
+                      *([borrowed, ""] if borrowed else []),
+                      "Tables where each variant is better than, not different from, or worse than `standard` "
+                      "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
+                      "learn and whose attention ablation is detectable, as in the ranks above (a table without its own "
+                      "attention ablation cannot show that attention matters there: a tuned table without one is judged by "
+                      "its same-recipe table's, the same sweep's runs of the same data, model and size that differ only in "
+                      "the learning rate, and a table with neither is not ranked); a table holding the same runs as another "
+                      "counts once; a second setting's tables, such as another init, are not counted here but below):", "",
+                      verdict_table(runs).to_markdown(), ""]
         if (agreement := setting_agreement_table(runs)) is not None:
             parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "
                       "Per table, each variant's difference to `standard` on the primary metric with its verdict "
@@ -241,7 +259,8 @@ def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
 
 def include_report(path: Path, text: str, extras: Path, out_dir: Path) -> str:
     """A study's report (``text``, read from ``path``) as a section of RESULTS.md: headings one level down, each
-    figure it links copied to ``extras/<report's first heading>/`` and linked from there."""
+    figure it links copied to ``extras/<report's first heading>/`` and linked from there; a figure already inside
+    ``extras`` (a report under RESULTS/ beside its figures) is linked where it lies, never copied beside itself."""
     first = HEADING.search(text)
     folder = extras / re.sub(r"[^a-z0-9]+", "-", (first.group(2) if first else path.stem).lower()).strip("-")
 
@@ -252,6 +271,8 @@ def include_report(path: Path, text: str, extras: Path, out_dir: Path) -> str:
         source = path.parent / target
         if not source.is_file():
             raise ConfigError(f"{path}: its figure {target} does not exist")
+        if source.resolve().is_relative_to(extras.resolve()):
+            return f"![{alt}]({source.resolve().relative_to(out_dir.resolve()).as_posix()})"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, folder / source.name)
         return f"![{alt}]({(folder / source.name).relative_to(out_dir).as_posix()})"
@@ -328,4 +349,5 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     if notes:
         document = insert_notes(document, reading, str(notes))
     out.write_text(document)
+    write_index(extras, out, f"quest aggregate {' '.join(map(str, sources))}")  # RESULTS/README.md: what is where
     return 0 if runs is None else len(runs), len(skipped), len(reports)
