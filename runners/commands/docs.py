@@ -9,6 +9,7 @@ link or anchor is an error. MkDocs, its Material theme and mkdocstrings come wit
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,4 +38,5 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"quest docs needs {', '.join(missing)}: pip install -e '.[test]'")
     if not CONFIG.is_file():
         raise ConfigError(f"{CONFIG} is missing: quest docs runs from a checkout of the project")
-    return subprocess.run(command(args.build, args.addr)).returncode
+    quiet = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about its successor, on every call
+    return subprocess.run(command(args.build, args.addr), env=quiet).returncode
