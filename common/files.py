@@ -20,7 +20,7 @@ import yaml
 
 from common.errors import DataError, error_line
 
-MAX_NESTING = 32  # a record nests 4 deep (trajectory > layers > layer > stat), a run config 3
+MAX_NESTING = 32  # containers in containers: a record's go 5 deep (record > trajectory > layers > layer > stat)
 MAX_DIGITS = 100  # an integer's digits: seeds and steps have at most 20; Python refuses more than 4,300 with a traceback
 MiB = 1 << 20
 MAX_DOCUMENT_BYTES = 4 * MiB  # a file written by hand: notes, an analysis plan, anchors, a study's report
@@ -45,7 +45,7 @@ def not_regular(mode: int) -> str | None:
     """What a file of ``mode`` (``os.stat``) is when it is not a regular file: "a FIFO", "a folder", ...; else None."""
     if stat.S_ISREG(mode):
         return None
-    return next((kind for test, kind in KINDS.items() if test(mode)), "not a regular file")
+    return next((kind for test, kind in KINDS.items() if test(mode)), "a special file")
 
 
 def os_reason(err: OSError, what: str) -> str:
@@ -53,22 +53,22 @@ def os_reason(err: OSError, what: str) -> str:
     return f"no such {what}" if err.errno == errno.ENOENT else f"cannot be read ({err.strerror or err})"
 
 
-def regular_file(path: str | Path, what: str, max_bytes: int | None = None) -> Path:
-    """``path`` if it is a regular file (links followed) of at most ``max_bytes``, for a library that opens it
-    itself (PIL, soundfile, open3d, pandas); else a ``FileError`` saying what it is."""
+def regular_file(path: str | Path, what: str) -> Path:
+    """``path`` if it is a regular file (links followed), for a library that opens it itself (PIL, soundfile,
+    open3d); else a ``FileError`` saying what it is."""
     path = Path(path)
     try:
         info = os.stat(path)
     except OSError as err:
         raise FileError(path, os_reason(err, what)) from None
-    _check(path, info, what, max_bytes)
+    _check(path, info, what, None)
     return path
 
 
 def _check(path: Path, info: os.stat_result, what: str, max_bytes: int | None) -> None:
     kind = not_regular(info.st_mode)
     if kind:
-        raise FileError(path, f"is {kind}, not a regular file; a {what} is read from a file")
+        raise FileError(path, f"is {kind}, not a regular file")
     if max_bytes is not None and info.st_size > max_bytes:
         raise FileError(path, f"is {info.st_size:,} bytes; a {what} is at most {max_bytes:,}")
 
@@ -81,8 +81,13 @@ def read_bytes(path: str | Path, what: str, max_bytes: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise FileError(path, os_reason(err, what)) from None
-    with os.fdopen(fd, "rb") as file:
-        _check(path, os.fstat(fd), what, max_bytes)
+    try:
+        _check(path, os.fstat(fd), what, max_bytes)  # before a file object, which refuses a folder in its own words
+        file = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with file:
         try:
             data = file.read(max_bytes + 1)  # one more: a file that grew since it was measured
         except OSError as err:
@@ -113,7 +118,7 @@ def parse_json(text: str, source: str | Path) -> Any:
     try:
         value = json.loads(text, parse_int=_digits)
     except json.JSONDecodeError as err:
-        raise FileError(source, f"not valid JSON ({err.msg} at line {err.lineno})") from None
+        raise FileError(source, f"not valid JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
     except ValueError as err:  # an integer too long (_digits)
         raise FileError(source, str(err)) from None
     except RecursionError:
@@ -152,7 +157,7 @@ _DataLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.const
 def parse_yaml(text: str, source: str | Path) -> Any:
     """The plain value of one YAML document, within the limits (``parse_json``'s, and no aliases)."""
     try:
-        value = yaml.load(text, Loader=_DataLoader)  # noqa: S506 (a safe loader, aliases refused)
+        value = yaml.load(text, Loader=_DataLoader)  # a safe loader: plain values only, and no aliases
     except _Refused as err:
         raise FileError(source, str(err)) from None
     except yaml.YAMLError as err:
@@ -183,9 +188,10 @@ def read_table(path: str | Path, what: str, max_bytes: int, **options):
 SCALARS = (str, int, float, bool, type(None))
 
 
-def plain(value: Any, source: str | Path, depth: int = 0) -> Any:
-    """``value`` if it is made of mappings (scalar keys), lists and scalars, nested at most ``MAX_NESTING`` deep."""
-    if depth > MAX_NESTING:
+def plain(value: Any, source: str | Path, depth: int = 1) -> Any:
+    """``value`` if it is made of mappings (scalar keys), lists and scalars, at most ``MAX_NESTING`` containers deep
+    (``depth``: the containers ``value`` is in, itself included)."""
+    if isinstance(value, (dict, list)) and depth > MAX_NESTING:
         raise FileError(source, f"nested more than {MAX_NESTING} deep")
     if isinstance(value, dict):
         for key, item in value.items():

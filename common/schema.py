@@ -87,7 +87,7 @@ class Optim:
     warmup_steps: int = bounded(0, min=0)
     min_lr_ratio: float = bounded(0.0, min=0, max=1)  # where the schedule ends, as a fraction of lr
     cooldown_steps: int = bounded(0, min=0)  # the last steps held at lr x min_lr_ratio (DeiT's cool-down epochs)
-    poly_power: float = 0.9  # poly: lr x (1 - progress) ** poly_power
+    poly_power: float = bounded(0.9, min=0)  # poly: lr x (1 - progress) ** poly_power
 
     def __post_init__(self):
         check_section(Optim, vars(self), "optim")
@@ -101,17 +101,17 @@ class Trainer:
 
     accelerator: str = "cpu"
     devices: int = 1
-    num_nodes: int = 1
+    num_nodes: int = bounded(1, min=1)
     accumulate_grad_batches: int = bounded(1, min=1)
     strategy: str = "auto"
     precision: str = "32-true"
     max_epochs: int | None = bounded(10, min=-1)
-    max_steps: int = -1
+    max_steps: int = bounded(-1, min=-1)  # -1: as many as max_epochs make
     gradient_clip_val: float | None = bounded(1.0, min=0)
     limit_train_batches: float | None = bounded(1.0, min=0)
     limit_val_batches: float | None = bounded(1.0, min=0)
     limit_test_batches: float | None = bounded(1.0, min=0)
-    check_val_every_n_epoch: int | None = 1
+    check_val_every_n_epoch: int | None = bounded(1, min=1)
     log_every_n_steps: int = bounded(10, min=1)
     enable_progress_bar: bool = True
     deterministic: bool = False
@@ -162,15 +162,15 @@ class Progress:
 class Divergence:
     """A run that blows up ends as ``status: diverged``: a result (exit code 0), not a failure."""
 
-    loss_ratio: float | None = 1.0e3  # training loss above this x max(first training loss, 1); null disables
-    max_loss: float | None = 1.0e6  # training loss above this; null disables (non-finite losses always diverge)
+    loss_ratio: float | None = bounded(1.0e3, min=0)  # training loss above this x max(first training loss, 1); null disables
+    max_loss: float | None = bounded(1.0e6, min=0)  # training loss above this; null disables (non-finite losses always diverge)
 
 
 @dataclass(frozen=True)
 class Probes:
     every_n_steps: int = bounded(25, min=0)  # 0 disables probing
     max_samples: int = bounded(4, min=1)  # samples of the batch the explicit logits are formed for
-    max_logit_bound: float | None = 1.0e4  # a larger (or non-finite) max attention logit ends the run as diverged
+    max_logit_bound: float | None = bounded(1.0e4, min=0)  # a larger (or non-finite) max logit ends the run as diverged
 
 
 @dataclass(frozen=True)

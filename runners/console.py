@@ -15,6 +15,7 @@ KNOWN_NOISE = (
     r"The number of training batches .* is smaller than the logging interval",
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",  # Lightning on torch 2.14
     r"`torch\.jit\.script` is deprecated.*",  # PyG's pooling modules, at import
+    r"`training_step` returned `None`.*",  # a non-finite loss skips its step on purpose: the run ends as diverged
 )
 # The project's info lines that belong on the console beside its warnings: which weights a run starts from.
 SHOWN_INFO = ("common.checkpoint",)

@@ -1,3 +1,4 @@
+import errno
 import multiprocessing
 import os
 import sys
@@ -90,6 +91,52 @@ class CreatesAFile:
 
     def __reduce__(self):
         return open, (self.path, "w")
+
+
+def _refuse_reading(path, monkeypatch):
+    """``path`` as a file its reader may not open (``chmod 000`` does not bite the root the tests run as): denied
+    while it is this file, so that a rerun's new record reads."""
+    inode, real = path.stat().st_ino, os.open
+
+    def opened(file, flags, *args, **kwargs):
+        if os.fspath(file) == str(path) and os.stat(file).st_ino == inode:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", opened)
+
+
+def _replace(path, make):
+    path.unlink()
+    make(path)
+
+
+# The ways a record file (or any file read back) comes damaged, each with what its reader says (common.files):
+# kind -> (damage(path, monkeypatch), reason).
+DAMAGED = {
+    "nested": (lambda path, _: path.write_text("[" * 100_000 + "]" * 100_000), "nested more than 32 deep"),
+    "huge integer": (lambda path, _: path.write_text('{"seed": 1' + "0" * 5000 + "}"),
+                     "holds an integer of more than 100 digits"),
+    "unreadable": (_refuse_reading, "cannot be read (Permission denied)"),
+    "FIFO": (lambda path, _: _replace(path, os.mkfifo), "is a FIFO, not a regular file"),
+    "link to /dev/zero": (lambda path, _: _replace(path, lambda p: p.symlink_to("/dev/zero")),
+                          "is a character device, not a regular file"),
+}
+
+
+def exit_status(args: list[str]) -> int:
+    """``quest <args>``'s exit status, argparse's own included (it exits the process where ``cli`` returns)."""
+    try:
+        return cli(args)
+    except SystemExit as stop:
+        return stop.code
+
+
+def damage(path, kind, monkeypatch) -> str:
+    """Damage the file at ``path`` as ``kind`` (``DAMAGED``) says; returns the reason its reader gives."""
+    make, reason = DAMAGED[kind]
+    make(path, monkeypatch)
+    return reason
 
 
 # which way the metrics of the test records are better, as a task's ``directions()`` would say

@@ -4,11 +4,12 @@ a full disk is named in the record; a finite blow-up is divergence; the console 
 import errno
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ToyTask
+from conftest import ToyTask, exit_status
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from common.records import read_record
@@ -131,7 +132,9 @@ def test_the_console_carries_no_known_noise(tmp_path):
     ("optim.betas=[0.9,0.99", "config key 'optim.betas': cannot read '[0.9,0.99'"),
     ("optim.lr=-0.01", "config key 'optim.lr' must be > 0, got -0.01"),
     ("data.n=[1]", "config key 'data.n' (command line) expects int like 64, got [1]"),
-    ("seed=-1", "config key 'seed' must be >= 0, got -1"),
+    ("seed=-1", "config key 'seed' must be >= 0 and <= 4294967295, got -1"),
+    ("seed=4294967296", "config key 'seed' must be >= 0 and <= 4294967295, got 4294967296"),
+    ("optim.betas=[2,3]", "config key 'optim.betas' must be >= 0 and < 1, got [2, 3]"),
     ("threads=-2", "config key 'threads' must be >= 1, got -2"),
     ("seed=abc", "config key 'seed' (command line) expects int like 0, got 'abc'"),
     ("attention.qk_gain_init", "override 'attention.qk_gain_init' is not of the form key=value"),
@@ -149,12 +152,38 @@ def test_malformed_and_out_of_range_values_exit_2_in_one_line(toy_domain, run_ar
     ("vision", "model.heads=0", "config key 'model.heads' must be >= 1, got 0"),
     ("vision", "model.depth=0", "config key 'model.depth' must be >= 1, got 0"),
     ("language", "data.context=0", "config key 'data.context' must be >= 1, got 0"),
+    ("vision", "data.split_seed=-1", "config key 'data.split_seed' must be >= 0 and <= 4294967295, got -1"),
+    ("vision", "robustness.eps=[0.1,-0.1]", "config key 'robustness.eps' must be > 0, got [0.1, -0.1]"),
+    ("vision", "robustness.severities=[6]", "config key 'robustness.severities' must be >= 1 and <= 5, got [6]"),
 ])
 def test_ranges_hold_for_every_domain_that_has_the_key(tmp_path, capsys, domain, override, message):
     assert cli(["train", f"domain={domain}", "preset=smoke", override, f"output_dir={tmp_path}/runs"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sweep", "x.yaml", "--workers", "0"], "quest sweep: error: argument --workers: must be a whole number >= 1, got '0'"),
+    (["bench", "--shapes", "a,b"], "quest bench: error: argument --shapes: must be 4 whole numbers >= 1 separated by "
+                                   "commas (batch,heads,tokens,head_dim), got 'a,b'"),
+    (["feed", "domain=toy", "--batches", "0"], "quest feed: error: argument --batches: must be a whole number >= 1"),
+    (["generate", "run", "--seed", "4294967296"], "quest generate: error: argument --seed: must be a whole number "
+                                                  "from 0 to 4294967295"),
+    (["generate", "run", "--temperature", "nan"], "quest generate: error: argument --temperature: must be a finite number"),
+])
+def test_a_command_argument_out_of_its_range_is_one_line_without_the_usage_block(tmp_path, capsys, args, message):
+    assert exit_status(args) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(message) and err.count("\n") == 1 and not out, err
+
+
+def test_a_diverged_run_prints_no_third_party_warning(toy_domain, run_args, capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(["train", "domain=toy", "task.nan_after=0", *run_args]) == 0
+    assert not [str(w.message) for w in caught], [str(w.message) for w in caught]
+    assert "diverged at step 0 (non-finite training loss)" in capsys.readouterr().out
 
 
 def test_types_come_from_the_schema_not_the_preset_and_a_path_is_a_string():

@@ -182,6 +182,26 @@ def test_a_malformed_mesh_stops_the_run_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+TRIANGLE_PLY = ("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
+                "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n3 0 1 2\n")
+
+
+@pytest.mark.parametrize("broken, problem", [
+    (TRIANGLE_PLY.replace("3 0 1 2", "3 0 1 7"), "face 0 refers to vertex 7, but the mesh has 3 vertices"),
+    (TRIANGLE_PLY.replace("0 1 0", "0 1 nan"), "vertex 2 is [0.0, 1.0, nan] (the first that is not finite)"),
+])
+def test_a_ply_mesh_open3d_would_crash_on_stops_the_run_in_one_line(tmp_path, capsys, broken, problem):
+    root = tmp_path / "ModelNet2"
+    write_modelnet_tree(root)
+    (root / "chair" / "train" / "broken.off").unlink()  # its warning would be a second line
+    bad = root / "lamp" / "test" / "bad.ply"
+    bad.write_text(broken)
+    assert train_on(tmp_path, "data.dataset=modelnet", f"data.root={root}") == 2  # not a segfault: exit 139
+    err = capsys.readouterr().err
+    assert f"{bad}: {problem}" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
 def clouds(dm) -> dict[str, torch.Tensor]:
     return {split: dm.datasets[split].tensors[0] for split in SPLITS}
 

@@ -122,6 +122,22 @@ def test_a_file_as_data_root_is_named_in_one_line(tmp_path, capsys, dataset):
     assert not (tmp_path / "runs").exists()
 
 
+def test_audio_that_is_not_finite_is_a_data_error_not_a_divergence(tmp_path, capsys):
+    for word in ("left", "right"):
+        for n in range(4):
+            write_tone(tmp_path / word / f"{n}.wav", rate=16000, seconds=0.2)
+    bad = tmp_path / "left" / "nan.wav"
+    sf.write(bad, np.array([0.1, np.nan, np.inf], dtype=np.float32), 16000, subtype="FLOAT")
+    args = ["train", "domain=speech", "preset=smoke", "data.dataset=folder", f"data.root={tmp_path}",
+            "data.val_fraction=0.3", "data.test_fraction=0.3", f"output_dir={tmp_path}/runs",
+            f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: sample 1 is [nan] (the first that is not finite)" in err and err.count("\n") == 1, err
+    # no run, least of all one recorded as diverged at step 0 (the lock stays: the kernel's, and harmless)
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.suffix != ".lock"]
+
+
 def test_class_folder_tree_takes_its_classes_from_its_folders(tmp_path):
     for word in ("left", "right"):
         for n in range(10):

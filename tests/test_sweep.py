@@ -1,6 +1,7 @@
 """`quest sweep`: exit status, reruns, run locks under contention, and the sweep's one progress line."""
 import faulthandler
 import json
+import logging
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 
 import conftest
 import pytest
-from conftest import FORK, Forked, forked_worker, make_record
+from conftest import DAMAGED, FORK, Forked, damage, forked_worker, make_record
 
 import runners.runs.robust_accuracy  # noqa: F401  (loaded before forking: sweep imports it for every run)
 from common.attention import VARIANTS
@@ -388,12 +389,20 @@ def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp
     assert sweep.main([spec]) == 1 and sorted(fake_run.executions()) == [0, 1, 1, 2]  # retried, as failed runs are
 
 
-def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run):
+@pytest.mark.parametrize("kind", ["half a record", *DAMAGED])
+def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run, monkeypatch, caplog, kind):
     spec = write_spec(tmp_path, seeds=[0, 1])
     assert sweep.main([spec]) == 0
     (broken,) = [p for p in tmp_path.rglob("record.json") if read_record(p)["seed"] == 1]
-    broken.write_text("{half a record")
-    assert sweep.main([spec]) == 0
+    if kind == "half a record":
+        broken.write_text("{half a record")
+        reason = "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2)"
+    else:
+        reason = damage(broken, kind, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="runners.sweeps.bookkeeping"):
+        assert sweep.main([spec]) == 0  # a FIFO would have hung here, and a huge integer stopped the sweep
+    assert [r.getMessage() for r in caplog.records if r.name == "runners.sweeps.bookkeeping"] == [
+        f"{broken}: {reason}; the run is made again"]
     assert recorded(tmp_path) == {0: "ok", 1: "ok"} and sorted(fake_run.executions()) == [0, 1, 1]
 
 

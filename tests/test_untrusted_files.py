@@ -1,8 +1,10 @@
 """Files and text a user could have been handed are data, never code: a crafted checkpoint or cache that
 would create a file if unpickled is refused (checkpoint: one line, exit 2; cache: rebuilt), and no value
 from the command line or a sweep file reads the environment."""
+import errno
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -41,6 +43,21 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path, capsys, command):
     assert f"{run_dir}/checkpoints/best.ckpt holds objects other than tensors" in err and err.count("\n") == 1, err
 
 
+class RunsACommand:
+    """Unpickled, this would call ``os.getpid`` (``posix.getpid``, a module torch names as blocked)."""
+
+    def __reduce__(self):
+        return os.getpid, ()
+
+
+def test_a_checkpoint_naming_a_blocked_module_is_refused_as_code(tmp_path, capsys):
+    run_dir = finished_run(tmp_path, *COMMANDS["robustness"])
+    torch.save({"state_dict": {}, "payload": RunsACommand()}, run_dir / "checkpoints" / "best.ckpt")
+    assert cli(["robustness", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "holds objects other than tensors and plain containers (posix.getpid)" in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"", "is not a readable Lightning checkpoint"),
     (b"PK\x03\x04 half a zip", "is not a readable Lightning checkpoint"),
@@ -59,6 +76,31 @@ def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path, capsys):
     assert cli(["robustness", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "best.ckpt does not hold this run's model" in err and err.count("\n") == 1, err
+
+
+def trained_weights(run_dir):
+    """A checkpoint of the run's own (untrained) model, so that a command restoring the run would get through."""
+    from common.registry import build_config, get_domain
+
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    _, task = get_domain(cfg.domain).build(build_config(cfg))
+    torch.save({"state_dict": task.state_dict()}, run_dir / "checkpoints" / "best.ckpt")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_run_config_that_would_read_the_environment_is_refused_and_exposes_nothing(tmp_path, capsys, monkeypatch,
+                                                                                  command):
+    run_dir = finished_run(tmp_path, *COMMANDS[command])
+    trained_weights(run_dir)
+    (run_dir / "config.yaml").write_text((run_dir / "config.yaml").read_text() + "version: ${oc.env:SOME_TOKEN}\n")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    monkeypatch.setenv("SOME_TOKEN", "hunter2-secret")
+    assert cli([command, str(run_dir)]) == 2
+    out, err = capsys.readouterr()
+    assert f"{run_dir}/config.yaml is not a run config: config.version holds an interpolation" in err, err
+    assert err.count("\n") == 1 and "hunter2" not in out + err
+    after = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert after == before  # nothing written: the record holds no token, and no file was added
 
 
 @pytest.mark.parametrize("text", ["domain: [unclosed", "- a list\n- not a config\n", "seed: 0\n"])
@@ -111,6 +153,20 @@ def test_a_cache_dir_that_cannot_be_written_is_named(tmp_path, capsys, monkeypat
     assert cli([*args, f"cache_dir={tmp_path / 'read-only'}"]) == 2
     err = capsys.readouterr().err
     assert f"cannot write the cache file {tmp_path}/read-only/mnist5k.pt (Permission denied)" in err, err
+
+
+def test_a_full_disk_while_writing_the_cache_is_one_line_and_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    def full(obj, file, *args, **kwargs):
+        file.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    args = ["train", "domain=vision", "preset=smoke", f"output_dir={tmp_path / 'runs'}",
+            f"cache_dir={tmp_path / 'cache'}", "trainer.enable_progress_bar=false"]
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the cache file {tmp_path}/cache/mnist5k.pt (No space left on device)" in err, err
+    assert err.count("\n") == 1 and list((tmp_path / "cache").iterdir()) == [] and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("override", ["cache_dir=/x/${oc.env:SECRET_TOKEN}", "optim.name=${oc.env:SECRET_TOKEN}",

@@ -495,6 +495,21 @@ def test_an_unreadable_image_is_one_line_with_or_without_loader_workers(tmp_path
     assert err.startswith(f"quest: error: {broken}: unreadable image") and err.count("\n") == 1, err
 
 
+def test_a_decompression_bomb_is_refused_in_one_line(tmp_path, capsys):
+    write_tree(tmp_path / "tree")
+    bomb = tmp_path / "tree" / "cat" / "0.png"
+    (tmp_path / "tree" / "cat" / "0.jpg").unlink()
+    Image.new("1", (20_000, 10_000)).save(bomb)  # 200 million pixels in a few KiB
+    assert bomb.stat().st_size < 100_000
+    assert cli(["train", "domain=vision", "preset=smoke", "data.dataset=imagefolder", f"data.root={tmp_path / 'tree'}",
+                "data.image_size=16", "model.patch_size=4", "data.batch_size=4", *RGB, "trainer.limit_train_batches=1.0",
+                f"output_dir={tmp_path}/runs", f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"quest: error: {bomb}: more than 89,478,485 pixels") and err.count("\n") == 1, err
+    # what the run had built is gone (the lock stays: the kernel's, and harmless)
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.suffix != ".lock"]
+
+
 ELPV_LEVELS = (0.0, 1 / 3, 2 / 3, 1.0)  # the defect probabilities ELPV annotates
 
 

@@ -1,20 +1,35 @@
-"""A dataset as found on disk: its root, class-per-folder trees and the split folders it ships, and numeric
-columns checked before use; each problem a ``DataError`` that names the file."""
+"""A dataset as found on disk: its root, class-per-folder trees and the split folders it ships, images read
+within limits, and numbers checked to be finite before use; each problem a ``DataError`` that names the file
+(and the first bad value)."""
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from common.data.splits import SPLITS
-from common.errors import DataError
+from common.errors import DataError, error_line
+from common.files import not_regular, read_table, regular_file
+
+MAX_TABLE_BYTES = 1 << 30  # a dataset's CSV file, read whole into memory
 
 
 def require_path(path: str | Path, what: str = "dataset root") -> Path:
+    """``path`` if it is a folder or a regular file, else a ``DataError`` naming it: a FIFO, socket or device
+    would hang its reader or never end."""
     path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"{what} {path} does not exist")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(f"{what} {path} does not exist") from None
+    except OSError as err:  # permission denied, a name too long
+        raise DataError(f"{what} {path} cannot be read ({err.strerror})") from None
+    if not stat.S_ISDIR(mode) and not_regular(mode):
+        raise DataError(f"{what} {path} is {not_regular(mode)}; data is read from files and folders")
     return path
 
 
@@ -45,6 +60,42 @@ def class_folder_files(root: str | Path, extensions: Iterable[str]) -> tuple[lis
             raise DataError(f"class folder {root / name} has no {'/'.join(sorted(exts))} files")
         files += [(p, label) for p in found]
     return files, classes
+
+
+def read_image(path: Path, mode: str | None):
+    """The image file at ``path`` as a PIL image converted to ``mode`` ("RGB", "L"; None: as stored). Not a
+    regular file, not an image, or more pixels than PIL's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``,
+    89 million: a small file that would decode into gigabytes) is a ``DataError`` naming it."""
+    from PIL import Image  # here: only the image domains need it
+
+    regular_file(path, "image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # PIL only warns up to twice its limit
+            with Image.open(path) as raw:
+                return raw.convert(mode) if mode else raw.copy()
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise DataError(f"{path}: more than {Image.MAX_IMAGE_PIXELS:,} pixels, the limit against decompression "
+                        "bombs") from None
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: unreadable image ({error_line(err)})") from None
+
+
+def check_finite_array(values: np.ndarray, source: str | Path, what: str = "sample",
+                       error: type[DataError] = DataError) -> None:
+    """An ``error`` naming ``source`` and the first row of ``values`` (a ``what``: a sample, a vertex) holding NaN
+    or ±inf: input that is not finite is a fault of the data, which training would report as a divergence."""
+    bad = ~np.isfinite(values).reshape(len(values), -1).all(1)
+    if bad.any():
+        row = int(bad.argmax())
+        raise error(f"{source}: {what} {row} is {np.asarray(values[row]).tolist()} (the first that is not "
+                        "finite); data must be finite numbers")
+
+
+def read_csv(path: Path, what: str, **options):
+    """A dataset's CSV file as a pandas frame (``common.files.read_table``: a regular file of at most
+    ``MAX_TABLE_BYTES``, readable as CSV, else a ``DataError`` naming it); ``options`` are ``pandas.read_csv``'s."""
+    return read_table(path, what, MAX_TABLE_BYTES, **options)
 
 
 def check_finite(frame, columns, source: str, *, allow_missing: bool = False) -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from common.data import DataError, check_finite, require_path
+from common.data import DataError, check_finite, read_csv, require_path
 from common.errors import ConfigError
 from common.optional import install_command, require
 
@@ -124,14 +124,11 @@ def atom_labeller(names: list[str]) -> Labeller:
 def read_table(path: Path, smiles_column: str, columns: list[str], targets: list[str]) -> pd.DataFrame:
     """``columns`` of a CSV (SMILES, targets, split column); a missing file or column is a DataError."""
     require_path(path, "CSV file")
-    try:
-        header = pd.read_csv(path, nrows=0).columns
-    except Exception as err:
-        raise DataError(f"{path}: not a readable CSV ({type(err).__name__})") from None
+    header = read_csv(path, "CSV file", nrows=0).columns
     missing = [c for c in (smiles_column, *columns) if c not in header]
     if missing:
         raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
-    table = pd.read_csv(path, usecols=list(dict.fromkeys([smiles_column, *columns])))
+    table = read_csv(path, "CSV file", usecols=list(dict.fromkeys([smiles_column, *columns])))
     check_finite(table, targets, str(path), allow_missing=True)  # a missing target skips its molecule
     return table
 

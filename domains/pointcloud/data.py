@@ -29,6 +29,7 @@ from common.data import (
     SplitDataModule,
     cached,
     carve_validation,
+    check_finite_array,
     class_folder_files,
     class_folder_splits,
     data_root,
@@ -39,6 +40,7 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.files import regular_file
 from common.optional import require
 from common.registry import load
 
@@ -61,7 +63,8 @@ OFF_HEADER = re.compile(r"(C?N?OFF)\s*(.*)")  # the keywords open3d reads, then 
 
 
 class MalformedMesh(DataError):
-    """A mesh file that breaks its own format: the user's to fix (exit 2), where an unreadable one is skipped."""
+    """A mesh file that breaks its own format, or a mesh or point file holding a coordinate that is not finite: the
+    user's to fix (exit 2), where an unreadable one is skipped."""
 
 
 def off_lines(path: Path) -> list[str] | None:
@@ -122,17 +125,32 @@ def _read_mesh(path: Path) -> o3d.geometry.TriangleMesh:
         return o3d.io.read_triangle_mesh(checked.name)
 
 
+def check_mesh(mesh: o3d.geometry.TriangleMesh, path: Path) -> None:
+    """A ``MalformedMesh`` unless every face names a vertex the mesh has and every vertex is finite, whatever
+    the format: open3d reads a face index past the vertices as it is, and sampling it then segfaults."""
+    vertices, faces = np.asarray(mesh.vertices), np.asarray(mesh.triangles)
+    outside = (faces < 0) | (faces >= len(vertices))
+    if outside.any():
+        face = int(outside.any(1).argmax())
+        raise MalformedMesh(f"{path}: face {face} refers to vertex {faces[face][outside[face]][0]}, "
+                            f"but the mesh has {len(vertices)} vertices")
+    check_finite_array(vertices, path, "vertex", MalformedMesh)
+
+
 def read_points(path: Path, num_points: int, rng: np.random.Generator) -> np.ndarray:
     """``num_points`` points from a mesh (uniform surface samples) or a point file (farthest-point
-    subset, or resampled with repetition when it has fewer). An unreadable or empty file is a DataError, an
-    OFF file that breaks its format a ``MalformedMesh`` (``off_lines``)."""
+    subset, or resampled with repetition when it has fewer). An unreadable or empty file is a DataError, a
+    mesh that breaks its format (``off_lines``, ``check_mesh``) or a point that is not finite a ``MalformedMesh``."""
+    regular_file(path, "mesh or point file")  # a FIFO would hang open3d's reader
     with o3d.utility.VerbosityContextManager(o3d.utility.VerbosityLevel.Error):
         mesh = _read_mesh(path) if path.suffix.lower() in MESH_EXTENSIONS else None
         if mesh is not None and mesh.has_triangles():
+            check_mesh(mesh, path)
             return np.asarray(mesh.sample_points_uniformly(num_points).points, dtype=np.float32)
         cloud = o3d.io.read_point_cloud(str(path))  # point files, and PLY files without faces
     if not cloud.has_points():
         raise DataError(f"{path}: unreadable or empty mesh/point file")
+    check_finite_array(np.asarray(cloud.points), path, "point", MalformedMesh)
     if len(cloud.points) >= num_points:
         cloud = cloud.farthest_point_down_sample(num_points)
         return np.asarray(cloud.points, dtype=np.float32)

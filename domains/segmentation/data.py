@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
@@ -36,6 +35,7 @@ from common.data import (
     grouping,
     load_mnist,
     named,
+    read_image,
     require_path,
     seeded_split,
     shipped_split,
@@ -44,6 +44,7 @@ from common.data import (
     split_names,
 )
 from common.errors import ConfigError
+from common.files import MAX_DOCUMENT_BYTES, read_text
 from common.registry import load
 
 from . import DATASETS
@@ -167,10 +168,7 @@ def ade20k_pairs(root: Path, split: str) -> list[tuple[Path, Path]]:
 def read_labels(mask_path: Path, reduce_zero_label: bool, ignore_index: int) -> Tensor:
     """A mask's labels [H, W] (long). ``reduce_zero_label`` (ADE20K): 0 (unlabelled) becomes
     ``ignore_index`` and every other label moves down by one."""
-    try:
-        labels = np.asarray(Image.open(mask_path))
-    except OSError as err:
-        raise DataError(f"{mask_path}: unreadable ({err})") from err
+    labels = np.asarray(read_image(mask_path, None))
     if labels.ndim != 2:
         raise DataError(f"{mask_path}: mask must have one channel of labels, found shape {labels.shape}")
     labels = torch.from_numpy(labels.astype(np.int64))
@@ -215,10 +213,7 @@ class FileSegmentation(Dataset):
     def load(self, index: int) -> tuple[Tensor, Tensor]:
         image_path, mask_path = self.pairs[index]
         labels = read_labels(mask_path, self.reduce_zero_label, self.ignore_index)
-        try:
-            image = Image.open(image_path).convert("RGB")
-        except OSError as err:
-            raise DataError(f"{image_path}: unreadable ({err})") from err
+        image = read_image(image_path, "RGB")
         if image.size != (labels.shape[1], labels.shape[0]):
             raise DataError(f"{mask_path}: mask size {tuple(labels.shape[::-1])} differs from image "
                             f"{image_path.name} size {image.size}")
@@ -348,7 +343,7 @@ class FolderPairs:
         if self.data["class_names"] is None:
             return None
         path = Path(self.data["root"] or ".") / Path(self.data["class_names"]).expanduser()
-        names = [line.strip() for line in require_path(path, "class names file").read_text().splitlines()]
+        names = [line.strip() for line in read_text(path, "class names file", MAX_DOCUMENT_BYTES).splitlines()]
         names = [name for name in names if name]
         if not names or len(set(names)) < len(names):
             raise DataError(f"{path}: needs one distinct class name per line, in label order")

@@ -27,6 +27,7 @@ from common.data import (
     DataError,
     Split,
     SplitDataModule,
+    check_finite_array,
     class_folder_files,
     class_folder_splits,
     data_root,
@@ -38,6 +39,7 @@ from common.data import (
     split_folders,
     split_names,
 )
+from common.files import regular_file
 from common.optional import require
 from common.registry import load
 
@@ -54,14 +56,19 @@ GENERATOR_VERSION = 1  # part of the cache key: bump when generate_espeak change
 
 
 def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
-    """A mono float waveform at ``sample_rate`` (channels averaged, other rates resampled)."""
-    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    """A mono float waveform at ``sample_rate`` (channels averaged, other rates resampled). A sample that is NaN
+    or infinite (a float WAV may hold them) is a ``DataError`` naming the file and the sample, never a run that
+    diverges on it."""
+    samples, rate = sf.read(regular_file(path, "audio file"), dtype="float32", always_2d=True)
+    check_finite_array(samples, path)
     wave = torch.from_numpy(samples.mean(1))
     return AF.resample(wave, rate, sample_rate) if rate != sample_rate else wave
 
 
 def readable(path: Path) -> bool:
-    """Whether the audio header of ``path`` reads and the file holds samples; if not, it is reported."""
+    """Whether the audio header of ``path`` reads and the file holds samples; if not, it is reported. Not a
+    regular file (a FIFO would hang the reader) is a ``DataError``."""
+    regular_file(path, "audio file")
     try:
         frames = sf.info(path).frames
     except (sf.LibsndfileError, RuntimeError) as err:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, require_path
+from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, read_csv, require_path
 from common.optional import require
 from common.registry import load
 
@@ -59,10 +59,7 @@ Series = tuple[pd.DataFrame, str, pd.Series | None]  # the variables, where they
 def read_series(path: Path, split_column: str | None) -> Series:
     """A ``date`` column plus numeric variables, as in the benchmarks' CSV files, and maybe a column of
     split labels: returns the variables, the path, and the labels (None without such a column)."""
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
+    frame = read_csv(path, "series file")
     labels = frame.pop(split_column) if split_column is not None and split_column in frame.columns else None
     return numeric_variables(frame, str(path)), str(path), labels
 

@@ -38,12 +38,14 @@ from common.data import (
     grouping,
     load_mnist,
     named,
+    read_csv,
+    read_image,
     require_path,
     shipped_split,
     split_folders,
     split_names,
 )
-from common.errors import ConfigError, error_line
+from common.errors import ConfigError
 from common.optional import require
 from common.registry import load
 
@@ -148,12 +150,7 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         path, label = self.files[index]
-        try:
-            with Image.open(path) as raw:
-                image = raw.convert(self.mode)
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
-        return self.transform(image), label
+        return self.transform(read_image(path, self.mode)), label
 
 
 def mnist_splits(data: dict, cache_dir: Path) -> Splits:
@@ -206,10 +203,7 @@ def elpv_splits(data: dict, cache_dir: Path) -> Splits:
     else:
         root = data_root(data, "a folder with labels.csv beside images/", folder=True)
     path = require_path(root / "labels.csv", "ELPV labels file")
-    try:
-        labels = pd.read_csv(path, sep=r"\s+", header=None, names=["path", "probability", "type"])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise DataError(f"{path}: not ELPV's labels.csv ({error_line(err)})") from None
+    labels = read_csv(path, "ELPV labels file", sep=r"\s+", header=None, names=["path", "probability", "type"])
     probability = pd.to_numeric(labels["probability"], errors="coerce")
     if probability.isna().any() or labels["path"].duplicated().any():
         raise DataError(f"{path}: every line must name a distinct image and its defect probability")

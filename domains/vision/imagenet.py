@@ -21,7 +21,6 @@ fractions; CE and mCE in percent (AlexNet = 100), as the literature reports them
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from common.data import DataError, class_folder_files, require_path
+from common.files import MiB, read_json
 
 from .data import IMAGE_EXTENSIONS, ImageFiles, eval_transform
 
@@ -119,12 +119,8 @@ def accuracy(predictions: Tensor, labels: Tensor) -> float:
 # --- ImageNet-ReaL -----------------------------------------------------------------------------------
 
 def read_real(path: str | Path) -> list[list[int]]:
-    """ReaL's ``real.json``: one list of class indices per validation image."""
-    path = require_path(path, "ReaL labels")
-    try:
-        labels = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    """ReaL's ``real.json`` (read as data: ``common.files``): one list of class indices per validation image."""
+    labels = read_json(path, "ReaL labels file", 64 * MiB)  # 50,000 short lists: about 1 MiB
     if not isinstance(labels, list) or not all(
             isinstance(entry, list) and all(type(c) is int for c in entry) for entry in labels):
         raise DataError(f"{path}: not ReaL's format (a JSON list holding a list of class indices per image)")

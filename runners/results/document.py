@@ -206,11 +206,23 @@ def heading(key: tuple[str, ...]) -> str:
 
 
 def read_anchors(path: Path) -> list[dict]:
-    """The entries of an anchors file (``anchor_section``), read as data (``common.files``): a YAML list of mappings."""
+    """The entries of an anchors file (``anchor_section``), read as data (``common.files``) and checked: a YAML list
+    of mappings, each with its keys and a ``measured`` of its shape, else a ``ConfigError`` naming the file."""
     anchors = read_yaml(path, "anchors file", MAX_DOCUMENT_BYTES)
     if not isinstance(anchors, list) or not all(isinstance(anchor, dict) for anchor in anchors):
         raise ConfigError(f"{path}: the anchors are a YAML list of mappings (experiment, paper, nearest, agreement, "
                           "and measured or see)")
+    names = lambda value: isinstance(value, list) and value and all(isinstance(name, str) for name in value)
+    for anchor in anchors:
+        missing = {"experiment", "paper", "nearest", "agreement"} - set(anchor)
+        if missing or not ("measured" in anchor) ^ ("see" in anchor):
+            raise ConfigError(f"{path}: anchor {anchor.get('experiment', '?')!r} needs experiment, paper, nearest, "
+                              "agreement and one of measured or see")
+        where = anchor.get("measured", {"table": "", "metrics": [""]})
+        if (not isinstance(where, dict) or not isinstance(where.get("table"), str) or not names(where.get("metrics"))
+                or not (where.get("variants") is None or names(where["variants"]))):
+            raise ConfigError(f"{path}: anchor {anchor['experiment']!r}: measured: is {{table: <domain/dataset/preset>, "
+                              "metrics: [names], variants: [names] (optional)}")
     return anchors
 
 
@@ -218,13 +230,10 @@ def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: s
     """"Paper anchors": per entry of ``anchors`` (a YAML list: ``experiment``, ``paper``, ``nearest``, ``agreement``,
     and ``measured: {table: domain/dataset/preset, metrics: [...], variants: [...]}`` or ``see: <section>``), the
     paper's numbers beside this framework's on the nearest setting it runs, the measured cells computed here
-    from the runs so that no number is copied by hand. A table or metric the runs lack is a ``ConfigError``."""
+    from the runs so that no number is copied by hand. ``anchors`` are as ``read_anchors`` checks them; a table or
+    metric the runs lack is a ``ConfigError``."""
     rows = []
     for anchor in anchors:
-        missing = {"experiment", "paper", "nearest", "agreement"} - set(anchor)
-        if missing or not ("measured" in anchor) ^ ("see" in anchor):
-            raise ConfigError(f"{source}: anchor {anchor.get('experiment', '?')!r} needs experiment, paper, nearest, "
-                              "agreement and one of measured or see")
         measured = f"see “{anchor['see']}”" if "see" in anchor else _measured(runs, anchor["measured"], source)
         rows.append({"paper experiment": anchor["experiment"], "paper": anchor["paper"],
                      "nearest setting here": anchor["nearest"], "measured here": measured,
@@ -235,11 +244,6 @@ def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: s
 
 
 def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
-    names = lambda value: isinstance(value, list) and value and all(isinstance(name, str) for name in value)
-    if (not isinstance(where, dict) or not isinstance(where.get("table"), str) or not names(where.get("metrics"))
-            or not (where.get("variants") is None or names(where["variants"]))):
-        raise ConfigError(f"{source}: measured: is {{table: <domain/dataset/preset>, metrics: [names], "
-                          "variants: [names] (optional)}")
     key = tuple(where["table"].split("/"))
     key += ("",) * (len(GROUP) == len(key) + 1)  # domain/dataset/preset[/protocol]
     group = None if runs is None or len(key) != len(GROUP) else runs[(runs[GROUP] == pd.Series(key, index=GROUP)).all(axis=1)]
@@ -324,19 +328,20 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     entries = read_anchors(anchors_file) if anchors_file else None
     reading = read_text(notes, "notes file", MAX_DOCUMENT_BYTES) if notes else None
     confirmatory.read_plans(confirm)
-    extras = out.parent / out.stem  # RESULTS.md -> RESULTS/ for the CSV, the plots and the reports' figures
-    extras.mkdir(parents=True, exist_ok=True)
     runs, figures, skipped = None, {}, []
     if run_dirs:
         runs = load_runs(*run_dirs)
         skipped = runs.attrs["skipped"]
+    anchors = anchor_section(runs, entries, str(anchors_file)) if anchors_file else []  # a table the runs lack
+    extras = out.parent / out.stem  # RESULTS.md -> RESULTS/ for the CSV, the plots and the reports' figures
+    extras.mkdir(parents=True, exist_ok=True)
+    if runs is not None:
         if plots:
             from runners.results.plots import write_plots  # matplotlib: only when plotting
 
             figures = write_plots(runs, extras, relative_to=out.parent)
         runs.drop(columns=list(DESCRIPTIONS)).to_csv(extras / "runs.csv", index=False)
     reports = [include_report(path, text, extras, out.parent) for path, text in texts.items()]
-    anchors = anchor_section(runs, entries, str(anchors_file)) if anchors_file else []
     sources = [*run_dirs, *(f"--report {p}" for p in report_files),
                *(f"--{name} {p}" for name, p in (("anchors", anchors_file), *(("confirm", p) for p in confirm),
                                                  ("notes", notes)) if p)]
