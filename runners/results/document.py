@@ -184,7 +184,7 @@ def margin_lines(root: Path, selection: dict, figures: Path | None, relative_to:
     from runners.results.selection_plot import plot_selection  # matplotlib: only when plotting
 
     found, shapes, (key,) = group_margins(ranked), grids(ranked), selection["keys"]
-    stem = re.sub(r"[^\w.-]+", "-", str(root))
+    stem = re.sub(r"[^\w.-]+", "-", "-".join(root.parts[-2:]))  # records/fair, confirm3/vision: unique enough
     for domain in selection["chosen"]:
         groups = [g for g in shapes if g[0] == domain and g in found]
         if not groups:
