@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from common.arguments import CommandParser
 from runners.runs import rule_simulation
 from runners.runs.selection import chosen, effects_table, grids, group_margins, margins_table, overrides, select, selection_table
 
@@ -29,8 +30,7 @@ def _seed_counts(text: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quest select", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("quest select", __doc__)
     parser.add_argument("runs", nargs="+", help="directories of runs (searched recursively for record.json)")
     parser.add_argument("--by", action="append", default=[], choices=["variant"],
                         help="choose separately for each value of this record field")

@@ -29,7 +29,6 @@ labelled "k of N seeds", not the registered analysis; one with none says its run
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ import pandas as pd
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, FileError, parse_yaml, read_text
+from common.records import read_record
 from common.schema import MAX_SEED
 from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
@@ -270,7 +270,7 @@ def provenance(path: Path, runs: pd.DataFrame) -> str:
         return f"`{path}` is not committed: nothing shows the plan came before the runs."
     commits = set()
     for run_dir in runs["run_dir"]:
-        commit = json.loads((Path(run_dir) / "record.json").read_text()).get("git_commit") or "unknown"
+        commit = read_record(run_dir).get("git_commit") or "unknown"  # a record load_runs has read already
         commits.add(commit.removesuffix("+dirty"))
     later = [c for c in commits if c != "unknown" and _precedes(planned, c, path.parent)]
     verdict = ("every run's commit descends from it" if len(later) == len(commits) else
