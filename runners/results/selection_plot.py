@@ -10,8 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
+import pandas as pd  # noqa: E402
 
+from runners.results.stats import half_width  # noqa: E402
 from runners.runs.margins import Grid, Margin  # noqa: E402
 
 
@@ -24,8 +25,7 @@ def plot_selection(grids: dict[str, Grid], margins: dict[str, Margin], chosen: d
         values = sorted(grid)
         scores = [np.array([s for s in grid[v].values() if math.isfinite(s)]) * sign for v in values]
         mean = np.array([s.mean() if len(s) else np.nan for s in scores])
-        half = np.array([stats.t.ppf(0.975, len(s) - 1) * s.std(ddof=1) / math.sqrt(len(s)) if len(s) > 1 else 0.0
-                         for s in scores])
+        half = np.nan_to_num([half_width(pd.Series(s)) for s in scores])  # no bar below two finished runs
         line = ax.errorbar(values, mean, yerr=half, marker="o", capsize=3, label=variant)
         colour = line[0].get_color()
         best = margins[variant].best
