@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from common.errors import ConfigError
 from common.optional import require
+from common.schema import Robustness
 
 Inputs = Tensor | tuple
 
@@ -175,26 +176,32 @@ def eps_key(eps: float) -> str:
     return f"eps{eps:.4g}"
 
 
-def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg) -> dict[str, float]:
+def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg: Robustness) -> dict[str, float]:
     """Accuracy of ``task`` (a classifier: ``task(inputs) -> logits``) on ``dataloader``, clean and under
-    each configured attack and corruption. ``cfg`` is a run config's ``robustness`` section:
-    input_range, eps, pgd {steps, rel_step_size, random_start}, corruptions, severities,
-    autoattack {max_samples, version}, max_samples, seed. Keys of the result: ``acc_clean``,
-    ``acc_fgsm_eps<ε>``, ``acc_pgd_eps<ε>``, ``acc_autoattack_eps<ε>``, ``acc_<corruption>_s<k>``,
-    ``acc_corruption_mean``, and ``n_samples``."""
+    each configured attack and corruption.
+
+    Args:
+        task: the classifier, in evaluation mode.
+        dataloader: the test split's batches.
+        cfg: the run config's ``robustness`` section.
+
+    Returns:
+        ``acc_clean``, ``acc_fgsm_eps<ε>``, ``acc_pgd_eps<ε>``, ``acc_autoattack_eps<ε>``, ``acc_<corruption>_s<k>``,
+        ``acc_corruption_mean`` and ``n_samples``.
+    """
     device = next(task.parameters()).device
-    input_range = tuple(cfg["input_range"]) if cfg["input_range"] is not None else None
-    eps_list = [float(e) for e in cfg["eps"]]
-    pgd_cfg, autoattack_samples = cfg["pgd"], cfg["autoattack"]["max_samples"] or 0
-    if (cfg["corruptions"] or autoattack_samples) and input_range != (0.0, 1.0):
+    input_range = tuple(cfg.input_range) if cfg.input_range is not None else None
+    eps_list = [float(e) for e in cfg.eps]
+    pgd_cfg, autoattack_samples = cfg.pgd, cfg.autoattack.max_samples
+    if (cfg.corruptions or autoattack_samples) and input_range != (0.0, 1.0):
         raise ValueError("corruptions and AutoAttack need images in [0, 1] (robustness.input_range: [0, 1]); "
                          "otherwise set robustness.corruptions: [] and robustness.autoattack.max_samples: 0")
-    for name in cfg["corruptions"]:  # a wrong name or a missing package is found before any attack runs
-        for severity in cfg["severities"]:
+    for name in cfg.corruptions:  # a wrong name or a missing package is found before any attack runs
+        for severity in cfg.severities:
             check_corruption(name, severity)
     if autoattack_samples:
         require("pyautoattack", extra="vision")
-    generator = torch.Generator(device).manual_seed(int(cfg["seed"]))
+    generator = torch.Generator(device).manual_seed(cfg.seed)
     correct: dict[str, int] = {}
 
     def count(key: str, inputs: Inputs, labels: Tensor) -> None:
@@ -208,18 +215,18 @@ def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg) -> dict[str,
     n = 0
     # Lightning's test loop runs under inference mode, where autograd is off.
     with torch.inference_mode(False):
-        for inputs, labels in _batches(dataloader, cfg["max_samples"], device):
+        for inputs, labels in _batches(dataloader, cfg.max_samples, device):
             x, rebuild = split_inputs(inputs)
             x, labels = x.clone(), labels.clone()  # ordinary tensors, even if made in inference mode
             n += labels.shape[0]
             count("acc_clean", rebuild(x), labels)
             for eps in eps_list:
                 count(f"acc_fgsm_{eps_key(eps)}", rebuild(fgsm(task, rebuild(x), labels, eps, input_range)), labels)
-                adv = pgd(task, rebuild(x), labels, eps, steps=pgd_cfg["steps"], step_size=pgd_cfg["rel_step_size"] * eps,
-                          random_start=pgd_cfg["random_start"], input_range=input_range, generator=generator)
+                adv = pgd(task, rebuild(x), labels, eps, steps=pgd_cfg.steps, step_size=pgd_cfg.rel_step_size * eps,
+                          random_start=pgd_cfg.random_start, input_range=input_range, generator=generator)
                 count(f"acc_pgd_{eps_key(eps)}", rebuild(adv), labels)
-            for name in cfg["corruptions"]:
-                for severity in cfg["severities"]:
+            for name in cfg.corruptions:
+                for severity in cfg.severities:
                     count(f"acc_{name}_s{severity}", rebuild(corrupt(x, name, severity, generator)), labels)
             if autoattack_samples and sum(len(y) for _, y in kept) < autoattack_samples:
                 if not isinstance(inputs, Tensor):
@@ -229,12 +236,12 @@ def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg) -> dict[str,
         if kept:
             images, labels = (torch.cat(parts)[:autoattack_samples] for parts in zip(*kept))
             for eps in eps_list:
-                adv = autoattack(task, images, labels, eps, version=cfg["autoattack"]["version"], seed=int(cfg["seed"]),
+                adv = autoattack(task, images, labels, eps, version=cfg.autoattack.version, seed=cfg.seed,
                                  batch_size=len(labels))
                 with torch.no_grad():
                     results[f"acc_autoattack_{eps_key(eps)}"] = float((task(adv).argmax(-1) == labels).float().mean())
     task.train(was_training)
-    corrupted = [v for k, v in results.items() if any(k.startswith(f"acc_{c}_s") for c in cfg["corruptions"])]
+    corrupted = [v for k, v in results.items() if any(k.startswith(f"acc_{c}_s") for c in cfg.corruptions)]
     if corrupted:
         results["acc_corruption_mean"] = sum(corrupted) / len(corrupted)
     results["n_samples"] = float(n)

@@ -16,33 +16,37 @@ A domain package is ``__init__.py`` (registers: cheap to import, heavy imports i
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.schema import Optim
+from common.errors import ConfigError
+from common.schema import Attention, Optim, RunConfig, section, typed_like
+from common.typed import Model
 
 ENTRY_POINT_GROUP = "quest.domains"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """What a domain's build function gets: the run's config sections as plain, resolved dicts, but ``optim``,
-    read into its typed form."""
+    """What a domain's build function gets: the run's config sections, typed by the domain's ``RunConfig``."""
 
-    data: dict
-    model: dict
-    task: dict
-    optim: Optim  # read and checked once (common.schema.Optim)
-    attention: dict  # the attention settings (variant, qk_gain_init, l2norm_kernel: common.schema.Attention)
+    data: Model | None
+    model: Model | None
+    task: Model
+    optim: Optim
+    attention: Attention
     attn_layer: Callable  # common.attention.attention_layer of them: what a model makes its attention layers with
     seed: int
     cache_dir: Path
@@ -55,7 +59,7 @@ class Domain:
     metric: str
     mode: str  # "min" or "max"
     datasets: Mapping[str, Callable | str]  # dataset name -> loader, or its "module:attribute"
-    config: dict | Path | None  # default config; None: configs/domain/<name>.yaml
+    config: type[RunConfig] | dict | Path | None  # the typed config, or a default config to type; None: the YAML file
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
     def primary_of(self, task) -> tuple[str, str]:
@@ -69,9 +73,11 @@ _PACKAGES: list[str] = []
 
 
 def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable | str],
-                    config: dict | str | Path | None = None, commands: Mapping[str, str] | None = None):
+                    config: type[RunConfig] | dict | str | Path | None = None, commands: Mapping[str, str] | None = None):
     """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader (or the
-    loader's ``"module:attribute"``), ``commands`` each command the domain adds to its module."""
+    loader's ``"module:attribute"``), ``commands`` each command the domain adds to its module. ``config`` is the
+    domain's ``RunConfig`` subclass (its presets in ``configs/domain/<name>.yaml``), or its default config with
+    presets as a dict or YAML file, typed from its defaults (``common.schema.typed_like``)."""
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
     if not isinstance(datasets, Mapping) or not datasets:
@@ -146,12 +152,70 @@ def domain_commands() -> dict[str, str]:
     return found
 
 
+def typed_config(cfg: DictConfig) -> RunConfig:
+    """A composed config read as its domain's ``RunConfig``."""
+    return section(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True), "")
+
+
 def build_config(cfg: DictConfig) -> BuildConfig:
-    """The plain, resolved sections of a run's config that its domain's build function takes."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    """The typed sections of a run's config that its domain's build function takes."""
+    typed = typed_config(cfg)
     from common.attention import attention_layer  # torch: only once a run is built
 
-    return BuildConfig(data=plain.get("data", {}), model=plain.get("model", {}), task=plain["task"],
-                       optim=Optim(**plain["optim"]), attention=plain["attention"],
-                       attn_layer=attention_layer(**plain["attention"]), seed=plain["seed"],
-                       cache_dir=Path(plain["cache_dir"]))
+    return BuildConfig(data=getattr(typed, "data", None), model=getattr(typed, "model", None), task=typed.task,
+                       optim=typed.optim, attention=typed.attention,
+                       attn_layer=attention_layer(**dict(typed.attention)), seed=typed.seed,
+                       cache_dir=Path(typed.cache_dir))
+
+
+def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
+    """The typed config of the domain ``name`` and its presets (preset name -> its settings)."""
+    try:
+        config = get_domain(name).config
+    except KeyError as err:
+        raise ConfigError(err.args[0]) from None
+    path = CONFIG_DIR / "domain" / f"{name}.yaml"
+    if isinstance(config, type):
+        presets = _read(path, name) if path.exists() else {}
+        if set(presets) - {"presets"}:
+            raise ConfigError(f"{path}: the file of a domain typed in Python holds its presets only, not "
+                              f"{', '.join(sorted(set(presets) - {'presets'}))}")
+        return config, presets.get("presets", {})
+    if isinstance(config, dict):
+        return _typed(name, config)
+    path = Path(config or path)
+    return _typed_file(name, path, *_stamp(path))
+
+
+def _typed(name: str, config: dict) -> tuple[type[RunConfig], dict]:
+    defaults = {key: value for key, value in config.items() if key != "presets"}
+    return typed_like(f"{name}_config", RunConfig, defaults)[0], config.get("presets", {})
+
+
+@lru_cache(maxsize=64)
+def _typed_file(name: str, path: Path, *stamp) -> tuple[type[RunConfig], dict]:
+    return _typed(name, _read(path, name))
+
+
+def _stamp(path: Path) -> tuple:
+    """What tells one version of a file from the next, for the caches of what was read from it."""
+    try:
+        found = path.stat()
+    except OSError:
+        return ()
+    return found.st_mtime_ns, found.st_size
+
+
+def _read(path: Path, name: str) -> dict:
+    """A domain's YAML file, as OmegaConf reads it (``1e-3`` a number), references left unresolved."""
+    return copy.deepcopy(_parsed(name, Path(path), *_stamp(Path(path))))
+
+
+@lru_cache(maxsize=64)
+def _parsed(name: str, path: Path, *stamp) -> dict:
+    if not stamp:
+        raise ConfigError(f"domain {name!r} config {path} does not exist")
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None

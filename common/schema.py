@@ -1,326 +1,294 @@
-"""The schema of a run's config: each section as a dataclass, whose fields are its keys, with their types,
-defaults and allowed values (``bounded``: a numeric range, ``one_of``: a set of names, both as field metadata).
-``RunConfig`` is the whole of it; ``runners.config`` composes a run's config on top of its defaults and checks
-every key against it (``check_section``), and ``Optim`` checks itself the same way when built.
+"""The schema of a run's config: one typed section per model (``common.typed.Model``: pydantic, strict, closed),
+each field with its type, default, range or choices and, below it, what it means.
 
-The per-domain sections (``data``, ``model``, ``task``, ``robustness``) differ from domain to domain. Their
-schema stays the domain's config file: its keys and their defaults' types. A dataclass per domain would either
-repeat each file's defaults or take them away from the presets beside them, and would ask a plugin domain,
-which may ship only a YAML file or a dict (``common.registry.register_domain``), for Python it does not need.
-What several domains share is here: ``DataKeys``, ``ModelKeys`` and ``RobustnessKeys`` give the ranges (and
-types) of the common keys of ``data``, ``model`` and ``robustness`` wherever a domain has them. A domain file
-may also add Lightning arguments to ``trainer`` (language's ``val_check_interval``), typed by its default there.
+``RunConfig`` holds the sections every run has. A domain subclasses it (``domains/<name>/config.py``): it types
+its own ``data``, ``model``, ``task`` (and ``robustness``) sections and sets its defaults of the shared ones
+(``optim = Optim(name="adam")``); its presets stay in ``configs/domain/<name>.yaml``. A plugin that ships only a
+YAML file or a dict gets its sections typed from their defaults (``from_defaults``).
 
-The fields, in their order and with their defaults, are the start of every composed config, over which a run's
-hash is taken (``runners.config.config_hash``): a field added or moved changes every run's hash, and a new
-default that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves the key out.
+A subclass keeps its parent's field order, and a section's defaults, dumped in field order, start every composed
+config, over which a run's hash is taken (``runners.config.config_hash``): a field added or moved changes every
+run's hash, and a new default that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves
+the key out. Defaults are not validated (``validate_default=False``), so a default is dumped as written.
 
-This module needs only the standard library: a mistyped key is answered before torch loads.
+This module needs only the standard library and pydantic: a mistyped key is answered before torch loads.
 """
-import dataclasses
-import operator
-import types
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from common.errors import ConfigError
+from common.typed import Model, first_problem
 
-BOUNDS = {"min": (">=", operator.ge), "max": ("<=", operator.le), "above": (">", operator.gt),
-          "below": ("<", operator.lt)}
 MAX_SEED = 2**32 - 1  # numpy's seeds, which Lightning's seed_everything passes on, stop here
 
+# The ranges several sections share, written once.
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+Positive = Annotated[int, Field(ge=1)]  # a size or a count: at least one
+Count = Annotated[int, Field(ge=0)]  # zero allowed: "none" or "every"
+Fraction = Annotated[float, Field(ge=0, le=1)]  # a probability, a dropout, a ratio of a whole
+NonNegative = Annotated[float, Field(ge=0)]
+Rate = Annotated[float, Field(gt=0)]
+Budgets = list[Annotated[float, Field(gt=0)]]  # L-inf attack budgets, in input units (common.perturbations)
+Severities = list[Annotated[int, Field(ge=1, le=5)]]  # the corruption benchmarks' five levels
 
-def bounded(default: Any = dataclasses.MISSING, **limits: float) -> Any:
-    """A field whose number (or each number of its list) must lie within ``limits``: ``min`` / ``max``
-    inclusive, ``above`` / ``below`` exclusive."""
-    return field(default=default, metadata={"bounds": limits})
+
+def follows(key: str) -> Any:
+    """A default that takes the value of a sibling ``key`` of its section, as composed (an OmegaConf reference
+    in the defaults, resolved when the config is; never in a value given by the user, which is data)."""
+    return Field(f"${{.{key}}}", validate_default=False)
 
 
-def one_of(default: str, *choices: str, what: str = "") -> Any:
-    """A field that names one of ``choices``; ``what`` says what a name is, in the error."""
-    return field(default=default, metadata={"choices": choices, "what": what})
-
-
-@dataclass(frozen=True)
-class Attention:
+class Attention(Model):
     """Keyword arguments of ``common.attention.MultiheadAttention`` (``common.attention.attention_layer``)."""
 
-    variant: str = "quest"  # any name in common.attention.VARIANTS or ABLATIONS (`quest list`)
-    qk_gain_init: float | None = None  # qknorm/qknorm_hs: null = log2(L^2 - L) from the model's typical length
-    # How q and k are L2-normalised on CPU: fused kernels, or formula (the same map to float rounding; formula
-    # reproduces runs recorded before the fused kernels, to the bit).
-    l2norm_kernel: str = "fused"
+    variant: str = "quest"
+    """Any name in ``common.attention.VARIANTS`` or ``ABLATIONS`` (``quest list``)."""
+    qk_gain_init: float | None = None
+    """qknorm / qknorm_hs: the initial logit gain; null: log2(L^2 - L) from the model's typical length."""
+    l2norm_kernel: Literal["fused", "formula"] = "fused"
+    """How q and k are L2-normalised on CPU: fused kernels, or the formula (the same map to float rounding; the
+    formula reproduces runs recorded before the fused kernels, to the bit)."""
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
-@dataclass(frozen=True)
-class Compile:
-    """torch.compile of each training step's forward and backward (common.task.Task.compile_training);
+class Compile(Model):
+    """torch.compile of each training step's forward and backward (``common.task.Task.compile_training``);
     evaluation, attacks and probe steps stay eager. Left out of the run's hash: a compiled run equals an eager one
     to float rounding (tests/test_compile.py)."""
 
     enabled: bool = False
-    mode: str = one_of("default", *COMPILE_MODES)
+    mode: Literal[COMPILE_MODES] = "default"
 
 
 OPTIMIZER_NAMES = ("adamw", "adam", "sgd", "lamb")  # common.task.OPTIMIZERS: lamb is timm's, as DeiT-III
 SCHEDULES = ("cosine", "poly", "constant")
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-@dataclass(frozen=True)
-class Optim:
+class Optim(Model):
     """The optimiser and its schedule: ``schedule`` after ``warmup_steps`` of linear warm-up, ending at
-    ``min_lr_ratio`` × ``lr`` and held there for ``cooldown_steps``; ``momentum`` and ``nesterov`` for SGD,
-    ``betas`` for the others. Built once a run is (``common.registry.build_config``), checked as it is built."""
+    ``min_lr_ratio`` × ``lr`` and held there for ``cooldown_steps``."""
 
-    name: str = one_of("adamw", *OPTIMIZER_NAMES, what="optimiser")
-    lr: float = bounded(1.0e-3, above=0)
-    weight_decay: float = bounded(0.05, min=0)
-    betas: tuple[float, float] = bounded((0.9, 0.999), min=0, below=1)  # torch's Adam takes no other
-    momentum: float = bounded(0.9, min=0, max=1)  # sgd only
-    nesterov: bool = True  # sgd only: Nesterov's momentum (false: the classical heavy ball, as Segmenter)
-    schedule: str = one_of("cosine", *SCHEDULES, what="schedule")
-    warmup_steps: int = bounded(0, min=0)
-    min_lr_ratio: float = bounded(0.0, min=0, max=1)  # where the schedule ends, as a fraction of lr
-    cooldown_steps: int = bounded(0, min=0)  # the last steps held at lr x min_lr_ratio (DeiT's cool-down epochs)
-    poly_power: float = bounded(0.9, min=0)  # poly: lr x (1 - progress) ** poly_power
+    name: Literal[OPTIMIZER_NAMES] = "adamw"
+    lr: Rate = 1.0e-3
+    weight_decay: NonNegative = 0.05
+    betas: Annotated[tuple[Beta, Beta], Field(strict=False)] = (0.9, 0.999)
+    """Adam's, AdamW's and LAMB's (torch's Adam takes no other); a config file gives a list."""
+    momentum: Fraction = 0.9
+    """SGD only."""
+    nesterov: bool = True
+    """SGD only: Nesterov's momentum (false: the classical heavy ball, as Segmenter)."""
+    schedule: Literal[SCHEDULES] = "cosine"
+    warmup_steps: Count = 0
+    min_lr_ratio: Fraction = 0.0
+    """Where the schedule ends, as a fraction of lr."""
+    cooldown_steps: Count = 0
+    """The last steps held at lr × min_lr_ratio (DeiT's cool-down epochs)."""
+    poly_power: NonNegative = 0.9
+    """poly: lr × (1 - progress) ** poly_power."""
 
-    def __post_init__(self):
-        check_section(Optim, vars(self), "optim")
-        object.__setattr__(self, "betas", tuple(self.betas))  # YAML gives a list
 
-
-@dataclass(frozen=True)
-class Trainer:
-    """Passed straight to pytorch_lightning.Trainer. ``data.batch_size`` is the global batch: each device loads
-    batch_size / (devices x num_nodes x accumulate_grad_batches) per step."""
+class Trainer(Model):
+    """Passed straight to ``pytorch_lightning.Trainer``. ``data.batch_size`` is the global batch: each device
+    loads batch_size / (devices × num_nodes × accumulate_grad_batches) per step."""
 
     accelerator: str = "cpu"
     devices: int = 1
-    num_nodes: int = bounded(1, min=1)
-    accumulate_grad_batches: int = bounded(1, min=1)
+    num_nodes: Positive = 1
+    accumulate_grad_batches: Positive = 1
     strategy: str = "auto"
     precision: str = "32-true"
-    max_epochs: int | None = bounded(10, min=-1)
-    max_steps: int = bounded(-1, min=-1)  # -1: as many as max_epochs make
-    gradient_clip_val: float | None = bounded(1.0, min=0)
-    limit_train_batches: float | None = bounded(1.0, min=0)
-    limit_val_batches: float | None = bounded(1.0, min=0)
-    limit_test_batches: float | None = bounded(1.0, min=0)
-    check_val_every_n_epoch: int | None = bounded(1, min=1)
-    log_every_n_steps: int = bounded(10, min=1)
+    max_epochs: Annotated[int, Field(ge=-1)] | None = 10
+    max_steps: Annotated[int, Field(ge=-1)] = -1
+    """-1: as many as max_epochs make."""
+    gradient_clip_val: NonNegative | None = 1.0
+    limit_train_batches: NonNegative | None = 1.0
+    limit_val_batches: NonNegative | None = 1.0
+    limit_test_batches: NonNegative | None = 1.0
+    check_val_every_n_epoch: Positive | None = 1
+    log_every_n_steps: Positive = 10
     enable_progress_bar: bool = True
     deterministic: bool = False
 
 
-@dataclass(frozen=True)
-class MLflow:
+class MLflow(Model):
     """MLflow (pip install 'quest-study[tracking]'); runners/runs/trackers.py."""
 
     enabled: bool = False
-    tracking_uri: str = "file:./mlruns"  # a local file store (relative to where quest runs); http(s)://<server> online
+    tracking_uri: str = "file:./mlruns"
+    """A local file store (relative to where quest runs), or http(s)://<server> online."""
     experiment: str = "quest"
 
 
-@dataclass(frozen=True)
-class Wandb:
+class Wandb(Model):
     """Weights & Biases (pip install 'quest-study[tracking]')."""
 
     enabled: bool = False
     project: str = "quest"
-    mode: str = "offline"  # offline (upload later: wandb sync <dir>/wandb/offline-run-*) | online
-    dir: str = "."  # runs are written under <dir>/wandb/
+    mode: Literal["offline", "online"] = "offline"
+    """offline: upload later with ``wandb sync <dir>/wandb/offline-run-*``."""
+    dir: str = "."
+    """Runs are written under <dir>/wandb/."""
 
 
-@dataclass(frozen=True)
-class Logging:
+class Logging(Model):
     """Where a run's metrics go besides its record (not part of its identity)."""
 
     csv: bool = True
-    tensorboard: bool = False  # TensorBoard events in the run directory
-    mlflow: MLflow = field(default_factory=MLflow)
-    wandb: Wandb = field(default_factory=Wandb)
+    tensorboard: bool = False
+    """TensorBoard events in the run directory."""
+    mlflow: MLflow = MLflow()
+    wandb: Wandb = Wandb()
 
 
 PROGRESS_STYLES = ("auto", "bar", "lines", "none")
 
 
-@dataclass(frozen=True)
-class Progress:
+class Progress(Model):
     """What a run shows while it trains (not part of its identity)."""
 
-    # auto: Lightning's bar on an interactive terminal, lines on a log file or pipe
-    style: str = one_of("auto", *PROGRESS_STYLES)
-    every_n_steps: int = bounded(100, min=0)  # lines: one per this many training steps (0: none between), one at the end
+    style: Literal[PROGRESS_STYLES] = "auto"
+    """auto: Lightning's bar on an interactive terminal, lines on a log file or pipe."""
+    every_n_steps: Count = 100
+    """lines: one per this many training steps (0: none between), one at the end."""
 
 
-@dataclass(frozen=True)
-class Divergence:
+class Divergence(Model):
     """A run that blows up ends as ``status: diverged``: a result (exit code 0), not a failure."""
 
-    loss_ratio: float | None = bounded(1.0e3, min=0)  # training loss above this x max(first training loss, 1); null disables
-    max_loss: float | None = bounded(1.0e6, min=0)  # training loss above this; null disables (non-finite losses always diverge)
+    loss_ratio: NonNegative | None = 1.0e3
+    """Training loss above this × max(first training loss, 1); null disables."""
+    max_loss: NonNegative | None = 1.0e6
+    """Training loss above this; null disables (non-finite losses always diverge)."""
 
 
-@dataclass(frozen=True)
-class Probes:
-    every_n_steps: int = bounded(25, min=0)  # 0 disables probing
-    max_samples: int = bounded(4, min=1)  # samples of the batch the explicit logits are formed for
-    max_logit_bound: float | None = bounded(1.0e4, min=0)  # a larger (or non-finite) max logit ends the run as diverged
+class Probes(Model):
+    every_n_steps: Count = 25
+    """0 disables probing."""
+    max_samples: Positive = 4
+    """Samples of the batch the explicit logits are formed for."""
+    max_logit_bound: NonNegative | None = 1.0e4
+    """A larger (or non-finite) max logit ends the run as diverged."""
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Every run's config: these sections, then the domain's (``data``, ``model``, ...; see the module's
-    docstring). The fields' order is the config's, which the run hash depends on."""
+class Pgd(Model):
+    steps: Positive = 10
+    rel_step_size: Rate = 0.25
+    """Each step moves rel_step_size × eps."""
+    random_start: bool = True
+
+
+class AutoAttack(Model):
+    max_samples: Count = 0
+    """The first N test samples; 0 skips it (pyautoattack; 100 samples × 3 eps take about 3 CPU-minutes)."""
+    version: str = "standard"
+
+
+class Robustness(Model):
+    """``quest robustness <run dir>``: a classifier's test split under L-inf attacks and corruptions
+    (``common.perturbations.evaluate_robustness``), for the domains that have the section."""
+
+    input_range: Annotated[tuple[float, float], Field(strict=False)] | None = (0.0, 1.0)
+    """The valid range of the attacked input; null for unbounded features."""
+    eps: Budgets = [0.02, 0.05, 0.1]
+    pgd: Pgd = Pgd()
+    corruptions: list[str] = []
+    """imagecorruptions' names (images in [0, 1] only)."""
+    severities: Severities = [1, 2, 3, 4, 5]
+    autoattack: AutoAttack = AutoAttack()
+    max_samples: Positive | None = 500
+    """The first test samples evaluated; null for the whole test split."""
+    seed: Seed = 0
+
+
+class RunConfig(Model):
+    """Every run's config: these sections, then the domain's own (``data``, ``model``, ...: its subclass, see the
+    module's docstring). The fields' order is the config's, which the run hash depends on."""
 
     domain: str
     preset: str = "demo"
-    seed: int = bounded(0, min=0, max=MAX_SEED)
-    output_dir: str = "runs"  # runs land in <output_dir>/<domain>/<variant>/seed<seed>-<config hash>
-    cache_dir: str = ".cache/quest"  # generated and featurised datasets, reused across runs
-    threads: int | None = bounded(None, min=1)  # torch intra-op threads; null leaves torch's default
-    attention: Attention = field(default_factory=Attention)
-    compile: Compile = field(default_factory=Compile)
-    task: dict = field(default_factory=dict)  # the domain's task settings (loss, label smoothing, perturbations)
-    optim: Optim = field(default_factory=Optim)
-    trainer: Trainer = field(default_factory=Trainer)
-    logging: Logging = field(default_factory=Logging)
-    progress: Progress = field(default_factory=Progress)
-    divergence: Divergence = field(default_factory=Divergence)
-    probes: Probes = field(default_factory=Probes)
+    seed: Seed = 0
+    output_dir: str = "runs"
+    """Runs land in <output_dir>/<domain>/<variant>/seed<seed>-<config hash>."""
+    cache_dir: str = ".cache/quest"
+    """Generated and featurised datasets, reused across runs."""
+    threads: Positive | None = None
+    """torch intra-op threads; null leaves torch's default."""
+    attention: Attention = Attention()
+    compile: Compile = Compile()
+    task: Model = Model()
+    """The domain's task settings (loss, label smoothing, perturbations)."""
+    optim: Optim = Optim()
+    trainer: Trainer = Trainer()
+    logging: Logging = Logging()
+    progress: Progress = Progress()
+    divergence: Divergence = Divergence()
+    probes: Probes = Probes()
 
 
-@dataclass(frozen=True)
-class DataKeys:
-    """The ``data`` keys several domains share, wherever a domain has them."""
-
-    batch_size: int = bounded(min=1)
-    eval_batch_size: int = bounded(min=1)
-    num_workers: int = bounded(min=0)
-    context: int = bounded(min=1)
-    answer_kappa: float = bounded(min=1)
-    split_seed: int = bounded(min=0, max=MAX_SEED)
+def defaults(schema: type[RunConfig], domain: str) -> dict:
+    """The config every run of ``domain`` starts from: ``schema``'s defaults in field order, as a config file
+    gives them (lists for tuples)."""
+    return schema.model_construct(domain=domain).model_dump(mode="json", warnings=False)
 
 
-@dataclass(frozen=True)
-class ModelKeys:
-    """The ``model`` keys several domains share, wherever a domain has them."""
-
-    dim: int = bounded(min=1)
-    depth: int = bounded(min=1)
-    heads: int = bounded(min=1)
-    dropout: float = bounded(min=0, max=1)
-    input_dropout: float = bounded(min=0, max=1)
-    attn_dropout: float = bounded(min=0, max=1)
+def section(cls: type[Model], values: Any, prefix: str) -> Model:
+    """``values`` read as the section ``cls``; a one-line ``ConfigError`` naming the first key that is not of
+    its type, among its choices or within its range."""
+    try:
+        return cls.model_validate(values)
+    except ValidationError as err:
+        key, reason, value = first_problem(err)
+        raise ConfigError(problem(f"{prefix}.{key}" if prefix else key, reason, value)) from None
 
 
-@dataclass(frozen=True)
-class RobustnessKeys:
-    """The ``robustness`` keys (``common.perturbations``) of the domains that have the section."""
-
-    eps: list[float] = bounded(above=0)  # L-inf budgets, in input units
-    severities: list[int] = bounded(min=1, max=5)  # the corruption benchmarks' five levels
-    max_samples: int | None = bounded(min=1)
-    seed: int = bounded(min=0, max=MAX_SEED)
-
-
-DOMAIN_SECTIONS = {"data": DataKeys, "model": ModelKeys, "robustness": RobustnessKeys}
+def problem(key: str, reason: str, value: Any) -> str:
+    """The one line saying what is wrong with ``value`` at ``key``."""
+    if reason.startswith("choose from"):
+        return f"unknown {key}={value!r}; {reason}"
+    if reason == "is not a known key":
+        return f"unknown config key {key!r}"
+    return f"config key {key!r} {reason}, got {value!r}"
 
 
-def defaults(domain: str) -> dict:
-    """The config every run of ``domain`` starts from, before its domain's file: ``RunConfig``'s defaults, with
-    lists where a field holds a tuple (``optim.betas``), as a config file gives them."""
-    return dataclasses.asdict(RunConfig(domain=domain), dict_factory=lambda items: {
-        name: list(value) if isinstance(value, tuple) else value for name, value in items})
+def field_type(field: FieldInfo) -> Any:
+    """A field's type with its constraints, as pydantic holds them apart."""
+    return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
 
 
-def find_field(key: str) -> tuple[dataclasses.Field, Any] | None:
-    """The schema's field of a dotted ``key`` and its type; None for a key of a domain's sections (see
-    ``DOMAIN_SECTIONS`` for their shared keys) or a key the schema does not know."""
-    section, *parts = key.split(".")
-    cls = DOMAIN_SECTIONS.get(section)
-    if cls is None:
-        cls, parts = RunConfig, [section, *parts]
-    for depth, part in enumerate(parts):
-        if not dataclasses.is_dataclass(cls):
-            return None
-        found = {f.name: f for f in dataclasses.fields(cls)}.get(part)
-        if found is None:
-            return None
-        annotation = typing.get_type_hints(cls)[part]
-        if depth == len(parts) - 1:
-            return found, annotation
-        cls = annotation
-    return None
+# The ranges a plugin's config (typed from its defaults) takes for the keys the project's domains share.
+SHARED = {"data": {"batch_size": Positive, "eval_batch_size": Positive, "num_workers": Count, "context": Positive,
+                   "answer_kappa": Annotated[float, Field(ge=1)], "split_seed": Seed},
+          "model": {"dim": Positive, "depth": Positive, "heads": Positive, "dropout": Fraction,
+                    "input_dropout": Fraction, "attn_dropout": Fraction},
+          "robustness": {"eps": Budgets, "severities": Severities, "max_samples": Positive, "seed": Seed}}
 
 
-def type_name(annotation: Any) -> str:
-    """``float``, ``int or null``, ``list of 2 float``: what a key takes, in words."""
-    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    names = []
-    for option in options:
-        if option is type(None):
-            names.append("null")
-        elif typing.get_origin(option) is tuple:
-            names.append(f"list of {len(typing.get_args(option))} {typing.get_args(option)[0].__name__}")
-        elif typing.get_origin(option) is list:
-            names.append(f"list of {typing.get_args(option)[0].__name__}")
-        else:
-            names.append(option.__name__)
-    return " or ".join(names)
-
-
-def accepts(annotation: Any, value: Any) -> bool:
-    """Whether ``value`` (as YAML reads it) is of the type ``annotation``; an int passes for a float."""
-    if isinstance(annotation, types.UnionType):
-        return any(accepts(option, value) for option in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if typing.get_origin(annotation) is tuple:
-        items = typing.get_args(annotation)
-        return (isinstance(value, (list, tuple)) and len(value) == len(items)
-                and all(accepts(item, v) for item, v in zip(items, value)))
-    if typing.get_origin(annotation) is list:
-        return isinstance(value, (list, tuple)) and all(accepts(typing.get_args(annotation)[0], v) for v in value)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if dataclasses.is_dataclass(annotation):
-        return isinstance(value, Mapping)
-    return isinstance(value, annotation)
-
-
-def check_value(key: str, spec: dataclasses.Field, value: Any) -> None:
-    """A one-line ``ConfigError`` unless ``value`` is one of ``spec``'s choices and within its bounds."""
-    choices, limits = spec.metadata.get("choices"), spec.metadata.get("bounds", {})
-    if choices and value not in choices:
-        what = spec.metadata["what"]
-        raise ConfigError(f"unknown {what + ' ' if what else ''}{key}={value!r}; choose from {', '.join(choices)}")
-    numbers = [v for v in (value if isinstance(value, (list, tuple)) else [value])
-               if isinstance(v, (int, float)) and not isinstance(v, bool)]  # null, where a key may be null, has no range
-    if not all(BOUNDS[kind][1](v, bound) for v in numbers for kind, bound in limits.items()):
-        allowed = " and ".join(f"{BOUNDS[kind][0]} {bound}" for kind, bound in limits.items())
-        raise ConfigError(f"config key {key!r} must be {allowed}, got {value!r}")
-
-
-def check_section(cls: type, values: Mapping, prefix: str) -> None:
-    """Each key of ``values`` that the dataclass ``cls`` declares (nested sections too): of its type, one of its
-    choices, within its bounds; a one-line ``ConfigError`` naming the first that is not."""
-    hints = typing.get_type_hints(cls)
-    for spec in dataclasses.fields(cls):
-        if spec.name not in values:
-            continue
-        key = f"{prefix}.{spec.name}" if prefix else spec.name
-        value, annotation = values[spec.name], hints[spec.name]
-        if dataclasses.is_dataclass(annotation) and isinstance(value, Mapping):
-            check_section(annotation, value, key)
-            continue
-        if not accepts(annotation, value):
-            raise ConfigError(f"config key {key!r} expects {type_name(annotation)}, got {value!r}")
-        check_value(key, spec, value)
+def typed_like(name: str, base: type[Model], values: dict, shared: dict | None = None) -> tuple[type[Model], Model]:
+    """``base`` with ``values`` as its defaults, and keys it lacks typed by their values, for a domain that ships
+    its config as YAML or a dict: a new key takes its default's type (an int passes for a float) or null, anything
+    where the default is null or a reference, and ``SHARED``'s range where it has the key; a section in turn
+    Returns the model and its default."""
+    shared = SHARED if shared is None else shared
+    fields = {}
+    for key, value in values.items():
+        field = base.model_fields.get(key)
+        if isinstance(value, dict):
+            section_base = type(field.default) if field and isinstance(field.default, Model) else Model
+            fields[key] = typed_like(f"{name}_{key}", section_base, value, shared.get(key, {}))
+        elif field:
+            fields[key] = (field_type(field), value)
+        elif key in shared:
+            fields[key] = (shared[key] | None, value)
+        elif value is None or (isinstance(value, str) and value.startswith("${")):
+            fields[key] = (Any, value)
+        else:  # null may stand for any default, as in the project's domains
+            fields[key] = ((list if isinstance(value, list) else type(value)) | None, value)
+    model = create_model(name, __base__=base, **fields)
+    return model, model.model_construct(**{key: default for key, (_, default) in fields.items()})

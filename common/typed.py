@@ -37,7 +37,7 @@ def reason(error: dict[str, Any]) -> str:
     kind = error["type"]
     if kind in BOUNDS:
         bound = error["ctx"][LIMITS[kind]]
-        return f"must be {BOUNDS[kind]} {bound:g}"
+        return f"must be {BOUNDS[kind]} {bound:g}" if isinstance(bound, float) else f"must be {BOUNDS[kind]} {bound}"
     if kind == "literal_error":
         return f"choose from {error['ctx']['expected'].replace(' or ', ', ').replace(chr(39), '')}"
     if kind == "extra_forbidden":

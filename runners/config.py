@@ -1,14 +1,13 @@
-"""Compose and validate a run's config: the schema's defaults <- domain <- preset <- overrides.
+"""Compose and validate a run's config: the schema's defaults <- preset <- overrides.
 
-The schema is ``common.schema``: a dataclass per section, whose fields give each key's type, default and
-allowed values; a domain's own sections (``data``, ``model``, ...) take their keys and types from the
-domain's file, and their common keys' ranges from the schema (its docstring says why). A key outside the
-schema, a value of another type, one outside its range or not among its choices, is a one-line
-``ConfigError`` naming the key and what is allowed; an unknown key names the closest known one.
-``attention=<name>`` takes any variant of ``common.attention.VARIANTS`` (or an ablation).
+The schema is the domain's ``RunConfig`` (``common.schema``): typed sections whose fields give each key's type,
+default, range or choices. OmegaConf composes the layers; pydantic checks them: a key outside the schema, a value
+of another type, one outside its range or not among its choices, is a one-line ``ConfigError`` naming the key and
+what is allowed, and an unknown key names the closest known one. ``attention=<name>`` takes any variant of
+``common.attention.VARIANTS`` (or an ablation).
 
 Values from the command line and sweep files are data. A value is read as YAML (numbers, lists, null)
-except where the schema or the reading says it is a string, which is then taken as typed (a path may hold
+except where the schema says its key takes a string, which is then taken as typed (a path may hold
 `` #``); and a ``${...}`` in it is refused, since OmegaConf would resolve it, and ``oc.env`` reads the
 environment into the config and the run's record.
 """
@@ -16,19 +15,24 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import types
+import typing
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from common.errors import ConfigError
 from common.files import interpolation
-from common.registry import discover, get_domain, package_domains
-from common.schema import DOMAIN_SECTIONS, RunConfig, accepts, check_section, defaults, find_field, type_name
+from common.registry import CONFIG_DIR as CONFIG_DIR  # where sweep files and domain presets live
+from common.registry import discover, domain_schema, get_domain
+from common.schema import defaults, field_type, problem, section
+from common.typed import Model, first_problem
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("domain", "preset", "attention")
 # Keys that change where, how fast or how loudly a run goes, not what it computes (``attention.l2norm_kernel``: the
 # same map, another kernel; ``compile``: the same step, compiled; each equal to float rounding): left out of the hash.
@@ -37,15 +41,6 @@ UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "co
 # Keys added after runs were recorded, left out of the hash at the value those runs had, so that they keep their
 # run directories and a sweep still finds them done.
 UNHASHED_AT = {"model.arch": "gpt"}
-
-
-def _load(path: Path, what: str) -> DictConfig:
-    if not path.exists():
-        raise ConfigError(f"{what} config {path} does not exist")
-    try:
-        return OmegaConf.load(path)
-    except Exception as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
 
 
 def refuse_interpolation(value: Any, where: str) -> None:
@@ -91,82 +86,107 @@ def read_text(key: str, raw: str, text: bool) -> Any:
     return value
 
 
-def _like_default(default: Any, value: Any) -> bool:
-    """Whether ``value`` may stand for ``default`` of a domain's key: of its type (an int for a float), or null."""
-    if default is None or value is None:
-        return True
-    if isinstance(default, bool) or isinstance(value, bool):
-        return isinstance(default, bool) and isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float))
-    return isinstance(value, type(default))
+def _strip(annotation: Any) -> Any:
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation
 
 
-def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: DictConfig | None = None) -> None:
-    """Set ``key`` of ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against
-    ``schema`` (default: ``cfg``): the key must be there, and the value of its type, the schema's
-    (``common.schema``) or, for a domain's key, its default's there."""
-    schema = cfg if schema is None else schema
+def _options(annotation: Any) -> tuple:
+    annotation = _strip(annotation)
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return tuple(map(_strip, typing.get_args(annotation))) if union else (annotation,)
+
+
+def type_name(annotation: Any) -> str:
+    """``float``, ``int or null``, ``list of 2 float``: what a key takes, in words."""
+    names = []
+    for option in _options(annotation):
+        origin, args = typing.get_origin(option), [_strip(arg) for arg in typing.get_args(option)]
+        if option is type(None):
+            names.append("null")
+        elif origin is tuple:
+            names.append(f"list of {len(args)} {args[0].__name__}")
+        elif origin is list:
+            names.append(f"list of {args[0].__name__}" if args else "list")
+        elif origin is typing.Literal:
+            names.append("one of " + ", ".join(map(str, args)))
+        else:
+            names.append(getattr(option, "__name__", str(option)))
+    return " or ".join(names)
+
+
+def takes_text(annotation: Any) -> bool:
+    """Whether a key of ``annotation`` takes a string, so that a value typed for it stays as typed."""
+    return any(option is str or (typing.get_origin(option) is typing.Literal) for option in _options(annotation))
+
+
+def _section_type(annotation: Any) -> type[Model] | None:
+    annotation = _strip(annotation)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Model) else None
+
+
+@lru_cache(maxsize=1024)
+def _checker(schema: type[Model], key: str) -> TypeAdapter:
+    return TypeAdapter(field_type(_field(schema, key)), config=ConfigDict(strict=True))
+
+
+def _field(schema: type[Model], key: str):
+    *parents, leaf = key.split(".")
+    for part in parents:
+        schema = _section_type(schema.model_fields[part].annotation)
+    return schema.model_fields[leaf]
+
+
+def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: type[Model]) -> None:
+    """Set ``key`` of ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against the
+    ``schema``: the key must be one of its fields, and the value of the field's type, among its choices and within
+    its range."""
     node, parts = schema, key.split(".")
     for depth, part in enumerate(parts):
-        where = ".".join(parts[:depth]) or "top level"
-        if not isinstance(node, DictConfig) or part not in node:
-            valid = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else "(not a section)"
+        if node is None or part not in node.model_fields:
+            where = ".".join(parts[:depth]) or "top level"
+            valid = ", ".join(sorted(node.model_fields)) if node is not None else "(not a section)"
             near = closest_key(key, schema)
             raise ConfigError(f"unknown config key {key!r} ({source}); valid keys at {where}: {valid}"
                               + (f"; did you mean {near}?" if near else ""))
+        field = node.model_fields[part]
         if depth < len(parts) - 1:
-            node = node[part]
-    default = OmegaConf.to_container(node, resolve=False)[parts[-1]] if isinstance(node, DictConfig) else None
-    if isinstance(default, str) and default.startswith("${"):  # a config file's reference to another key
-        default = None  # typed as YAML reads it, as a null default
-    found = find_field(key)
-    annotation = found[1] if found else None
-    if isinstance(value, Text):
-        value = read_text(key, value, accepts(annotation, "") if found else isinstance(default, str))
-    if isinstance(default, dict):
+            node = _section_type(field.annotation)
+    if _section_type(field.annotation):
         if not isinstance(value, dict):
-            raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. {key}.{next(iter(default), 'x')}=...")
+            raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. "
+                              f"{key}.{next(iter(_section_type(field.annotation).model_fields), 'x')}=...")
         for sub, sub_value in value.items():
             apply_override(cfg, f"{key}.{sub}", sub_value, source, schema)
         return
-    if found and not accepts(annotation, value):
-        raise ConfigError(f"config key {key!r} ({source}) expects {type_name(annotation)} like {default!r}, got {value!r}")
-    if not found and not _like_default(default, value):
-        raise ConfigError(f"config key {key!r} ({source}) expects {type(default).__name__} like {default!r}, got {value!r}")
+    if isinstance(value, Text):
+        value = read_text(key, value, takes_text(field.annotation))
+    try:
+        _checker(schema, key).validate_python(value)
+    except ValidationError as err:
+        _, reason, _ = first_problem(err)
+        if reason.startswith("expects"):
+            raise ConfigError(f"config key {key!r} ({source}) expects {type_name(field.annotation)} like {field.default!r}, "
+                              f"got {value!r}") from None
+        raise ConfigError(problem(key, reason, value)) from None
     OmegaConf.update(cfg, key, value, merge=False)
 
 
-def closest_key(key: str, schema: DictConfig) -> str | None:
+def closest_key(key: str, schema: type[Model]) -> str | None:
     """The schema's key nearest to an unknown ``key``: among the keys ending in the same name, else among all,
     the most alike (``difflib``); None when nothing is close."""
-    keys = [path for path, _ in _leaves(OmegaConf.to_container(schema, resolve=False))]
+    keys = list(_keys(schema))
     same_name = [path for path in keys if path.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
     found = difflib.get_close_matches(key, same_name, n=1, cutoff=0) or difflib.get_close_matches(key, keys, n=1)
     return found[0] if found else None
 
 
-def _leaves(tree: dict, prefix: str = ""):
-    for name, value in tree.items():
-        path = f"{prefix}{name}"
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, f"{path}.")
+def _keys(schema: type[Model], prefix: str = ""):
+    for name, field in schema.model_fields.items():
+        nested = _section_type(field.annotation)
+        if nested and nested.model_fields:
+            yield from _keys(nested, f"{prefix}{name}.")
         else:
-            yield path, value
-
-
-def _apply(cfg: DictConfig, update: dict, source: str, schema: DictConfig) -> None:
-    for key, value in update.items():
-        apply_override(cfg, str(key), value, source, schema)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Every key the schema declares, as the domain's file, its preset and the overrides left it: of its type,
-    among its choices, within its range."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    check_section(RunConfig, plain, "")
-    for section, keys in DOMAIN_SECTIONS.items():
-        check_section(keys, plain.get(section, {}), section)
+            yield f"{prefix}{name}"
 
 
 def compose(args: list[str]) -> DictConfig:
@@ -175,16 +195,15 @@ def compose(args: list[str]) -> DictConfig:
     if "domain" not in groups:
         raise ConfigError("no domain given; pass domain=<name> (see `quest list`)")
     name = groups["domain"]
-    domain_cfg = _domain_config(name)
-    presets = domain_cfg.pop("presets", OmegaConf.create({}))
-    cfg = OmegaConf.merge(OmegaConf.create(defaults(name)), domain_cfg)
-    schema = cfg.copy()  # the types every later layer is checked against
+    schema, presets = domain_schema(name)
+    cfg = OmegaConf.create(defaults(schema, name))
 
     preset = groups.get("preset", cfg.preset)
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for domain {name!r}; choose from {', '.join(presets) or '(none)'}")
     cfg.preset = preset
-    _apply(cfg, OmegaConf.to_container(presets[preset]), f"preset {preset}", schema)
+    for key, value in presets[preset].items():
+        apply_override(cfg, str(key), value, f"preset {preset}", schema)
 
     cfg.attention.variant = groups.get("attention", cfg.attention.variant)
     for key, value in dotted:
@@ -193,25 +212,10 @@ def compose(args: list[str]) -> DictConfig:
         OmegaConf.resolve(cfg)
     except Exception as err:
         raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
-    check_config(cfg)
+    section(schema, OmegaConf.to_container(cfg), "")
     _check_choices(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
-
-
-def _domain_config(name: str) -> DictConfig:
-    """A domain's default config. A project domain's YAML is read without importing the domain, so a
-    mistyped key is answered before torch loads; other domains are imported for theirs."""
-    path = CONFIG_DIR / "domain" / f"{name}.yaml"
-    if name in package_domains() and path.exists():
-        return _load(path, f"domain {name!r}")
-    try:
-        domain = get_domain(name)
-    except KeyError as err:
-        raise ConfigError(err.args[0]) from None
-    if isinstance(domain.config, dict):
-        return OmegaConf.create(domain.config)
-    return _load(domain.config or path, f"domain {name!r}")
 
 
 def _check_choices(cfg: DictConfig) -> None:

@@ -29,10 +29,10 @@ def run_args(tmp_path):
 
 
 class ToyData(pl.LightningDataModule):
-    def __init__(self, data: dict):
+    def __init__(self, data):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(data["n"], 4, 8, generator=g)
+        x = torch.randn(data.n, 4, 8, generator=g)
         self.data = TensorDataset(x, x.sum((1, 2)))
 
     def train_dataloader(self):
@@ -52,7 +52,7 @@ class ToyNet(nn.Module):
 
 
 class ToyTask(Task):
-    def __init__(self, net: nn.Module, optim: dict, nan_after: int):
+    def __init__(self, net: nn.Module, optim, nan_after: int):
         super().__init__(net, optim, {"mse": MeanSquaredError()})
         self.nan_after = nan_after
 
@@ -73,11 +73,12 @@ TOY_CONFIG = {
 
 @pytest.fixture
 def toy_domain():
-    """A domain registered from the test itself: the plugin contract, no project file touched."""
+    """A domain registered from the test itself: the plugin contract, no project file touched (its config a dict,
+    typed from its defaults)."""
 
     @register_domain("toy", metric="mse", mode="min", datasets={"random": ToyData}, config=TOY_CONFIG)
     def build(cfg):
-        return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **cfg.task)
+        return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **dict(cfg.task))
 
     yield "toy"
     unregister_domain("toy")

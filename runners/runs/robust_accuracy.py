@@ -11,6 +11,7 @@ from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
 from common.records import RunRecord, write_record
+from common.registry import domain_schema, typed_config
 from common.restore import restore
 from common.task import ClassificationTask
 from runners.config import apply_override, parse_overrides
@@ -26,7 +27,7 @@ def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, Dic
     if groups:
         raise ConfigError(f"{', '.join(groups)} cannot change for an existing run")
     for key, value in dotted:  # lists and mappings arrive as OmegaConf containers
-        apply_override(cfg, key, value, "command line")
+        apply_override(cfg, key, value, "command line", domain_schema(cfg.domain)[0])
     return run_dir, checkpoint, cfg
 
 
@@ -39,7 +40,7 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
         if not isinstance(run.task, ClassificationTask):
             raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
         run.datamodule.setup("test")
-        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
+        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), typed_config(cfg).robustness)
     record.robustness = results
     record.robustness_config = OmegaConf.to_container(cfg.robustness, resolve=True)
     write_record(run_dir, record)

@@ -13,6 +13,7 @@ from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
 from common.records import RunRecord, write_record
+from common.registry import typed_config
 from common.restore import restore
 from common.task import ClassificationTask
 from runners.runs.training import torch_threads
@@ -34,7 +35,7 @@ def evaluate_curve(path: str | Path, robustness: bool = False) -> list[dict]:
             point = {"fraction": snapshot["fraction"], "step": snapshot["step"],
                      "metrics": {k: float(v) for k, v in (results[0] if results else {}).items()}}
             if robustness and "robustness" in cfg and isinstance(run.task, ClassificationTask):
-                point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
+                point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), typed_config(cfg).robustness)
             points.append(point)
     record.curve = points
     write_record(run_dir, record)

@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -60,8 +61,8 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
         trackers.check(cfg)  # a tracker turned on can log (its package imports)
         record = new_record(cfg, domain, batch)
         start = time.perf_counter()
-        if batch is not None:
-            settings.data["batch_size"] = batch["per_device"]
+        if batch is not None:  # each device loads its share of the global batch
+            settings = replace(settings, data=settings.data.model_copy(update={"batch_size": batch["per_device"]}))
         datamodule, task = build_run(domain, settings)
         if cfg.compile.enabled:
             # Each run from a clean slate: a sweep worker's earlier runs would count against dynamo's recompile
