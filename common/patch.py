@@ -42,6 +42,14 @@ _ATTENTION_LIKE = re.compile(r"attention|attn", re.IGNORECASE)
 
 @dataclass
 class PatchReport:
+    """What ``replace_attention`` did, by module name (``""`` is the model itself); ``str()`` lists it.
+
+    Args:
+        variant: The variant's name.
+        replaced: Module name -> what it was before conversion. Default empty.
+        skipped: Module name -> why it was left alone. Default empty.
+    """
+
     variant: str
     replaced: dict[str, str] = field(default_factory=dict)  # module name -> what it was
     skipped: dict[str, str] = field(default_factory=dict)  # module name -> why it was left alone
@@ -56,10 +64,27 @@ class PatchReport:
 class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
     """A ``torch.nn.MultiheadAttention`` running ``common.attention``. It stays an instance of torch's class
     because callers check that (PyG's ``GPSConv`` silently skips attention otherwise). Made only by
-    ``from_torch``, which converts an existing module in place."""
+    ``from_torch``, which converts an existing module in place.
+
+    Attributes:
+        qk: The variant's fold (``common.attention.QKFold``), holding its learnable scales if any.
+        probe: The module's stability probe, off until enabled.
+    """
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> PatchedMultiheadAttention:
+        """Convert ``module`` in place: its class becomes this one, its parameters stay.
+
+        Args:
+            module: The ``nn.MultiheadAttention`` to convert; ``replace_attention`` checks that it has one
+                embedding size for q/k/v, no ``add_bias_kv`` and no ``add_zero_attn``.
+            variant: The variant's name.
+            **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
+                ``l2norm_kernel``); the fold goes to ``in_proj_weight``'s device and dtype.
+
+        Returns:
+            ``module`` itself, now a ``PatchedMultiheadAttention``.
+        """
         module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
         module.probe = probes.Probe()
         # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
@@ -73,7 +98,25 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False):
-        """torch's signature and defaults, unbatched [tokens, dim] inputs included."""
+        """torch's signature and defaults, unbatched [tokens, dim] inputs included.
+
+        Args:
+            query: ``(batch, q_len, dim)`` (``(q_len, batch, dim)`` when not ``batch_first``), or unbatched
+                ``(q_len, dim)``.
+            key: ``(batch, k_len, dim)``, laid out as ``query``.
+            value: ``(batch, k_len, dim)``, laid out as ``query``.
+            key_padding_mask: ``(batch, k_len)`` (``(k_len,)`` unbatched): boolean, True = padding, or additive.
+                None: no padding.
+            need_weights: Also return the attention probabilities. Default True, as torch's.
+            attn_mask: torch's mask, ``(q_len, k_len)`` or ``(batch * heads, q_len, k_len)``: boolean, True =
+                blocked, or additive. None: none.
+            average_attn_weights: Average the returned weights over heads. Default True.
+            is_causal: Apply a causal mask. Default False.
+
+        Returns:
+            ``(output, weights)`` as ``MultiheadAttention.forward`` returns them; unbatched input gives
+                unbatched output ``(q_len, dim)`` and weights without the batch dimension.
+        """
         if query.dim() == 2:
             dim = 0 if self.batch_first else 1
             padding = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
@@ -87,10 +130,26 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
 class PatchedTimmAttention(nn.Module):
     """timm's ViT ``Attention`` with its scores computed by ``common.attention``: timm's own qkv, q_norm,
     k_norm, norm, gate, proj and dropouts are kept (and so are its state-dict names). Made only by
-    ``from_timm``, which converts an existing module in place."""
+    ``from_timm``, which converts an existing module in place.
+
+    Attributes:
+        qk: The variant's fold (``common.attention.QKFold``), holding its learnable scales if any.
+        probe: The module's stability probe, off until enabled.
+    """
 
     @classmethod
     def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> PatchedTimmAttention:
+        """Convert ``module`` in place: its class becomes this one, its parameters stay.
+
+        Args:
+            module: A ``timm.layers.Attention`` (not checked here; ``replace_attention`` picks them).
+            variant: The variant's name.
+            **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
+                ``l2norm_kernel``); the fold goes to ``qkv.weight``'s device and dtype.
+
+        Returns:
+            ``module`` itself, now a ``PatchedTimmAttention``.
+        """
         module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
         module.probe = probes.Probe()
         module.__class__ = cls
@@ -98,10 +157,21 @@ class PatchedTimmAttention(nn.Module):
 
     @property
     def variant(self):
+        """The module's ``Variant``, as its fold holds it."""
         return self.qk.variant
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """timm's signature: ``attn_mask`` has SDPA meaning (boolean True = attend, or additive)."""
+        """timm's signature: ``attn_mask`` has SDPA meaning (boolean True = attend, or additive).
+
+        Args:
+            x: Tokens, ``(batch, tokens, dim)``.
+            attn_mask: Boolean (True = attend) or additive, broadcasting to ``(batch, heads, tokens, tokens)``.
+                None: none.
+            is_causal: Apply a causal mask. Default False.
+
+        Returns:
+            The output, ``(batch, tokens, dim)``.
+        """
         batch, tokens, _ = x.shape
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -153,7 +223,23 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
     an ``nn.TransformerEncoder`` in eval mode without gradients given a ``src_key_padding_mask``, where torch's
     nested-tensor fast path writes zeros at the padded positions and the converted encoder writes what its layers
     compute there (the positions a caller masks out). Converted layers never take torch's fused fast path
-    (docs/attention.md, "What to know before converting a model")."""
+    (docs/attention.md, "What to know before converting a model").
+
+    Logs a warning when nothing could be converted.
+
+    Args:
+        model: The model to convert, in place.
+        variant: The variant's name. Default ``"quest"``.
+        **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
+            ``l2norm_kernel``).
+
+    Returns:
+        The ``PatchReport``: the modules converted and those left alone, by name.
+
+    Raises:
+        ValueError: If ``variant`` is unknown, or is elliptical and ``model`` has no transformers attention
+            layers.
+    """
     spec = get_variant(variant)
     hf = _transformers_integration()
     hf_layers = {name: m for name, m in model.named_modules() if hf is not None and hf.is_attention(m)}

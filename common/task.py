@@ -41,7 +41,17 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch
 
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
-    """The generator of one condition's noise on one test batch: a function of (seed, batch, condition)."""
+    """The generator of one condition's noise on one test batch: a function of (seed, batch, condition).
+
+    Args:
+        seed: The run's seed.
+        batch_idx: Index of the test batch.
+        condition: Name of the perturbation condition.
+        device: Device of the generator (the batch's).
+
+    Returns:
+        A ``torch.Generator`` seeded with the CRC-32 of ``"<seed>/<batch_idx>/<condition>"``.
+    """
     key = zlib.crc32(f"{seed}/{batch_idx}/{condition}".encode())
     return torch.Generator(device).manual_seed(key)
 
@@ -51,7 +61,17 @@ class Task(pl.LightningModule):
     whose tasks differ in kind (graph: regression or classification).
 
     ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names. ``notes``: what
-    the run's record notes of the test metrics (``common.notes``)."""
+    the run's record notes of the test metrics (``common.notes``).
+
+    Args:
+        net: The domain's network; ``forward`` calls it on a batch's inputs.
+        optim: The run's ``Optim`` config section.
+        metrics: Name -> torchmetrics metric, the headline first; cloned per stage and logged as
+            ``<stage>/<name>``.
+        perturbations: Test-time condition name -> its settings (handed to ``perturb``). None: no perturbed
+            evaluation.
+        seed: The run's seed, from which each condition's noise is drawn. Default 0.
+    """
 
     primary: tuple[str, str] | None = None
     notes: type[MetricNotes] = MetricNotes
@@ -80,32 +100,94 @@ class Task(pl.LightningModule):
 
     # --- what a domain's task defines -------------------------------------------------------------
     def unpack(self, batch) -> tuple:
-        """(inputs, target) of a batch."""
+        """(inputs, target) of a batch.
+
+        Args:
+            batch: One batch as the data loader gives it.
+
+        Returns:
+            ``(inputs, target)``; by default the batch itself, taken to be that pair.
+        """
         return batch
 
     def loss(self, output, target, stage: str) -> Tensor:
+        """The loss of one batch; every domain's task defines it.
+
+        Args:
+            output: What ``forward`` returned for the batch's inputs.
+            target: The batch's target, as ``unpack`` gives it.
+            stage: ``"train"``, ``"val"`` or ``"test"``.
+
+        Returns:
+            The scalar loss.
+
+        Raises:
+            NotImplementedError: Unless a subclass defines it.
+        """
         raise NotImplementedError
 
     def predictions(self, output, target):
-        """(predictions, target) as the metrics take them."""
+        """(predictions, target) as the metrics take them.
+
+        Args:
+            output: What ``forward`` returned for the batch's inputs.
+            target: The batch's target, as ``unpack`` gives it.
+
+        Returns:
+            ``(predictions, target)``; by default the output detached, and the target unchanged.
+        """
         return output.detach(), target
 
     def perturb(self, inputs, condition: str, settings, generator: torch.Generator):
-        """``inputs`` under one test-time condition; needed only when ``perturbations`` is set."""
+        """``inputs`` under one test-time condition; needed only when ``perturbations`` is set.
+
+        Args:
+            inputs: A test batch's inputs, as ``unpack`` gives them.
+            condition: The condition's name, a key of ``perturbations``.
+            settings: The condition's settings, ``perturbations[condition]``.
+            generator: The source of all the condition's randomness (``perturbation_generator``).
+
+        Returns:
+            The perturbed inputs, as ``forward`` takes them.
+
+        Raises:
+            NotImplementedError: Unless a subclass defines it.
+        """
         raise NotImplementedError(f"{type(self).__name__} defines no test-time perturbations")
 
     # --- shared by every domain -------------------------------------------------------------------
     def forward(self, inputs):
+        """The network on a batch's inputs.
+
+        Args:
+            inputs: A batch's inputs, as ``unpack`` gives them.
+
+        Returns:
+            ``net(inputs)``.
+        """
         return self.net(inputs)
 
     def compile_training(self, **options) -> None:
         """Run training steps' ``forward`` (and so its backward) through ``torch.compile(**options)``. Only
         training steps: evaluation, test-time perturbations and attacks keep the eager model, so what is measured
         after training is computed as in an eager run; probe steps run eagerly too (``ProbeCallback``), since a
-        probe's explicit logits are no part of the step being sped up."""
+        probe's explicit logits are no part of the step being sped up.
+
+        Args:
+            **options: Keyword arguments of ``torch.compile`` (``mode``, ``backend``, ...).
+        """
         self.compiled_forward = torch.compile(self.forward, **options)
 
     def step(self, batch, stage: str) -> Tensor:
+        """One batch of any stage: forward, loss, logging and the stage's metrics.
+
+        Args:
+            batch: One batch as the data loader gives it.
+            stage: ``"train"``, ``"val"`` or ``"test"``; training runs the compiled forward if there is one.
+
+        Returns:
+            The loss, not detached.
+        """
         inputs, target = self.unpack(batch)
         compiled = stage == "train" and self.compiled_forward is not None
         output = self.compiled_forward(inputs) if compiled else self(inputs)
@@ -122,15 +204,30 @@ class Task(pl.LightningModule):
         return loss
 
     def update_metrics(self, stage: str, preds: Tensor, target: Tensor) -> None:
+        """Update the stage's metrics; validation and test metrics are logged per epoch from here.
+
+        Args:
+            stage: ``"train"``, ``"val"`` or ``"test"``.
+            preds: Predictions, as ``predictions`` gives them.
+            target: The batch's target; its length is the logged batch size.
+        """
         metrics = getattr(self, f"{stage}_metrics")
         metrics.update(preds, target)
         if stage != "train":
             self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(target))
 
     def on_train_start(self) -> None:
+        """Lightning hook: count logged steps from the trainer's current global step."""
         self.logged_steps = self.trainer.global_step  # a resumed or repeated fit starts where its trainer is
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """Lightning hook: send the last optimiser step's training loss to the loggers when it is due.
+
+        Args:
+            outputs: The training step's output (not read).
+            batch: The batch (not read).
+            batch_idx: The batch's index (not read).
+        """
         # The training loss goes to the loggers as a per-step self.log would send it (the loss of every
         # log_every_n_steps-th optimiser step, and of a step that stops training), but straight: self.log costs
         # about 0.6 ms a call on CPU (``quest bench --model``), a twentieth of a short step.
@@ -145,6 +242,7 @@ class Task(pl.LightningModule):
         self.train_loss = None
 
     def on_train_epoch_end(self) -> None:
+        """Lightning hook: log the epoch's training metrics and reset them."""
         # Training metrics are logged once an epoch from the state they accumulated, as Lightning's epoch
         # aggregation of a logged Metric would log them; a self.log_dict per step costs about a millisecond
         # a step on CPU (``quest bench --model``) for the same values.
@@ -153,6 +251,15 @@ class Task(pl.LightningModule):
         self.train_metrics.reset()
 
     def training_step(self, batch, batch_idx):
+        """Lightning's training step; a non-finite loss on any rank marks the run diverged.
+
+        Args:
+            batch: One training batch.
+            batch_idx: Its index in the epoch.
+
+        Returns:
+            The loss, or None (no backward) when it is not finite on some rank.
+        """
         loss = self.step(batch, "train")
         # Every rank must agree, or DDP would wait forever on the rank that skipped its backward.
         bad = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
@@ -162,9 +269,21 @@ class Task(pl.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
+        """Lightning's validation step: loss and metrics of one batch, logged.
+
+        Args:
+            batch: One validation batch.
+            batch_idx: Its index.
+        """
         self.step(batch, "val")
 
     def test_step(self, batch, batch_idx):
+        """Lightning's test step: the batch as given, then under each test-time condition.
+
+        Args:
+            batch: One test batch.
+            batch_idx: Its index, which with the seed and condition seeds the condition's noise.
+        """
         self.step(batch, "test")
         if not self.perturbations:
             return
@@ -176,6 +295,7 @@ class Task(pl.LightningModule):
             self.perturbed_metrics[condition].update(*self.predictions(output, target))
 
     def on_test_epoch_end(self) -> None:
+        """Lightning hook: log ``summarize_perturbed`` of the per-condition scores as ``test/<name>``."""
         if not self.perturbations:
             return
         scores = {condition: metric.compute() for condition, metric in self.perturbed_metrics.items()}
@@ -187,11 +307,22 @@ class Task(pl.LightningModule):
             metric.reset()
 
     def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
-        """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``."""
+        """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``.
+
+        Args:
+            scores: Condition name -> the headline metric computed under it.
+
+        Returns:
+            Name -> value, each logged as ``test/<name>``.
+        """
         return {f"{self.headline}_{condition}": score for condition, score in scores.items()}
 
     def mark_diverged(self, reason: str) -> None:
-        """End training now and remember why; the runner records ``status: diverged``."""
+        """End training now and remember why; the runner records ``status: diverged``.
+
+        Args:
+            reason: Why, recorded with the global step; only the first call's reason is kept.
+        """
         if self.divergence is None:
             self.divergence = {"step": int(self.global_step), "reason": reason}
         self.trainer.should_stop = True
@@ -199,11 +330,20 @@ class Task(pl.LightningModule):
     def decayed(self) -> set[str]:
         """Names of the parameters that take weight decay: those of two or more dimensions (not biases,
         norms or attention gains), less any the net exempts by name in ``no_weight_decay()`` (timm's
-        convention: a ViT's position embedding and cls token)."""
+        convention: a ViT's position embedding and cls token).
+
+        Returns:
+            The names as ``named_parameters`` gives them (prefixed ``net.``); frozen parameters are left out.
+        """
         exempt = {f"net.{name}" for name in getattr(self.net, "no_weight_decay", set)()}
         return {name for name, p in self.named_parameters() if p.requires_grad and p.dim() > 1 and name not in exempt}
 
     def configure_optimizers(self):
+        """Lightning hook: ``build_optimizer`` over the trainable parameters, for the trainer's estimated steps.
+
+        Returns:
+            ``{"optimizer": ..., "lr_scheduler": {"scheduler": ..., "interval": "step"}}``.
+        """
         total = max(1, int(self.trainer.estimated_stepping_batches))
         trained = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         optimizer, schedule = build_optimizer(trained, self.decayed(), self.optim, total)
@@ -213,7 +353,18 @@ class Task(pl.LightningModule):
 def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
     """The optimiser and per-step schedule of a run of ``total`` steps over its ``trained`` (name, parameter)
     pairs: weight decay on the ``decayed`` names, none on the rest (``quest ensemble``'s vectorised AdamW
-    keeps these groups and this schedule)."""
+    keeps these groups and this schedule).
+
+    Args:
+        trained: ``(name, parameter)`` pairs of the parameters to train.
+        decayed: Names of those that take weight decay.
+        optim: The run's ``Optim`` config section: optimiser, learning rate, decay and schedule.
+        total: Number of optimiser steps in the run.
+
+    Returns:
+        ``(optimizer, scheduler)``: the optimiser over two groups (decayed, not decayed) and a ``LambdaLR``
+            stepped once per optimiser step.
+    """
     groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
     if optim.name == "sgd":
@@ -225,7 +376,18 @@ def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim:
 
 
 def lr_schedule(optim: Optim, total: int):
-    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` steps."""
+    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` steps.
+
+    Args:
+        optim: The run's ``Optim`` config section.
+        total: Number of optimiser steps in the run.
+
+    Returns:
+        The multiplier as a function of the step, for ``LambdaLR``.
+
+    Raises:
+        ValueError: If ``optim.schedule`` is not one of ``SCHEDULES``.
+    """
     return lr_factor(total, optim.schedule, warmup=optim.warmup_steps, min_ratio=optim.min_lr_ratio,
                      cooldown=optim.cooldown_steps, power=optim.poly_power)
 
@@ -235,7 +397,22 @@ def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 
     """The learning-rate multiplier per step: linear warm-up to 1 over ``warmup`` steps; then ``schedule``
     down to ``min_ratio`` by step ``total - cooldown`` — ``cosine``, ``poly`` (``(1 - progress) ** power``,
     Segmenter's schedule) or ``constant`` (stays at 1); then ``min_ratio`` for the last ``cooldown`` steps
-    (DeiT's cool-down epochs)."""
+    (DeiT's cool-down epochs).
+
+    Args:
+        total: Number of optimiser steps in the run.
+        schedule: ``"cosine"``, ``"poly"`` or ``"constant"`` (``SCHEDULES``).
+        warmup: Steps of linear warm-up. Default 0.
+        min_ratio: Where the schedule ends, as a fraction of the base rate. Default 0.0.
+        cooldown: The last steps held at ``min_ratio``. Default 0.
+        power: The exponent of ``poly``. Default 0.9.
+
+    Returns:
+        The multiplier as a function of the 0-based step, for ``LambdaLR``.
+
+    Raises:
+        ValueError: If ``schedule`` is not one of ``SCHEDULES``.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     decay_end = max(warmup + 1, total - cooldown)
@@ -254,7 +431,14 @@ def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 
 
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
     """``acc`` (overall, the headline), ``macc`` (mean per-class accuracy) and ``acc_baseline`` (always the
-    most frequent class)."""
+    most frequent class).
+
+    Args:
+        num_classes: Number of classes.
+
+    Returns:
+        Name -> metric, in that order.
+    """
     return {"acc": MulticlassAccuracy(num_classes, average="micro"),
             "macc": MulticlassAccuracy(num_classes, average="macro"),
             "acc_baseline": MajorityClassAccuracy(num_classes)}
@@ -262,7 +446,16 @@ def classification_metrics(num_classes: int) -> dict[str, Metric]:
 
 class ClassificationTask(Task):
     """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc`` and
-    ``macc``. Label smoothing applies to training only."""
+    ``macc``. Label smoothing applies to training only.
+
+    Args:
+        net: The network, mapping a batch's inputs to logits ``(batch, num_classes)``.
+        num_classes: Number of classes.
+        optim: The run's ``Optim`` config section.
+        label_smoothing: Cross-entropy label smoothing, in training only. Default 0.0.
+        perturbations: Test-time condition name -> its settings. None: no perturbed evaluation.
+        seed: The run's seed, from which each condition's noise is drawn. Default 0.
+    """
 
     def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, label_smoothing: float = 0.0,
                  perturbations: dict | None = None, seed: int = 0):
@@ -271,4 +464,14 @@ class ClassificationTask(Task):
         self.label_smoothing = label_smoothing
 
     def loss(self, logits: Tensor, labels: Tensor, stage: str) -> Tensor:
+        """Cross-entropy, label-smoothed in training only.
+
+        Args:
+            logits: ``(batch, num_classes)``.
+            labels: Class indices, ``(batch,)``.
+            stage: ``"train"``, ``"val"`` or ``"test"``.
+
+        Returns:
+            The mean loss, a scalar.
+        """
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)

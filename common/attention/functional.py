@@ -13,7 +13,16 @@ from common.attention.variants import Variant
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean [q_len, k_len], True = may attend; the last query sees every key (KV-cache aligned)."""
+    """Boolean [q_len, k_len], True = may attend; the last query sees every key (KV-cache aligned).
+
+    Args:
+        q_len: Number of queries, the last ``q_len`` of the ``k_len`` tokens.
+        k_len: Number of keys.
+        device: Where the mask is made.
+
+    Returns:
+        Boolean ``(q_len, k_len)``: query i may attend keys 0 to ``i + k_len - q_len``.
+    """
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
@@ -30,7 +39,23 @@ def merge_masks(
     have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
     and their output is zeroed by the caller. Causality alone gives no mask when queries and keys are
     the same tokens: SDPA's ``is_causal`` fast path handles it. With fewer queries than keys (the new
-    tokens of a cached step) the triangle is written out, since ``is_causal`` would align it top-left."""
+    tokens of a cached step) the triangle is written out, since ``is_causal`` would align it top-left.
+
+    Args:
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        causal: Whether query i may see only keys up to ``i + k_len - q_len``.
+        q_len: Number of queries.
+        k_len: Number of keys.
+        dtype: Floating dtype the bias is cast to (the queries').
+        device: Where the causal triangle is made. None: on the padding mask's device, else the bias's.
+
+    Returns:
+        ``(mask, empty)``. ``mask`` broadcasts to ``(batch, heads, q_len, k_len)``: boolean (True = attend)
+            without a bias, additive in ``dtype`` (-inf where blocked) with one, or None when nothing is masked or
+            causality is left to SDPA's ``is_causal``. ``empty`` is boolean ``(batch,)``, True for a sample whose
+            every key is padding, or None without ``key_padding_mask``.
+    """
     mask, empty = None, None
     if key_padding_mask is not None:
         empty = key_padding_mask.all(-1)
@@ -46,7 +71,21 @@ def merge_masks(
 
 def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int,
                   k_len: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-    """``merge_masks`` with causality always written out, for code that forms the logits itself."""
+    """``merge_masks`` with causality always written out, for code that forms the logits itself.
+
+    Args:
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        causal: Whether query i may see only keys up to ``i + k_len - q_len``.
+        q_len: Number of queries.
+        k_len: Number of keys.
+        dtype: Floating dtype the bias is cast to (the queries').
+        device: Where the causal triangle is made.
+
+    Returns:
+        The mask as ``merge_masks`` gives it, broadcasting to ``(batch, heads, q_len, k_len)``; None only
+            without padding, bias and causality. A sample whose every key is padding is left unmasked.
+    """
     mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype, device)
     if mask is None and causal:
         mask = causal_mask(q_len, k_len, device)
@@ -71,6 +110,28 @@ def attend(
 
     ``key_padding_mask`` is boolean [batch, k_tokens], True = padding; ``attn_bias`` is additive and
     broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
+
+    Args:
+        q: Queries, ``(batch, heads, q_len, head_dim)``.
+        k: Keys, ``(batch, heads, k_len, head_dim)``.
+        v: Values, ``(batch, heads, k_len, head_dim)``.
+        variant: A variant's name or its ``Variant``. Default ``"quest"``.
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        causal: Whether query i may see only keys up to ``i + k_len - q_len``; a single query sees every key.
+            Default False.
+        dropout_p: Dropout on the attention probabilities; pass 0.0 at evaluation. Default 0.0.
+        fold: The variant's fold module (``make_fold``); required by a variant with learnable scales. None: the
+            variant's stateless fold.
+        metric: Elliptical weights m broadcasting against q (``elliptical_metric``). None: an elliptical
+            variant runs its base variant.
+        eps: Floor on the L2 norms of q and k when ``fold`` is None. Default 1e-6.
+
+    Returns:
+        The attention output, ``(batch, heads, q_len, head_dim)``.
+
+    Raises:
+        ValueError: If ``variant`` is unknown, or has learnable scales and ``fold`` is None.
     """
     qf, kf, scale = fold_qk(q, k, variant, fold=fold, metric=metric, eps=eps)
     return attend_folded(qf, kf, v, scale, key_padding_mask=key_padding_mask, attn_bias=attn_bias, causal=causal,
@@ -91,7 +152,24 @@ def attend_folded(
     raw_qk: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """SDPA on (q, k) already folded by a ``QKFold``; an enabled ``probe`` records its statistics, with
-    the norms taken from ``raw_qk`` (q, k before folding)."""
+    the norms taken from ``raw_qk`` (q, k before folding).
+
+    Args:
+        qf: Folded queries, ``(batch, heads, q_len, head_dim)``.
+        kf: Folded keys, ``(batch, heads, k_len, head_dim)``.
+        v: Values, ``(batch, heads, k_len, head_dim)``.
+        scale: The scale the fold returned, handed to SDPA.
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        causal: Whether query i may see only keys up to ``i + k_len - q_len``; a single query sees every key.
+            Default False.
+        dropout_p: Dropout on the attention probabilities; pass 0.0 at evaluation. Default 0.0.
+        probe: The layer's stability probe; it records only when enabled. None: nothing is recorded.
+        raw_qk: ``(q, k)`` before folding, for the probe's norms. None: the folded ones stand in.
+
+    Returns:
+        The attention output, ``(batch, heads, q_len, head_dim)``; zeros for a sample whose every key is padding.
+    """
     q_len, k_len = qf.shape[-2], kf.shape[-2]
     causal = causal and q_len > 1  # a single query (one cached decoding step) may see every key
     mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype, qf.device)

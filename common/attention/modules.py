@@ -27,6 +27,24 @@ class MultiheadAttention(nn.Module):
     previous layer's values from it, and every layer leaves its own. For causal decoding, pass the
     layer's ``KVCache`` as ``cache`` and only the new tokens as the query (self-attention, no padding);
     probes stay off for cached calls.
+
+    Args:
+        dim: Embedding size, split evenly over the heads.
+        num_heads: Number of heads; head_dim = dim // num_heads.
+        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``). Default ``"quest"``.
+        dropout: Dropout on the attention probabilities, in training only. Default 0.0.
+        bias: Whether the input and output projections have biases. Default True.
+        batch_first: Whether inputs and output are ``(batch, length, dim)``; False: ``(length, batch, dim)``.
+            Default True.
+        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``). Default
+            None: the gain starts at sqrt(head_dim).
+        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``. Default None.
+        eps: Floor on the L2 norms of q and k; also the elliptical metric's ``eps``. Default 1e-6.
+        l2norm_kernel: How rows are normalised on CPU: ``"fused"`` (default) or ``"formula"``.
+
+    Raises:
+        ValueError: If ``dim`` is not divisible by ``num_heads``, the variant is unknown, or ``l2norm_kernel``
+            is not one of ``KERNELS``.
     """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
@@ -47,9 +65,11 @@ class MultiheadAttention(nn.Module):
 
     @property
     def variant(self) -> Variant:
+        """The layer's ``Variant``, as its fold holds it."""
         return self.qk.variant
 
     def reset_parameters(self) -> None:
+        """Re-initialise as torch's module does: Xavier-uniform ``in_proj_weight``, zero biases."""
         nn.init.xavier_uniform_(self.in_proj_weight)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
@@ -79,7 +99,35 @@ class MultiheadAttention(nn.Module):
         state: AttentionState | None = None,
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``)."""
+        """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``).
+
+        Args:
+            query: ``(batch, q_len, dim)``, or ``(q_len, batch, dim)`` when not ``batch_first``.
+            key: ``(batch, k_len, dim)``, laid out as ``query``. None: ``query`` (self-attention).
+            value: ``(batch, k_len, dim)``, laid out as ``query``. None: ``key``.
+            key_padding_mask: ``(batch, k_len)``: boolean, True = padding, or additive (float, torch style).
+                None: no padding.
+            need_weights: Also return the attention probabilities, formed explicitly. Default False (torch's is
+                True).
+            attn_mask: torch's mask, ``(q_len, k_len)`` or ``(batch * heads, q_len, k_len)``: boolean, True =
+                blocked, or additive. None: none.
+            average_attn_weights: Average the returned weights over heads. Default True.
+            is_causal: Apply a causal mask: query i sees keys up to ``i + k_len - q_len``. Default False.
+            attn_bias: Additive bias broadcasting to ``(batch, heads, q_len, k_len)``, added to ``attn_mask``.
+                None: none.
+            state: The stack's ``AttentionState``. None: nothing is exchanged, and an elliptical variant runs its
+                base variant.
+            cache: The layer's ``KVCache``; ``query`` then holds only the new tokens, and ``k_len`` counts the
+                cached ones too. None: no cache.
+
+        Returns:
+            ``(output, weights)``: output laid out as ``query``, ``(batch, q_len, dim)``; weights
+                ``(batch, q_len, k_len)``, or ``(batch, heads, q_len, k_len)`` without averaging, None unless
+                ``need_weights``.
+
+        Raises:
+            ValueError: If ``cache`` is given without ``is_causal`` or with ``key_padding_mask``.
+        """
         if cache is not None and (not is_causal or key_padding_mask is not None):
             raise ValueError("a KV cache serves causal self-attention without padding: pass is_causal=True")
         key = query if key is None else key
@@ -135,7 +183,24 @@ def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 class EdgeMultiheadAttention(nn.Module):
     """Sparse attention over graph edges: each target node i attends over its incoming edges (i ← j),
     softmax per target (PyG's scatter softmax). Same variants, parameters and ``state`` as the dense
-    module; on a fully connected graph the two agree."""
+    module; on a fully connected graph the two agree. Needs PyG (``torch_geometric``), which ``forward`` imports.
+
+    Args:
+        dim: Node embedding size, split evenly over the heads.
+        num_heads: Number of heads; head_dim = dim // num_heads.
+        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``). Default ``"quest"``.
+        dropout: Dropout on the attention probabilities, in training only. Default 0.0.
+        bias: Whether the input and output projections have biases. Default True.
+        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``). Default
+            None: the gain starts at sqrt(head_dim).
+        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``. Default None.
+        eps: Floor on the L2 norms of q and k; also the elliptical metric's ``eps``. Default 1e-6.
+        l2norm_kernel: How rows are normalised on CPU: ``"fused"`` (default) or ``"formula"``.
+
+    Raises:
+        ValueError: If ``dim`` is not divisible by ``num_heads``, the variant is unknown, or ``l2norm_kernel``
+            is not one of ``KERNELS``.
+    """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
                  bias: bool = True, seq_len: int | None = None, qk_gain_init: float | None = None, eps: float = 1e-6,
@@ -153,12 +218,25 @@ class EdgeMultiheadAttention(nn.Module):
 
     @property
     def variant(self) -> Variant:
+        """The layer's ``Variant``, as its fold holds it."""
         return self.qk.variant
 
     def forward(self, x: Tensor, edge_index: Tensor, *, batch: Tensor | None = None,
                 edge_bias: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
         """x [N, dim], edge_index [2, E] (row 0 = source j, row 1 = target i), batch [N] graph ids,
-        edge_bias [E, H] additive. Returns the output [N, dim]."""
+        edge_bias [E, H] additive. Returns the output [N, dim].
+
+        Args:
+            x: Node features, ``(nodes, dim)``.
+            edge_index: ``(2, edges)``: row 0 the source j, row 1 the target i of each edge i ← j.
+            batch: Graph id of each node, ``(nodes,)``, for the per-graph elliptical metric. None: one graph.
+            edge_bias: Additive logit bias per edge and head, ``(edges, heads)``. None: none.
+            state: The stack's ``AttentionState``. None: nothing is exchanged, and an elliptical variant runs its
+                base variant.
+
+        Returns:
+            The output, ``(nodes, dim)``.
+        """
         from torch_geometric.utils import scatter, softmax
 
         q, k, v = self.in_proj(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(1)
@@ -183,7 +261,20 @@ def attention_layer(layer: type[nn.Module] = MultiheadAttention, /, **settings) 
     factory a model builds each of its attention layers with, as ``attn_layer(dim, num_heads, dropout=...,
     seq_len=...)`` (timm's ``attn_layer``). The settings are checked here, against the layer's keyword arguments
     and the variants, so a misspelt key fails once, where the factory is made, rather than at the last
-    constructor of a stack."""
+    constructor of a stack.
+
+    Args:
+        layer: The attention module class, called as ``layer(dim, num_heads, **keywords)``. Default
+            ``MultiheadAttention``.
+        **settings: Keyword arguments of ``layer`` to bind, other than ``dim`` and ``num_heads``.
+
+    Returns:
+        ``functools.partial(layer, **settings)``.
+
+    Raises:
+        TypeError: If a setting is not a keyword argument of ``layer`` (the message names the nearest one).
+        ValueError: If ``settings["variant"]`` names no variant.
+    """
     accepted = [name for name in inspect.signature(layer).parameters if name not in ("self", "dim", "num_heads")]
     unknown = [name for name in settings if name not in accepted]
     if unknown:

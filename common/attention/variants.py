@@ -8,6 +8,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Variant:
+    """One attention variant as data: which of q and k are L2-normalised, whether the 1/sqrt(d) scale stays,
+    whether q is weighted elliptically, and the fold class that owns its learnable scales.
+
+    Args:
+        name: The variant's name, its key in ``VARIANTS`` or ``ABLATIONS`` (the ``attention=<name>`` setting).
+        norm_q: Whether q is L2-normalised over head_dim.
+        norm_k: Whether k is L2-normalised over head_dim.
+        scaled: Whether the logit is divided by sqrt(head_dim).
+        elliptical: Whether q is weighted by the metric m from the previous layer's values. Default False.
+        fold: Name of the class in ``folds.FOLDS`` that folds the variant into (q, k) and owns its learnable
+            scales. Default ``"QKFold"`` (no learnable scales).
+    """
+
     name: str
     norm_q: bool
     norm_k: bool
@@ -18,7 +31,14 @@ class Variant:
     @property
     def learnable(self) -> bool:
         """Whether its fold owns learnable scales (``FOLD_SCALES``): a fold without any, such as the uniform
-        ablation's ``ZeroQuery``, runs statelessly wherever a parameter-free variant does."""
+        ablation's ``ZeroQuery``, runs statelessly wherever a parameter-free variant does.
+
+        Returns:
+            True when ``FOLD_SCALES`` lists at least one scale for the variant's fold.
+
+        Raises:
+            ValueError: If the variant names a fold that ``FOLD_SCALES`` does not list.
+        """
         if self.fold not in FOLD_SCALES:
             raise ValueError(f"variant {self.name!r} names fold {self.fold!r}; the folds are {', '.join(FOLD_SCALES)}")
         return bool(FOLD_SCALES[self.fold])
@@ -51,6 +71,18 @@ ABLATIONS: dict[str, Variant] = {"uniform": Variant("uniform", norm_q=False, nor
 
 
 def get_variant(variant: str | Variant) -> Variant:
+    """The ``Variant`` of a name, looked up in ``VARIANTS`` and then ``ABLATIONS``.
+
+    Args:
+        variant: A variant's or ablation's name (``"quest"``, ``"uniform"``, ...), or a ``Variant``, which is
+            returned as is.
+
+    Returns:
+        The ``Variant``.
+
+    Raises:
+        ValueError: If ``variant`` names no variant or ablation.
+    """
     if isinstance(variant, Variant):
         return variant
     spec = VARIANTS.get(variant) or ABLATIONS.get(variant)
