@@ -60,6 +60,7 @@ class Domain:
     mode: str  # "min" or "max"
     datasets: Mapping[str, Callable | str]  # dataset name -> loader, or its "module:attribute"
     config: type[RunConfig] | dict | Path | None  # the typed config, or a default config to type; None: the YAML file
+    presets: Path | None  # a typed config's presets; None: configs/domain/<name>.yaml
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
     def primary_of(self, task) -> tuple[str, str]:
@@ -73,11 +74,13 @@ _PACKAGES: list[str] = []
 
 
 def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable | str],
-                    config: type[RunConfig] | dict | str | Path | None = None, commands: Mapping[str, str] | None = None):
+                    config: type[RunConfig] | dict | str | Path | None = None, presets: str | Path | None = None,
+                    commands: Mapping[str, str] | None = None):
     """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader (or the
     loader's ``"module:attribute"``), ``commands`` each command the domain adds to its module. ``config`` is the
-    domain's ``RunConfig`` subclass (its presets in ``configs/domain/<name>.yaml``), or its default config with
-    presets as a dict or YAML file, typed from its defaults (``common.schema.typed_like``)."""
+    domain's ``RunConfig`` subclass, whose presets are in the YAML file ``presets`` (left out,
+    ``configs/domain/<name>.yaml``), or its default config with presets as a dict or YAML file, typed from its
+    defaults (``common.schema.typed_like``)."""
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
     if not isinstance(datasets, Mapping) or not datasets:
@@ -85,7 +88,8 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str,
 
     def decorate(build):
         _DOMAINS[name] = Domain(name, build, metric, mode, dict(datasets),
-                                Path(config) if isinstance(config, str) else config, dict(commands or {}))
+                                Path(config) if isinstance(config, str) else config,
+                                Path(presets) if presets else None, dict(commands or {}))
         return build
 
     return decorate
@@ -171,11 +175,12 @@ def build_config(cfg: DictConfig) -> BuildConfig:
 def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
     """The typed config of the domain ``name`` and its presets (preset name -> its settings)."""
     try:
-        config = get_domain(name).config
+        domain = get_domain(name)
     except KeyError as err:
         raise ConfigError(err.args[0]) from None
-    path = CONFIG_DIR / "domain" / f"{name}.yaml"
+    config, path = domain.config, CONFIG_DIR / "domain" / f"{name}.yaml"
     if isinstance(config, type):
+        path = domain.presets or path
         presets = _read(path, name) if path.exists() else {}
         if set(presets) - {"presets"}:
             raise ConfigError(f"{path}: the file of a domain typed in Python holds its presets only, not "

@@ -23,7 +23,8 @@ TYPES = {"int": "int", "float": "float", "bool": "bool", "string": "str", "list"
 class Model(BaseModel):
     """A closed, strict, immutable model: the base of every typed thing the project reads."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False,
+                              use_attribute_docstrings=True)  # the string under a field is its description
 
 
 def location(error: dict[str, Any]) -> str:

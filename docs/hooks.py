@@ -5,12 +5,9 @@ reference pages are generated from the code at every build, so they cannot fall 
 (reference/config.md)."""
 from __future__ import annotations
 
-import ast
 import contextlib
-import dataclasses
 import importlib
 import io
-import re
 import typing
 from pathlib import Path
 
@@ -68,67 +65,63 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
-def _comments(source: str) -> dict[tuple[str, str], str]:
-    """(class, field) -> the comment on the field's line, or in the lines just above it."""
-    tree, rows = ast.parse(source), source.splitlines()
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    line = rows[item.lineno - 1]
-                    above, row = [], item.lineno - 2
-                    while row >= 0 and rows[row].strip().startswith("#"):
-                        above.insert(0, rows[row].strip().lstrip("# "))
-                        row -= 1
-                    text = line.split("  # ", 1)[1] if "  # " in line else " ".join(above)
-                    found[(node.name, item.target.id)] = text.strip()
-    return found
-
-
 def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _type(hint) -> str:
-    return re.sub(r"\b(typing|builtins)\.", "", str(hint)).replace("<class '", "").replace("'>", "")
+def _limits(field) -> str:
+    """A field's range (``>= 1``) in words, wherever its type holds it (``int | None`` too)."""
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    annotation = field.annotation
+    items = list(field.metadata)
+    for option in typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Literal else ():
+        items += list(getattr(option, "__metadata__", ()))
+    found = [f"{words[name]} {getattr(item, name)}" for item in items for name in words
+             if getattr(item, name, None) is not None]
+    return ", ".join(found)
+
+
+def table(section, prefix: str, skip: tuple = ()) -> list[str]:
+    """A section's keys (``section``: its model, or a default of it) as a table, then each nested section's."""
+    from common.typed import Model
+    from runners.config import type_name
+
+    rows = ["| key | type | default | allowed | what |", "|---|---|---|---|---|"]
+    nested = []
+    cls = section if isinstance(section, type) else type(section)
+    for name, field in cls.model_fields.items():
+        value = field.default if isinstance(section, type) else getattr(section, name)
+        if name in skip:
+            continue
+        if isinstance(value, Model) and value.model_fields:
+            nested.append((f"{prefix}{name}", value))
+            continue
+        default = "(required)" if field.is_required() and isinstance(section, type) else repr(value)
+        rows.append(f"| `{prefix}{name}` | {_escape(type_name(field.annotation))} | `{_escape(default)}` | "
+                    f"{_escape(_limits(field))} | {_escape(' '.join((field.description or '').split()))} |")
+    out = rows + [""] if len(rows) > 2 else []
+    for name, value in nested:
+        out += [f"### `{name}`", "", _escape(" ".join((type(value).__doc__ or "").split())), "", *table(value, f"{name}.")]
+    return out
 
 
 def config_page() -> str:
+    import runners.config  # noqa: F401  (the project's domains)
     from common import schema
+    from common.registry import domain_schema, package_domains
 
-    comments = _comments(Path(schema.__file__).read_text())
     lines = ["# Config keys", "",
-             "Generated from `common/schema.py` at every build: each section of a run's config, its keys, their "
-             "types, defaults and allowed values. A run composes the schema's defaults, then "
-             "`configs/domain/<name>.yaml`, its preset, the variant (`attention=<name>`) and `key=value` overrides "
-             "([Run one domain](../guides/run.md)). The domains' own sections (`data`, `model`, `task`, "
-             "`robustness`) take their keys from each domain's file; the ranges of the keys several share are in "
-             "the last tables.", ""]
-
-    def table(cls, prefix: str) -> list[str]:
-        rows = ["| key | type | default | allowed | what |", "|---|---|---|---|---|"]
-        nested = []
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            kind = hints[f.name]
-            if dataclasses.is_dataclass(kind):
-                nested.append((f"{prefix}{f.name}", kind))
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
-            bounds = ", ".join(f"{schema.BOUNDS[k][0]} {v}" for k, v in f.metadata.get("bounds", {}).items())
-            choices = ", ".join(f.metadata.get("choices", ()))
-            rows.append(f"| `{prefix}{f.name}` | `{_escape(_type(kind))}` | `{default!r}` | {_escape(bounds or choices)} "
-                        f"| {_escape(comments.get((cls.__name__, f.name), ''))} |")
-        out = rows + [""]
-        for name, kind in nested:
-            doc = " ".join((kind.__doc__ or "").split())
-            out = [*out, f"## `{name}`", "", _escape(doc), "", *table(kind, f"{name}.")]
-        return out
-
-    lines += ["## Top level", "", *table(schema.RunConfig, "")]
-    for name, cls in schema.DOMAIN_SECTIONS.items():
-        lines += [f"## `{name}` (the domains' own section: shared keys)", "", " ".join((cls.__doc__ or "").split()),
-                  "", *table(cls, f"{name}.")]
+             "Generated from the typed config at every build (`common/schema.py`, and each domain's "
+             "`domains/<name>/config.py`): each section of a run's config, its keys, their types, defaults and "
+             "allowed values. A run composes its domain's defaults, its preset (`configs/domain/<name>.yaml`), the "
+             "variant (`attention=<name>`) and `key=value` overrides ([Run one domain](../guides/run.md)).", "",
+             "## Every run", "", *table(schema.RunConfig, "", skip=("task",))]
+    for name in sorted(package_domains()):
+        config = domain_schema(name)[0]
+        lines += [f"## {name}", "", _escape(" ".join((config.__doc__ or "").split())), ""]
+        for section, field in config.model_fields.items():
+            if section in schema.RunConfig.model_fields and field.default == schema.RunConfig.model_fields[section].default:
+                continue  # the shared section, at the shared defaults: in the first table
+            doc = " ".join((type(field.default).__doc__ or "").split())
+            lines += [f"### `{section}`", "", _escape(doc), "", *table(field.default, f"{section}.")]
     return "\n".join(lines)
