@@ -43,10 +43,10 @@ def test_the_guide_domain_passes_the_contract_and_trains(counting, tmp_path):
 
 
 def split_hashes(split_seed: int) -> dict:
+    from counting.config import Data
     from counting.data import CountingData
 
-    data = {"dataset": "generated", "vocab": 4, "length": 6, "train_size": 8, "val_size": 4, "test_size": 4,
-            "batch_size": 4, "split_seed": split_seed}
+    data = Data(vocab=4, length=6, train_size=8, val_size=4, test_size=4, batch_size=4, split_seed=split_seed)
     return CountingData(data).split_info["hash"]
 
 

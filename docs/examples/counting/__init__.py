@@ -8,12 +8,14 @@ from pathlib import Path
 
 from common.registry import BuildConfig, register_domain
 
+from .config import CountingConfig  # pydantic only: cheap
+
 # dataset name -> its loader, named by dotted path so that naming the datasets imports no data code
 DATASETS = {"generated": f"{__name__}.data:generated"}
 
 
-@register_domain("counting", metric="acc", mode="max", datasets=DATASETS,
-                 config=Path(__file__).with_name("counting.yaml"))  # in domains/: configs/domain/counting.yaml
+@register_domain("counting", metric="acc", mode="max", datasets=DATASETS, config=CountingConfig,
+                 presets=Path(__file__).with_name("counting.yaml"))  # left out: configs/domain/counting.yaml
 def build(cfg: BuildConfig):
     from common.task import ClassificationTask
 
@@ -21,6 +23,6 @@ def build(cfg: BuildConfig):
     from .model import CountingNet
 
     datamodule = CountingData(cfg.data)
-    net = CountingNet(datamodule.num_classes, vocab=cfg.data["vocab"], length=cfg.data["length"],
-                      attn_layer=cfg.attn_layer, **cfg.model)
-    return datamodule, ClassificationTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **cfg.task)
+    net = CountingNet(datamodule.num_classes, vocab=cfg.data.vocab, length=cfg.data.length,
+                      attn_layer=cfg.attn_layer, **dict(cfg.model))
+    return datamodule, ClassificationTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **dict(cfg.task))

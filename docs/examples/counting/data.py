@@ -6,16 +6,18 @@ from common.data import SPLITS, SplitDataModule
 from common.registry import load
 
 from . import DATASETS
+from .config import Data
 
 
-def generated(data: dict) -> dict[str, TensorDataset]:
-    """The loader: ``data`` (the run's ``data`` section) -> {"train", "val", "test"} datasets of (tokens, count).
-    Each split is drawn from its own seed, derived from ``data.split_seed`` and never from the run's seed, so
-    every seed and variant of a study meets the same test set and no test sequence is a training one."""
+def generated(data: Data) -> dict[str, TensorDataset]:
+    """The loader: ``data`` (the run's typed ``data`` section) -> {"train", "val", "test"} datasets of (tokens,
+    count). Each split is drawn from its own seed, derived from ``data.split_seed`` and never from the run's seed,
+    so every seed and variant of a study meets the same test set and no test sequence is a training one."""
     splits = {}
     for index, split in enumerate(SPLITS):
-        generator = torch.Generator().manual_seed(data["split_seed"] * len(SPLITS) + index)
-        tokens = torch.randint(data["vocab"], (data[f"{split}_size"], data["length"]), generator=generator)
+        generator = torch.Generator().manual_seed(data.split_seed * len(SPLITS) + index)
+        size = getattr(data, f"{split}_size")
+        tokens = torch.randint(data.vocab, (size, data.length), generator=generator)
         splits[split] = TensorDataset(tokens, (tokens == 0).sum(1))
     return splits
 
@@ -24,10 +26,10 @@ class CountingData(SplitDataModule):
     """Sets what a datamodule must: ``datasets`` (each split), ``classes`` (label names, in label order; the
     task's ``num_classes`` is their number) and ``describe_split`` (the record's ``split``)."""
 
-    def __init__(self, data: dict):
-        super().__init__(data["batch_size"])
-        self.datasets = load(DATASETS[data["dataset"]])(data)
-        self.classes = [str(count) for count in range(data["length"] + 1)]  # 0 to length zeros
-        rule = f"generated per split: seed 3 x split_seed {data['split_seed']} + 0, 1, 2 for train, val, test"
+    def __init__(self, data: Data):
+        super().__init__(data.batch_size)
+        self.datasets = load(DATASETS[data.dataset])(data)
+        self.classes = [str(count) for count in range(data.length + 1)]  # 0 to length zeros
+        rule = f"generated per split: seed 3 x split_seed {data.split_seed} + 0, 1, 2 for train, val, test"
         self.describe_split("generated", rule, {split: range(len(self.datasets[split])) for split in SPLITS},
-                            drawn_from=data["split_seed"])
+                            drawn_from=data.split_seed)
