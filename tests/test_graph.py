@@ -22,6 +22,7 @@ from common.data import DataError
 from common.errors import ConfigError
 from common.registry import BuildConfig, build_config, get_domain
 from domains.graph import molecules
+from domains.graph.config import Data
 from domains.graph.data import GraphDataModule, random_walk_pe
 from domains.graph.model import GPSNet, GraphRegression
 from domains.graph.molecules import QM9_FILES, featurise, smiles_to_graph, table_labeller
@@ -37,9 +38,9 @@ def smoke_config(*overrides: str) -> BuildConfig:
     return build_config(compose(["domain=graph", "preset=smoke", *overrides]))
 
 
-def data_cfg(**overrides) -> dict:
+def data_cfg(**overrides) -> Data:
     """The smoke preset's data section over a whole fixture (no subset), in batches of 4."""
-    return {**smoke_config().data, "subset": None, "batch_size": 4, **overrides}
+    return Data(**{**dict(smoke_config().data), "subset": None, "batch_size": 4, **overrides})
 
 
 @pytest.mark.parametrize("smiles, atoms, bonds", [("CCO", 3, 2), ("c1ccccc1", 6, 6), ("CC(=O)O", 4, 3), ("C", 1, 0)])
@@ -89,7 +90,7 @@ def test_qm9_split_subset_and_cache(tmp_path, monkeypatch):
     again.setup()
     assert torch.equal(again.datasets["test"].stacked.y, dm.datasets["test"].stacked.y)
     assert again.split_info == dm.split_info
-    assert GraphDataModule(dict(cfg, subset=20), tmp_path / "cache").cache_path() != dm.cache_path()
+    assert GraphDataModule(cfg.model_copy(update={"subset": 20}), tmp_path / "cache").cache_path() != dm.cache_path()
 
 
 def test_csv_loader_and_its_errors(tmp_path):
@@ -148,8 +149,8 @@ def test_scaffold_split_keeps_each_scaffold_in_one_split(tmp_path):
                                             split=[0.6, 0.2, 0.2], split_seed=seed)).split for seed in (0, 1)]
     assert splits[0] == splits[1] and splits[0].source == "grouped"
     assert [{scaffold(SCAFFOLD_MOLECULES[int(r)]) for r in rows} for rows in splits[0].members.values()] == scaffolds
-    with pytest.raises(ConfigError, match="unknown data.split_by='cluster'"):
-        molecules.csv_splits(data_cfg(dataset="csv", root=str(path), targets=["y"], split_by="cluster"))
+    with pytest.raises(ConfigError, match=r"^unknown data.split_by='cluster'; choose from random, scaffold$"):
+        compose(["domain=graph", "data.dataset=csv", f"data.root={path}", "data.targets=[y]", "data.split_by=cluster"])
 
 
 def write_zinc_fixture(root):
@@ -245,7 +246,7 @@ def test_random_walk_encoding_matches_pyg(block):
 def tiny_batch() -> Batch:
     graphs = [smiles_to_graph(s) for s in ("CCO", "c1ccccc1", "C", "CC(=O)O")]
     for graph in graphs:
-        graph.pe = random_walk_pe(graph, smoke_config().data["rwse_steps"])
+        graph.pe = random_walk_pe(graph, smoke_config().data.rwse_steps)
     return Batch.from_data_list(graphs)
 
 
@@ -253,8 +254,8 @@ def tiny_net(mode: str, variant: str, norm: str = "batch_norm") -> GPSNet:
     """The smoke preset's GPS net (two layers) for one target."""
     cfg = smoke_config(f"attention={variant}", f"model.attention_mode={mode}", f"model.norm={norm}")
     torch.manual_seed(0)
-    model = {k: v for k, v in cfg.model.items() if k != "seq_len_percentile"}  # the domain's build reads that one
-    return GPSNet(NODE_VOCAB, EDGE_VOCAB, 1, rwse_steps=cfg.data["rwse_steps"], seq_len=6, attention=cfg.attention,
+    model = cfg.model.model_dump(exclude={"seq_len_percentile"})  # the domain's build reads that one
+    return GPSNet(NODE_VOCAB, EDGE_VOCAB, 1, rwse_steps=cfg.data.rwse_steps, seq_len=6, attention=cfg.attention,
                   **model)
 
 
@@ -276,10 +277,11 @@ def test_qknorm_gain_starts_from_the_train_length_percentile(tmp_path, mode, per
                        f"model.seq_len_percentile={percentile}", f"cache_dir={tmp_path / 'cache'}")
     _, task = get_domain("graph").build(cfg)
     gains = [m.gain for m in task.modules() if isinstance(m, LayerGain)]
-    assert len(gains) == cfg.model["depth"]
+    assert len(gains) == cfg.model.depth
     assert all(torch.allclose(g, torch.tensor(math.log2(length**2 - length))) for g in gains)
-    with pytest.raises(ConfigError, match="seq_len_percentile must lie in"):
-        get_domain("graph").build(smoke_config("model.seq_len_percentile=0"))
+    for outside, bound in (("0", "> 0"), ("100.5", "<= 100")):  # refused as the config is composed, before any data
+        with pytest.raises(ConfigError, match=f"'model.seq_len_percentile' must be {bound}, got {outside}$"):
+            smoke_config(f"model.seq_len_percentile={outside}")
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])

@@ -21,6 +21,7 @@ from common.data import DataError
 from common.errors import ConfigError
 from common.records import find_records, read_record
 from common.registry import build_config, get_domain
+from common.schema import Attention
 from domains.graph.data import GraphDataModule
 from domains.graph.molecules import atom_labeller, gasteiger_charge, read_molecule, ring_size_class
 from runners.cli import main as cli
@@ -295,7 +296,7 @@ def test_cora_ships_with_the_domain_in_its_public_split(tmp_path):
 def test_citation_graph_settings_build_and_train(local, tmp_path):
     from domains.graph.model import GPSNet
 
-    net = GPSNet(12, [1], 3, dim=16, depth=2, heads=2, rwse_steps=4, pe_dim=0, attention={"variant": "quest"},
+    net = GPSNet(12, [1], 3, dim=16, depth=2, heads=2, rwse_steps=4, pe_dim=0, attention=Attention(variant="quest"),
                  level="node", local=local, local_residual=False, global_residual=False, ffn=False, norm="none",
                  input_dropout=0.5, decay="input", head="linear")
     graph = citation_graph(masks=True)

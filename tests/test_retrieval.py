@@ -12,9 +12,11 @@ import pytorch_lightning as pl
 import torch
 
 from common.attention import attention_layer
+from common.errors import ConfigError
 from common.records import write_record
 from common.registry import build_config, get_domain
 from domains.retrieval import anisotropy, report
+from domains.retrieval.config import Data
 from domains.retrieval.data import (
     RetrievalDataModule,
     answer_shape,
@@ -210,9 +212,9 @@ def test_the_faithful_model_reads_labels_only_through_where_attention_goes(varia
 def test_faithful_ablations_project_the_whole_token_or_add_biases_and_reject_unknown_inputs():
     _, (_, task) = build("model.form=faithful", "model.qk_input=token", "model.qk_bias=true")
     assert task.net.q_proj.in_features == 8 + 8 and task.net.k_proj.bias is not None
-    with pytest.raises(ValueError, match="unknown model.qk_input 'values'"):
+    with pytest.raises(ConfigError, match=r"^unknown model.qk_input='values'; choose from key, token$"):
         build("model.form=faithful", "model.qk_input=values")
-    with pytest.raises(ValueError, match="unknown model.form 'paper'"):
+    with pytest.raises(ConfigError, match=r"^unknown model.form='paper'; choose from full_token, faithful$"):
         build("model.form=paper")
 
 
@@ -232,7 +234,7 @@ def test_standard_attention_finds_a_far_out_answer_in_the_faithful_model():
 
 
 def test_the_shortcut_oracles_conflict_for_a_weak_bias_and_agree_for_a_strong_one():
-    data = {**SPEC, "bias_seed": 7, "answer_kappa": 1.0, "answer_basis_seed": 0}
+    data = Data(**SPEC, bias_seed=7, answer_kappa=1.0, answer_basis_seed=0)
     weak, strong = (shortcut_oracles(data, norm, n=4000) for norm in (1.0, 8.0))
     assert weak["nearest_b_acc"] > 0.95 and strong["nearest_b_acc"] > 0.95  # the shortcut always finds a biased answer
     assert weak["largest_norm_acc"] < 0.05 and weak["disagree"] > 0.95  # a weak b: the norm rule misses it
@@ -252,9 +254,9 @@ def test_the_ablation_report_gives_each_variant_a_row_per_factor_cell(tmp_path):
     assert (tmp_path / "report" / "ablations.md").exists()
 
 
-def aniso_data(kappa: float, **changes) -> dict:
-    return {**SPEC, "p_bias": 0.0, "bias_norm": 4.0, "bias_seed": 7, "answer_kappa": kappa, "answer_basis_seed": 3,
-            "train_size": 30000, "val_size": 1, "test_size": 1, **changes}
+def aniso_data(kappa: float, **changes) -> Data:
+    return Data(**{**SPEC, "p_bias": 0.0, "bias_norm": 4.0, "bias_seed": 7, "answer_kappa": kappa,
+                   "answer_basis_seed": 3, "train_size": 30000, "val_size": 1, "test_size": 1, **changes})
 
 
 def test_the_anisotropic_answer_has_the_covariance_it_claims():

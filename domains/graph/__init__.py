@@ -5,6 +5,8 @@ import logging
 
 from common.registry import BuildConfig, register_domain
 
+from .config import GraphConfig
+
 log = logging.getLogger(__name__)
 DENSE_NODES = 10_000  # beyond this many nodes in a graph, dense attention's N² logits per head hurt
 # dataset name -> loader: the molecules of molecules.py, the PyG-format data of stored.py
@@ -14,23 +16,19 @@ DATASETS = {"qm9": "domains.graph.molecules:qm9_splits", "qm9_atoms": "domains.g
             **dict.fromkeys(("cora", "citeseer", "pubmed"), "domains.graph.stored:planetoid_splits")}
 
 
-@register_domain("graph", metric="mae", mode="min", datasets=DATASETS,
+@register_domain("graph", metric="mae", mode="min", datasets=DATASETS, config=GraphConfig,
                  commands={"graph-bench": "domains.graph.bench", "gcn-reference": "domains.graph.gcn_reference"})
 def build(cfg: BuildConfig):
-    from common.errors import ConfigError
-
     from .data import GraphDataModule, nearest_rank
     from .model import GPSNet, GraphClassification, GraphRegression
 
     model = dict(cfg.model)
     percentile = model.pop("seq_len_percentile")
-    if not 0 < percentile <= 100:
-        raise ConfigError(f"model.seq_len_percentile must lie in (0, 100], got {percentile}")
     datamodule = GraphDataModule(cfg.data, cache_dir=cfg.cache_dir)
     datamodule.setup()  # the model's encoders, outputs, target scale and typical sizes come from the data
     # qknorm's gain starts at log2(L² − L) (Henry et al. 2020), L the keys per query at the given percentile
     # of the train split (they take the 97.5th of sequence lengths): graph sizes (dense), degree + 1 (sparse).
-    sparse = model["attention_mode"] == "sparse"
+    sparse = cfg.model.attention_mode == "sparse"
     seq_len = max(2, nearest_rank(datamodule.keys_per_query(sparse), percentile))
     log.info("qknorm length L = %d: percentile %g of the train split's %s", seq_len, percentile,
              "degrees + 1" if sparse else "graph sizes")
@@ -40,7 +38,7 @@ def build(cfg: BuildConfig):
                     datamodule.max_nodes)
     level = datamodule.level
     net = GPSNet(datamodule.node_features, datamodule.edge_features, datamodule.num_outputs, level=level,
-                 rwse_steps=cfg.data["rwse_steps"], seq_len=seq_len, attention=cfg.attention, **model)
+                 rwse_steps=cfg.data.rwse_steps, seq_len=seq_len, attention=cfg.attention, **model)
     if datamodule.num_classes:
         return datamodule, GraphClassification(net, cfg.optim, datamodule.num_classes, level=level)
-    return datamodule, GraphRegression(net, cfg.optim, *datamodule.target_stats(), level=level, **cfg.task)
+    return datamodule, GraphRegression(net, cfg.optim, *datamodule.target_stats(), level=level, **dict(cfg.task))

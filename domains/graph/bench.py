@@ -18,6 +18,7 @@ from torch_geometric.datasets import FakeDataset
 from torch_geometric.nn import GPSConv, global_add_pool
 
 from common.attention import AttentionState
+from common.schema import Attention
 
 from .model import GPSLayer, graph_attention_layer, local_mpnn
 
@@ -25,7 +26,7 @@ from .model import GPSLayer, graph_attention_layer, local_mpnn
 class OursStack(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int):
         super().__init__()
-        attn_layer = graph_attention_layer("dense", {"variant": "standard"})
+        attn_layer = graph_attention_layer("dense", Attention(variant="standard"))
         self.layers = nn.ModuleList(GPSLayer(dim, heads, "dense", attn_layer) for _ in range(depth))
 
     def forward(self, g: Batch) -> torch.Tensor:

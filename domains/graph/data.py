@@ -23,6 +23,7 @@ from common.data import SPLITS, DataError, SplitDataModule, cached, short_hash
 from common.registry import load
 
 from . import DATASETS
+from .config import Data as DataConfig
 from .splits import LoadedGraphs
 
 CACHE_FORMAT = 3  # bump when what the cache holds changes, so old files are not read as new ones
@@ -87,12 +88,15 @@ def normalized_rows(x: Tensor) -> Tensor:
 
 class GraphDataModule(SplitDataModule):
     """Train/val/test graphs; after ``setup()`` also the split description, the class names (classes), what
-    the node and edge encoders need, the train targets' mean/std, and how many keys each query attends over."""
+    the node and edge encoders need, the train targets' mean/std, and how many keys each query attends over.
+
+    ``data``: the domain's typed ``data`` section (``domains.graph.config.Data``).
+    """
 
     loader_class = DataLoader  # PyG's: batches graphs
 
-    def __init__(self, data: dict, cache_dir: str | Path):
-        super().__init__(data["batch_size"], num_workers=data["num_workers"])
+    def __init__(self, data: DataConfig, cache_dir: str | Path):
+        super().__init__(data.batch_size, num_workers=data.num_workers)
         self.cfg = data
         self.cache_dir = Path(cache_dir)
 
@@ -100,10 +104,10 @@ class GraphDataModule(SplitDataModule):
         cfg = self.cfg
         keys = ("dataset", "root", "targets", "smiles_column", "subset", "split", "split_by", "split_column",
                 "split_seed", "rwse_steps", "normalize_features")
-        content = {"format": CACHE_FORMAT, **{k: cfg[k] for k in keys}}
-        if cfg["root"] is not None:
-            content["root"] = str(Path(cfg["root"]).expanduser().resolve())
-        return self.cache_dir / "graph" / f"{cfg['dataset']}-{cfg['subset'] or 'all'}-{short_hash(content)}.pt"
+        content = {"format": CACHE_FORMAT, **{k: getattr(cfg, k) for k in keys}}
+        if cfg.root is not None:
+            content["root"] = str(Path(cfg.root).expanduser().resolve())
+        return self.cache_dir / "graph" / f"{cfg.dataset}-{cfg.subset or 'all'}-{short_hash(content)}.pt"
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -114,10 +118,10 @@ class GraphDataModule(SplitDataModule):
         self.describe_split(*stored["split"])
 
     def _build(self) -> dict:
-        loaded = load(DATASETS[self.cfg["dataset"]])(self.cfg)
+        loaded = load(DATASETS[self.cfg.dataset])(self.cfg)
         for split in SPLITS:
             if not (loaded.masks[split].any() if loaded.masks else loaded.graphs[split]):
-                raise DataError(f"{self.cfg['dataset']}: the {split} split is empty "
+                raise DataError(f"{self.cfg.dataset}: the {split} split is empty "
                                 "(use more data or other split fractions)")
         graphs = self._encode(loaded)
         return {"graphs": {split: GraphSet.stored(graphs[split]) for split in SPLITS},
@@ -126,8 +130,8 @@ class GraphDataModule(SplitDataModule):
     def _encode(self, loaded: LoadedGraphs) -> dict[str, list[Data]]:
         """The graphs of each split with their encodings; a transductive graph is encoded once and shared
         (tensors and all) by its splits, each with its own ``target_mask``."""
-        steps = self.cfg["rwse_steps"]
-        if self.cfg["normalize_features"]:
+        steps = self.cfg.rwse_steps
+        if self.cfg.normalize_features:
             for graph in (g for split in SPLITS for g in loaded.graphs[split]):
                 graph.x = normalized_rows(graph.x)
         if loaded.masks is None:

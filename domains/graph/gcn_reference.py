@@ -20,6 +20,7 @@ from torch import nn
 from torch_geometric import seed_everything
 from torch_geometric.nn import GCNConv
 
+from .config import Data
 from .data import normalized_rows
 from .stored import planetoid_splits
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    loaded = planetoid_splits({"dataset": args.dataset, "root": args.root, "split_by": "random"})
+    loaded = planetoid_splits(Data(dataset=args.dataset, root=args.root))
     graph, masks = loaded.graphs["train"][0], loaded.masks
     graph.x, graph.y = normalized_rows(graph.x), graph.y.view(-1)
     tests = []

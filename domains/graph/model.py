@@ -25,6 +25,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from common.attention import AttentionState, EdgeMultiheadAttention, MultiheadAttention, attention_layer
 from common.blocks import AttentionFactory
 from common.metrics import MeanPredictorError
+from common.schema import Attention
 from common.task import Optim, Task, classification_metrics
 
 NORMS = {"batch_norm": nn.BatchNorm1d, "layer_norm": nn.LayerNorm, "none": lambda dim: nn.Identity()}
@@ -51,10 +52,10 @@ def _choice(table: dict, name: str, what: str):
 ATTENTION_LAYERS = {"dense": MultiheadAttention, "sparse": EdgeMultiheadAttention}  # by model.attention_mode
 
 
-def graph_attention_layer(mode: str, settings: dict) -> AttentionFactory:
+def graph_attention_layer(mode: str, settings: Attention) -> AttentionFactory:
     """The factory of a GPS net's attention layers: ``mode``'s layer (``ATTENTION_LAYERS``) with the run's
     attention ``settings``."""
-    return attention_layer(_choice(ATTENTION_LAYERS, mode, "attention_mode"), **settings)
+    return attention_layer(_choice(ATTENTION_LAYERS, mode, "attention_mode"), **dict(settings))
 
 
 class GlobalAttention(nn.Module):
@@ -132,7 +133,7 @@ class GPSNet(nn.Module):
     ``global_residual`` and ``ffn`` are ``GPSLayer``'s, and ``head: linear`` drops the head's hidden layer."""
 
     def __init__(self, node_features: list[int] | int, edge_features: list[int] | int, num_outputs: int, *,
-                 dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: dict,
+                 dim: int, depth: int, heads: int, rwse_steps: int, pe_dim: int, attention: Attention,
                  level: str = "graph", seq_len: int | None = None, attention_mode: str = "dense",
                  local: str = "gine", local_residual: bool = True, global_residual: bool = True, ffn: bool = True,
                  dropout: float = 0.0, attn_dropout: float = 0.0, input_dropout: float = 0.0, decay: str = "all",

@@ -23,6 +23,7 @@ from common.data import DataError, check_finite, read_csv, require_path
 from common.errors import ConfigError
 from common.optional import install_command, require
 
+from .config import Data as DataConfig
 from .splits import LoadedGraphs, by_members, check_split_by, column_split, random_split, scaffold_split
 
 log = logging.getLogger(__name__)
@@ -133,26 +134,27 @@ def read_table(path: Path, smiles_column: str, columns: list[str], targets: list
     return table
 
 
-def subset_rows(table: pd.DataFrame, data: dict) -> pd.DataFrame:
+def subset_rows(table: pd.DataFrame, data: DataConfig) -> pd.DataFrame:
     """``data.subset`` rows drawn with ``split_seed``, in file order; all of them when subset is null."""
-    if data["subset"] is None or data["subset"] >= len(table):
+    if data.subset is None or data.subset >= len(table):
         return table
-    order = torch.randperm(len(table), generator=torch.Generator().manual_seed(data["split_seed"]))
-    return table.iloc[order[: data["subset"]].sort().values.numpy()]
+    order = torch.randperm(len(table), generator=torch.Generator().manual_seed(data.split_seed))
+    return table.iloc[order[: data.subset].sort().values.numpy()]
 
 
-def split_table(table: pd.DataFrame, smiles_column: str, label: Labeller, source: str, data: dict) -> LoadedGraphs:
+def split_table(table: pd.DataFrame, smiles_column: str, label: Labeller, source: str,
+                data: DataConfig) -> LoadedGraphs:
     """The featurised molecules of a table, split by its split column if it ships one, else by
     ``data.split_by``; members are the molecules' rows in the file."""
     check_split_by(data, has_smiles=True)
     graphs, kept = featurise(table[smiles_column].tolist(), label, source)
     rows = table.index[kept]
     ids = [str(r) for r in rows]
-    column = data["split_column"]
+    column = data.split_column
     if column is not None:
         split = column_split(table.loc[rows, column].tolist(), ids, column, source)
-    elif data["split_by"] == "scaffold":
-        split = scaffold_split(table.loc[rows, smiles_column].tolist(), ids, data["split"])
+    elif data.split_by == "scaffold":
+        split = scaffold_split(table.loc[rows, smiles_column].tolist(), ids, data.split)
     else:
         split = random_split(ids, data)
     return by_members(graphs, ids, split)
@@ -166,40 +168,40 @@ def qm9pack_folder() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data"
 
 
-def qm9_table(data: dict, targets: list[str]) -> tuple[pd.DataFrame, str]:
+def qm9_table(data: DataConfig, targets: list[str]) -> tuple[pd.DataFrame, str]:
     """QM9's three CSVs as one table (rows numbered across them) with ``targets`` columns, its
     ``data.subset``, and its name."""
-    if data["split_column"] is not None:
+    if data.split_column is not None:
         raise ConfigError("data.split_column applies to dataset csv; QM9 ships no split")
-    folder = require_path(data["root"], "QM9 folder") if data["root"] else qm9pack_folder()
+    folder = require_path(data.root, "QM9 folder") if data.root else qm9pack_folder()
     tables = [read_table(folder / name, "SMILES", targets, targets) for name in QM9_FILES]
     return subset_rows(pd.concat(tables, ignore_index=True), data), f"QM9 ({folder})"
 
 
-def qm9_splits(data: dict) -> LoadedGraphs:
-    targets = [QM9_COLUMNS.get(t, t) for t in data["targets"]]
+def qm9_splits(data: DataConfig) -> LoadedGraphs:
+    targets = [QM9_COLUMNS.get(t, t) for t in data.targets]
     table, source = qm9_table(data, targets)
     values = torch.tensor(table[targets].to_numpy(dtype="float32"))
     return split_table(table, "SMILES", table_labeller(values), source, data)
 
 
-def qm9_atom_splits(data: dict) -> LoadedGraphs:
+def qm9_atom_splits(data: DataConfig) -> LoadedGraphs:
     """The node-level default: QM9's molecules with per-atom targets (``ATOM_TARGETS``), split by molecule."""
-    label = atom_labeller(list(data["targets"]))
+    label = atom_labeller(data.targets)
     table, source = qm9_table(data, [])
     loaded = split_table(table, "SMILES", label, source, data)
     for graphs in loaded.graphs.values():
         for graph in graphs:
             graph.target_mask = torch.ones(graph.num_nodes, dtype=torch.bool)  # every atom is labelled
-    loaded.classes = RING_CLASSES if data["targets"] == ["ring"] else []
+    loaded.classes = RING_CLASSES if data.targets == ["ring"] else []
     return loaded
 
 
-def csv_splits(data: dict) -> LoadedGraphs:
-    if data["root"] is None:
+def csv_splits(data: DataConfig) -> LoadedGraphs:
+    if data.root is None:
         raise DataError("dataset csv needs data.root=<file.csv>")
-    path = Path(data["root"]).expanduser()
-    columns = [*data["targets"], *([data["split_column"]] if data["split_column"] else [])]
-    table = subset_rows(read_table(path, data["smiles_column"], columns, data["targets"]), data)
-    values = torch.tensor(table[data["targets"]].to_numpy(dtype="float32"))
-    return split_table(table, data["smiles_column"], table_labeller(values), str(path), data)
+    path = Path(data.root).expanduser()
+    columns = [*data.targets, *([data.split_column] if data.split_column else [])]
+    table = subset_rows(read_table(path, data.smiles_column, columns, data.targets), data)
+    values = torch.tensor(table[data.targets].to_numpy(dtype="float32"))
+    return split_table(table, data.smiles_column, table_labeller(values), str(path), data)

@@ -19,7 +19,8 @@ from common.data import SPLITS, DataError, Split, check_fractions, split_names
 from common.errors import ConfigError
 from common.optional import require
 
-SPLIT_BY = ("random", "scaffold")
+from .config import Data as DataConfig
+
 # What a CSV's split column may hold, and the split each value names (OGB writes "valid").
 COLUMN_VALUES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 
@@ -42,18 +43,16 @@ def by_members(graphs: list[Data], ids: list[str], split: Split) -> LoadedGraphs
     return LoadedGraphs({s: [index[i] for i in split.members[s]] for s in SPLITS}, split)
 
 
-def random_split(ids: list[str], data: dict) -> Split:
+def random_split(ids: list[str], data: DataConfig) -> Split:
     """``data.split`` fractions of ``ids`` at random, from ``data.split_seed``."""
-    return split_names(ids, data["split"], data["split_seed"])
+    return split_names(ids, data.split, data.split_seed)
 
 
-def check_split_by(data: dict, has_smiles: bool) -> None:
-    """``data.split_by`` names a known rule, and scaffolds only for data read from SMILES."""
-    if data["split_by"] not in SPLIT_BY:
-        raise ConfigError(f"unknown data.split_by={data['split_by']!r}; choose from {', '.join(SPLIT_BY)}")
-    if data["split_by"] == "scaffold" and not has_smiles:
+def check_split_by(data: DataConfig, has_smiles: bool) -> None:
+    """``data.split_by`` is scaffold only for data read from SMILES."""
+    if data.split_by == "scaffold" and not has_smiles:
         raise ConfigError(f"data.split_by=scaffold needs molecules read from SMILES (qm9, qm9_atoms, csv), "
-                          f"not dataset {data['dataset']!r}")
+                          f"not dataset {data.dataset!r}")
 
 
 def scaffold(smiles: str) -> str:

@@ -34,6 +34,7 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from common.data import SPLITS, DataError, Split, data_root, refused_global, require_path, shipped_split
 
+from .config import Data as DataConfig
 from .splits import LoadedGraphs, by_members, check_split_by, random_split
 
 ZINC_RAW_FILES = [f"{split}.{ext}" for ext in ("pickle", "index") for split in SPLITS]
@@ -72,13 +73,14 @@ def standard_graph(graph: Data) -> Data:
     return kept
 
 
-def zinc_splits(data: dict) -> LoadedGraphs:
+def zinc_splits(data: DataConfig) -> LoadedGraphs:
     """ZINC-12k from PyG's raw files in its own split, read as PyG's ``ZINC`` dataset reads them (atom types,
     the bond-type adjacency, penalised logP), but each pickle through ``RestrictedUnpickler`` and without a
     processed cache under root, which PyG would load by unpickling whatever it holds. Graphs get 2-D edge
     features and [1, 1] targets like the molecules."""
     check_split_by(data, has_smiles=False)
-    raw = data_root(data, "folder for PyG's ZINC (raw/ holds its pickles)", folder=True) / "raw"
+    # common's data_root reads a mapping (data.root, data.dataset): it gets the section's fields as one
+    raw = data_root(dict(data), "folder for PyG's ZINC (raw/ holds its pickles)", folder=True) / "raw"
     missing = [name for name in ZINC_RAW_FILES if not (raw / name).is_file()]
     if missing:
         raise DataError(f"ZINC files missing under {raw}: {', '.join(missing)}")
@@ -151,16 +153,16 @@ def check_planetoid_files(folder: Path, name: str) -> None:
             unpickle(path, PLANETOID_GLOBALS)
 
 
-def planetoid_splits(data: dict) -> LoadedGraphs:
+def planetoid_splits(data: DataConfig) -> LoadedGraphs:
     """The Planetoid citation graph ``data.dataset`` in its public split: node classification over
     bag-of-words features."""
     from torch_geometric.io import read_planetoid_data
 
-    name = data["dataset"]
+    name = data.dataset
     check_split_by(data, has_smiles=False)
-    if name == "cora" and data["root"] is None:  # shipped with the domain: the node-level default
-        data = {**data, "root": SHIPPED_CORA}
-    folder = planetoid_folder(data_root(data, f"folder of the ind.{name}.* files"), name)
+    if name == "cora" and data.root is None:  # shipped with the domain: the node-level default
+        data = data.model_copy(update={"root": str(SHIPPED_CORA)})
+    folder = planetoid_folder(data_root(dict(data), f"folder of the ind.{name}.* files"), name)
     check_planetoid_files(folder, name)
     try:
         graph = read_planetoid_data(str(folder), name)
@@ -248,9 +250,9 @@ def label_graphs(graphs: list[Data], node_level: bool) -> list[Data]:
     return graphs
 
 
-def pyg_splits(data: dict) -> LoadedGraphs:
+def pyg_splits(data: DataConfig) -> LoadedGraphs:
     check_split_by(data, has_smiles=False)
-    root = data_root(data, "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
+    root = data_root(dict(data), "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
     if root.is_dir():
         return pyg_folder_splits(root, data)
     graphs = read_pyg(root)
@@ -263,7 +265,7 @@ def pyg_splits(data: dict) -> LoadedGraphs:
     return by_members(label_graphs(graphs, is_node_level(graphs)), ids, random_split(ids, data))
 
 
-def pyg_folder_splits(root: Path, data: dict) -> LoadedGraphs:
+def pyg_folder_splits(root: Path, data: DataConfig) -> LoadedGraphs:
     """A folder's train.pt with val.pt and/or test.pt: the split it ships (``shipped_split``: without
     test.pt val is also the test set; without val.pt val is carved out of train, from ``split_seed``)."""
     files = [root / f"{s}.pt" for s in SPLITS if (root / f"{s}.pt").exists()]
@@ -273,5 +275,5 @@ def pyg_folder_splits(root: Path, data: dict) -> LoadedGraphs:
     graphs = {f"{path.stem}/{i}": graph for path in files for i, graph in enumerate(read_pyg(path))}
     label_graphs(list(graphs.values()), is_node_level(list(graphs.values())))
     members = {path.stem: [i for i in graphs if i.startswith(f"{path.stem}/")] for path in files}
-    split = shipped_split(members, " ".join(path.name for path in files), data["split"], data["split_seed"])
+    split = shipped_split(members, " ".join(path.name for path in files), data.split, data.split_seed)
     return by_members(list(graphs.values()), list(graphs), split)

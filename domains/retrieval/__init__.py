@@ -2,24 +2,23 @@
 key-norm shortcut available on half the training samples (``data.py`` describes the task)."""
 from common.registry import BuildConfig, register_domain
 
+from .config import RetrievalConfig
+
 DATASETS = {"generated": "domains.retrieval.data:generated"}
 
 
-@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS,
+@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS, config=RetrievalConfig,
                  commands={"retrieval-report": "domains.retrieval.report", "retrieval-aniso": "domains.retrieval.anisotropy"})
 def build(cfg: BuildConfig):
     from .data import RetrievalDataModule
-    from .model import FORMS, FaithfulRetrievalNet, RetrievalNet, RetrievalTask
+    from .model import FaithfulRetrievalNet, RetrievalNet, RetrievalTask
 
     datamodule = RetrievalDataModule(cfg.data, cfg.seed)
-    num_classes, seq_len, model = cfg.data["num_classes"], cfg.data["num_tokens"], dict(cfg.model)
-    form = model.pop("form")
-    if form not in FORMS:
-        raise ValueError(f"unknown model.form {form!r}; choose from {', '.join(FORMS)}")
-    if form == "faithful":
-        net = FaithfulRetrievalNet(cfg.data["key_dim"], num_classes, seq_len=seq_len, attention=cfg.attention,
-                                   **{k: model[k] for k in ("qk_dim", "qk_input", "qk_bias")})
+    data, model = cfg.data, cfg.model
+    if model.form == "faithful":
+        net = FaithfulRetrievalNet(data.key_dim, data.num_classes, seq_len=data.num_tokens, attention=cfg.attention,
+                                   qk_dim=model.qk_dim, qk_input=model.qk_input, qk_bias=model.qk_bias)
     else:
-        net = RetrievalNet(datamodule.input_dim, num_classes, seq_len=seq_len, attn_layer=cfg.attn_layer,
-                           **{k: model[k] for k in ("heads", "hidden")})
-    return datamodule, RetrievalTask(net, num_classes, cfg.optim, seed=cfg.seed, **cfg.task)
+        net = RetrievalNet(datamodule.input_dim, data.num_classes, seq_len=data.num_tokens, attn_layer=cfg.attn_layer,
+                           heads=model.heads, hidden=model.hidden)
+    return datamodule, RetrievalTask(net, data.num_classes, cfg.optim, seed=cfg.seed, **dict(cfg.task))

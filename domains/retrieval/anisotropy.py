@@ -20,13 +20,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from scipy.stats import fisher_exact  # noqa: E402
 from statsmodels.stats.multitest import multipletests  # noqa: E402
 from statsmodels.stats.power import NormalIndPower  # noqa: E402
 from statsmodels.stats.proportion import proportion_effectsize  # noqa: E402
 
 from domains.retrieval import report as study  # noqa: E402
+from domains.retrieval.config import Data, Task  # noqa: E402
 from domains.retrieval.data import answer_spectrum, direction_oracles  # noqa: E402
 
 SIZE = {"num_tokens": 64, "key_dim": 16, "num_classes": 16}  # the paper's size: the headline cell's
@@ -57,12 +57,12 @@ RUNS_PER_CELL = seeds_needed() * GRID_CELLS  # a variant's runs in one (κ, p_bi
 
 def success_threshold() -> float:
     """The domain's ``task.success_threshold``: the bar the oracles are held to (the runs record their own)."""
-    return float(OmegaConf.load(study.CONFIG).task.success_threshold)
+    return Task().success_threshold
 
 
-def headline_data(kappa: float = 1.0) -> dict:
+def headline_data(kappa: float = 1.0) -> Data:
     """The domain's ``data`` at the paper's size with condition number ``kappa``."""
-    return {**study.domain_data(), **SIZE, "answer_kappa": kappa}
+    return Data(**SIZE, answer_kappa=kappa)
 
 
 def task_table(threshold: float) -> pd.DataFrame:
@@ -72,7 +72,7 @@ def task_table(threshold: float) -> pd.DataFrame:
     rows = []
     for kappa in KAPPAS:
         data = headline_data(kappa)
-        spectrum = data["answer_std"] ** 2 * answer_spectrum(data["key_dim"], kappa)
+        spectrum = data.answer_std ** 2 * answer_spectrum(data.key_dim, kappa)
         rows.append({**direction_oracles(data), "lambda_max": spectrum.max().item(), "lambda_min": spectrum.min().item()})
     table = pd.DataFrame(rows).set_index("answer_kappa")
     table["direction_suffices"] = table["direction_acc"] >= threshold
@@ -172,7 +172,7 @@ def plan_lines(threshold: float, tasks: pd.DataFrame) -> list[str]:
         "\"attend to yourself\" (with W_q = W_k every token's self-cosine is 1), solvable without finding the "
         "out-of-distribution key.", "",
         "Sigma = answer_std² U diag(λ) Uᵀ with λ geometric over the key dimensions from λ_max to λ_max/κ, scaled to "
-        f"mean 1, so that tr Sigma = p·answer_std² = {SIZE['key_dim'] * study.domain_data()['answer_std'] ** 2:g} at every κ "
+        f"mean 1, so that tr Sigma = p·answer_std² = {SIZE['key_dim'] * Data().answer_std ** 2:g} at every κ "
         "(the isotropic design's trace: the scale rule); U a Haar-random rotation from `data.answer_basis_seed`. "
         "Per κ, on 20,000 unbiased samples:", "",
         "| κ | λ_max of Sigma | λ_min of Sigma | chance | largest-norm oracle | direction-only oracle | "

@@ -36,6 +36,7 @@ from common.data import SPLITS, SplitDataModule
 from common.registry import load
 
 from . import DATASETS
+from .config import Data
 
 
 def bias_vector(key_dim: int, norm: float, seed: int) -> torch.Tensor:
@@ -77,20 +78,20 @@ def make_retrieval(n: int, *, num_tokens: int, key_dim: int, num_classes: int, a
     return x, labels[rows, answer], biased, answer
 
 
-def task_spec(data: dict) -> dict:
+def task_spec(data: Data) -> dict:
     """``make_retrieval``'s task arguments from a ``data`` config, but for p_bias (the answer's shape and b
     drawn from their seeds)."""
-    spec = {key: data[key] for key in ("num_tokens", "key_dim", "num_classes", "answer_std", "bias_std")}
-    return {**spec, "bias": bias_vector(data["key_dim"], data["bias_norm"], data["bias_seed"]),
-            "shape": answer_shape(data["key_dim"], data["answer_kappa"], data["answer_basis_seed"])}
+    spec = data.model_dump(include={"num_tokens", "key_dim", "num_classes", "answer_std", "bias_std"})
+    return {**spec, "bias": bias_vector(data.key_dim, data.bias_norm, data.bias_seed),
+            "shape": answer_shape(data.key_dim, data.answer_kappa, data.answer_basis_seed)}
 
 
-def generated(data: dict, seed: int) -> dict[str, TensorDataset]:
+def generated(data: Data, seed: int) -> dict[str, TensorDataset]:
     """Train, validation and test sets of ``data.<split>_size`` samples (inputs, labels, biased flags,
     answer positions), drawn in turn from one generator seeded by the run seed."""
     spec, generator = task_spec(data), torch.Generator().manual_seed(seed)
-    return {split: TensorDataset(*make_retrieval(data[f"{split}_size"], p_bias=data["p_bias"], generator=generator,
-                                                 **spec)) for split in SPLITS}
+    return {split: TensorDataset(*make_retrieval(getattr(data, f"{split}_size"), p_bias=data.p_bias,
+                                                 generator=generator, **spec)) for split in SPLITS}
 
 
 class RetrievalDataModule(SplitDataModule):
@@ -100,16 +101,18 @@ class RetrievalDataModule(SplitDataModule):
     The training order comes from a generator of the sampler's own, seeded by the run seed, rather than
     from the global generator that model initialisation and Lightning draw from too (or the loader's,
     which its iterator draws a seed from): the order is then a function of the seed alone, and
-    ``runners.runs.ensemble`` replays it exactly."""
+    ``runners.runs.ensemble`` replays it exactly.
 
-    def __init__(self, data: dict, seed: int):
-        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"])
+    ``data``: the domain's typed ``data`` section (``domains.retrieval.config.Data``)."""
+
+    def __init__(self, data: Data, seed: int):
+        super().__init__(data.batch_size, eval_batch_size=data.eval_batch_size)
         self.data, self.seed = data, seed
-        self.input_dim = data["key_dim"] + data["num_classes"]
+        self.input_dim = data.key_dim + data.num_classes
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
-            self.datasets = load(DATASETS[self.data["dataset"]])(self.data, self.seed)
+            self.datasets = load(DATASETS[self.data.dataset])(self.data, self.seed)
 
     def train_dataloader(self) -> DataLoader:
         self.loader("train")  # the shared checks (an empty split is an error)
@@ -118,22 +121,22 @@ class RetrievalDataModule(SplitDataModule):
         return DataLoader(train, batch_size=self.batch_size, sampler=RandomSampler(train, generator=order))
 
 
-def shortcut_oracles(data: dict, bias_norm: float, n: int = 20000, seed: int = 0) -> dict[str, float]:
+def shortcut_oracles(data: Data, bias_norm: float, n: int = 20000, seed: int = 0) -> dict[str, float]:
     """How strongly a shortcut of norm ``bias_norm`` conflicts with the robust rule, on ``n`` biased samples
     drawn as the task draws them: the accuracy of the "largest-norm token" oracle (the robust rule: the answer
     is the token whose key is out of distribution), of the "nearest-to-b" oracle (the shortcut: the token
     whose key is nearest b), and the share of samples on which they pick different tokens. Where they
     mostly agree, taking the shortcut costs nothing the norm rule would not also give."""
-    spec = task_spec({**data, "bias_norm": bias_norm})
+    spec = task_spec(data.model_copy(update={"bias_norm": bias_norm}))
     x, _, _, answer = make_retrieval(n, p_bias=1.0, generator=torch.Generator().manual_seed(seed), **spec)
-    keys = x[..., :data["key_dim"]]
+    keys = x[..., :data.key_dim]
     largest, nearest = keys.norm(dim=-1).argmax(1), (keys - spec["bias"]).norm(dim=-1).argmin(1)
     return {"bias_norm": bias_norm, "largest_norm_acc": (largest == answer).float().mean().item(),
             "nearest_b_acc": (nearest == answer).float().mean().item(),
             "disagree": (largest != nearest).float().mean().item()}
 
 
-def direction_oracles(data: dict, n: int = 20000, seed: int = 0) -> dict[str, float]:
+def direction_oracles(data: Data, n: int = 20000, seed: int = 0) -> dict[str, float]:
     """What the answer's key tells on ``n`` unbiased samples drawn as the task draws them: the accuracy of the
     "largest key norm" oracle (the norm reading) and of the best direction-only oracle, which sees the unit
     vectors x̂ alone and picks the token of least x̂ᵀ Sigma⁻¹ x̂ (the answer's direction has the angular
@@ -141,9 +144,9 @@ def direction_oracles(data: dict, n: int = 20000, seed: int = 0) -> dict[str, fl
     At κ = 1 every direction is equally likely under both, and the direction oracle is at chance, 1/N."""
     spec = task_spec(data)
     x, _, _, answer = make_retrieval(n, p_bias=0.0, generator=torch.Generator().manual_seed(seed), **spec)
-    keys = x[..., :data["key_dim"]]
-    shape = spec["shape"] if spec["shape"] is not None else torch.eye(data["key_dim"])
+    keys = x[..., :data.key_dim]
+    shape = spec["shape"] if spec["shape"] is not None else torch.eye(data.key_dim)
     directional = (keys @ torch.linalg.inv(shape).T).norm(dim=-1) / keys.norm(dim=-1)  # √(x̂ᵀ Sigma⁻¹ x̂) · answer_std
-    return {"answer_kappa": data["answer_kappa"], "chance": 1 / data["num_tokens"],
+    return {"answer_kappa": data.answer_kappa, "chance": 1 / data.num_tokens,
             "largest_norm_acc": (keys.norm(dim=-1).argmax(1) == answer).float().mean().item(),
             "direction_acc": (directional.argmin(1) == answer).float().mean().item()}

@@ -41,9 +41,9 @@ from torchmetrics.classification import MulticlassAccuracy
 from common import probes
 from common.attention import attend_folded, make_fold
 from common.blocks import AttentionFactory
+from common.schema import Attention
 from common.task import Optim, Task
 
-FORMS = ("full_token", "faithful")  # RetrievalNet (the design RESULTS.md's study ran) | FaithfulRetrievalNet (the paper's)
 QK_INPUTS = ("key", "token")  # what the faithful model's q and k are projected from: x^k, or the whole token
 # variant -> the variant it computes in this one-layer model (the per-head gain only with one head)
 EQUIVALENT = {"elliptical": "standard", "elliptical_quest": "quest", "qknorm_hs": "qknorm"}
@@ -98,15 +98,15 @@ class FaithfulRetrievalNet(nn.Module):
     """
 
     def __init__(self, key_dim: int, num_classes: int, *, seq_len: int, qk_dim: int, qk_input: str, qk_bias: bool,
-                 attention):
+                 attention: Attention):
         super().__init__()
         if qk_input not in QK_INPUTS:
             raise ValueError(f"unknown model.qk_input {qk_input!r}; choose from {', '.join(QK_INPUTS)}")
         self.key_dim, self.qk_input = key_dim, qk_input
         width = key_dim if qk_input == "key" else key_dim + num_classes
         self.q_proj, self.k_proj = nn.Linear(width, qk_dim, bias=qk_bias), nn.Linear(width, qk_dim, bias=qk_bias)
-        settings = {k: v for k, v in attention.items() if k in ("qk_gain_init",)}
-        self.qk = make_fold(attention["variant"], 1, qk_dim, seq_len=seq_len, l2norm_kernel="formula", **settings)
+        self.qk = make_fold(attention.variant, 1, qk_dim, seq_len=seq_len, l2norm_kernel="formula",
+                            qk_gain_init=attention.qk_gain_init)
         self.probe = probes.Probe()  # ``attention_probes`` finds it: max logit, q/k norms, entropy
 
     def _qk_input(self, x: Tensor) -> Tensor:

@@ -33,14 +33,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from common.attention import VARIANTS  # noqa: E402
 from common.records import RecordError, find_records, read_record  # noqa: E402
+from domains.retrieval.config import Data, RetrievalConfig  # noqa: E402
 from domains.retrieval.data import shortcut_oracles  # noqa: E402
 from domains.retrieval.model import EQUIVALENT  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "domain" / "retrieval.yaml"
 RULE_RATE = 0.9  # the design rule: standard attention succeeds in at least this share of runs at p_bias = 0
 # The paper's success rates over its learning-rate x weight-decay range (its QKNorm: about 0).
 PAPER = {"standard": 0.25, "qnorm": 0.49, "qknorm": 0.0, "quest": 0.58}
@@ -243,7 +242,7 @@ def design(root: Path, out: Path) -> str:
     return text
 
 
-def shortcut_rule(data: dict) -> tuple[list[dict], float | None]:
+def shortcut_rule(data: Data) -> tuple[list[dict], float | None]:
     """The rule for the shortcut's strength (``SHORTCUT_RULE``) applied to the task ``data``: for each
     candidate ‖b‖, the two oracles of ``shortcut_oracles`` on biased samples, and the norm chosen (None if
     no candidate passes)."""
@@ -258,21 +257,16 @@ def shortcut_lines(table: list[dict]) -> list[str]:
                     f"{row['disagree']:.3f} |" for row in table]
 
 
-def domain_data() -> dict:
-    """The ``data`` section of the domain's default config."""
-    return dict(OmegaConf.to_container(OmegaConf.load(CONFIG).data))
-
-
 def shortcut(out: Path) -> str:
-    """The shortcut rule applied to the task as configured, as ``shortcut.md``."""
-    data = domain_data()
+    """The shortcut rule applied to the task as configured by default, as ``shortcut.md``."""
+    data = Data()
     table, chosen = shortcut_rule(data)
     lines = ["# Mechanism study: the shortcut's strength", "",
              f"Rule, fixed before any variant is compared: the largest ‖b‖ among {', '.join(map(str, SHORTCUT_NORMS))} "
              f"at which the largest-norm-token oracle and the nearest-to-b oracle pick different tokens on at least "
              f"{SHORTCUT_RULE:.0%} of biased samples (the strongest shortcut that still conflicts with the robust rule "
-             f"on most of them). {data['num_tokens']} tokens, {data['key_dim']} key dimensions, answer std "
-             f"{data['answer_std']}, bias std {data['bias_std']}; 20,000 biased samples per row.", "",
+             f"on most of them). {data.num_tokens} tokens, {data.key_dim} key dimensions, answer std "
+             f"{data.answer_std}, bias std {data.bias_std}; 20,000 biased samples per row.", "",
              *shortcut_lines(table)]
     lines += ["", f"Chosen: data.bias_norm = {chosen:g}." if chosen is not None else "No candidate passes.", ""]
     text = "\n".join(lines)
@@ -304,7 +298,7 @@ def ablations(root: Path, out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    defaults = OmegaConf.load(CONFIG).optim
+    defaults = RetrievalConfig(domain="retrieval").optim
     parser = argparse.ArgumentParser(prog="quest retrieval-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("study", "design", "ablations", "shortcut"))
