@@ -10,6 +10,7 @@ from PIL import Image
 from torch import nn
 
 from common.data import DataError
+from domains.vision.config import Data
 from domains.vision.imagenet import (
     ALEXNET_ERRORS,
     CORRUPTIONS,
@@ -23,7 +24,7 @@ from domains.vision.imagenet import (
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # the first three ImageNet classes, in sorted order
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-DATA = {"channels": 3, "image_size": 32, "crop_pct": 0.875, "eval_batch_size": 4, "num_workers": 0}
+DATA = Data(channels=3, image_size=32, crop_pct=0.875, eval_batch_size=4, num_workers=0)
 # AlexNet's ImageNet-C errors averaged over the severities, as google-research/augmix imagenet.py lists them.
 AUGMIX_ALEXNET_ERR = [0.886428, 0.894468, 0.922640, 0.819880, 0.826268, 0.785948, 0.798360, 0.866816, 0.826572,
                       0.819324, 0.564592, 0.853204, 0.646056, 0.717840, 0.606500]

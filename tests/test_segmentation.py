@@ -215,7 +215,7 @@ def test_evaluation_follows_the_training_resize_unless_set_and_null_is_native(tm
                              (("data.resize=15", "data.eval_resize=null"), (30, 40)),
                              (("data.resize=15", "data.eval_resize=24"), (24, 32))]:
         cfg = config(*args, *overrides)
-        assert cfg.data["eval_resize"] == (shape[0] if shape != (30, 40) else None)  # as the record's config says
+        assert cfg.data.eval_resize == (shape[0] if shape != (30, 40) else None)  # as the record's config says
         datamodule = SegmentationDataModule(cfg.data, tmp_path)
         datamodule.setup()
         image, mask = datamodule.datasets["test"][0]
@@ -292,7 +292,7 @@ def test_scene_ink_colours_every_digit_or_draws_it_dark(tmp_path, ink):
 
 
 def test_unknown_scene_ink_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown data.scenes.ink 'pink'; choose from colour, dark"):
+    with pytest.raises(ConfigError, match="unknown data.scenes.ink='pink'; choose from colour, dark"):
         build("data.scenes.ink=pink")
 
 
@@ -425,12 +425,14 @@ def test_majority_class_baseline_iou():
 
 # ---------------------------------------------------------------- augmentation on the training device
 
-def device_augment(**data):
+def device_augment(jitter=None, **data):
+    """The device augmentation of a ``data`` section: no rescale, flip or jitter unless given, 4-pixel crops."""
     from domains.segmentation.augment import DeviceAugment
+    from domains.segmentation.config import Data
 
     settings = {"scale_range": [1.0, 1.0], "resize": None, "crop_size": 4, "flip": False, "ignore_index": 255,
-                "jitter": {"brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0}}
-    return DeviceAugment({**settings, **data})
+                "jitter": {"brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0, **(jitter or {})}}
+    return DeviceAugment(Data.model_validate({**settings, **data}))
 
 
 def test_device_augment_at_scale_one_crops_exactly_and_flips_whole_samples():
@@ -475,13 +477,13 @@ def test_augment_on_device_hands_the_loader_stored_images_and_trains(cache_dir, 
     datamodule, _ = build("data.augment_on=device", "data.scale_range=[0.5,1.5]", cache_dir=cache_dir)
     datamodule.setup("fit")
     images, masks, sizes = next(iter(datamodule.train_dataloader()))
-    stored = datamodule.data["scenes"]["image_size"]
+    stored = datamodule.data.scenes.image_size
     assert images.shape[-2:] == (stored, stored) and sizes.tolist() == [[stored, stored]] * len(images)
     cropped, labels = datamodule.augment_batch((images, masks, sizes))
-    crop = datamodule.data["crop_size"]
+    crop = datamodule.data.crop_size
     assert cropped.shape == (len(images), 3, crop, crop) and labels.shape == (len(images), crop, crop)
     record = train(["domain=segmentation", "preset=smoke", "data.augment_on=device", "attention=quest",
                     f"cache_dir={cache_dir}", f"output_dir={tmp_path}"])
     assert record.status == "ok"
-    with pytest.raises(ConfigError, match="unknown data.augment_on 'gpu'"):
+    with pytest.raises(ConfigError, match="unknown data.augment_on='gpu'; choose from cpu, device"):
         build("data.augment_on=gpu")

@@ -4,23 +4,25 @@ folder of images and masks, scored by mIoU on clean test images and under the co
 finished vision run of the same attention variant."""
 from common.registry import BuildConfig, register_domain
 
+from .config import SegmentationConfig
+
 # dataset name -> its source class (data.py)
 DATASETS = {"digits": "domains.segmentation.data:DigitScenes", "ade20k": "domains.segmentation.data:ADE20K",
             "folder": "domains.segmentation.data:FolderPairs"}
 
 
-@register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS)
+@register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS, config=SegmentationConfig)
 def build(cfg: BuildConfig):
     from .data import SegmentationDataModule
     from .model import SegmentationTask, Segmenter, corruption_conditions, init_encoder_from_vision
 
     datamodule = SegmentationDataModule(cfg.data, cfg.cache_dir)
-    model = dict(cfg.model)
-    init_from = model.pop("init_from")
-    net = Segmenter(datamodule.num_classes, crop_size=cfg.data["crop_size"], attn_layer=cfg.attn_layer, **model)
-    if init_from:
-        init_encoder_from_vision(net, init_from, model, cfg.attention["variant"])
-    conditions = corruption_conditions(**cfg.task["perturbations"])
+    shape = dict(cfg.model)
+    del shape["init_from"]  # where the encoder starts, not the network's shape
+    net = Segmenter(datamodule.num_classes, crop_size=cfg.data.crop_size, attn_layer=cfg.attn_layer, **shape)
+    if cfg.model.init_from:
+        init_encoder_from_vision(net, cfg.model, cfg.attention.variant)
+    conditions = corruption_conditions(**dict(cfg.task.perturbations))
     task = SegmentationTask(net, datamodule.class_names, datamodule.ignore_index, cfg.optim, perturbations=conditions,
                             seed=cfg.seed)
     return datamodule, task

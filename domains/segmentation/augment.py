@@ -18,6 +18,8 @@ from torch import Tensor
 
 from common.errors import ConfigError
 
+from .config import Data
+
 GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 
 
@@ -25,12 +27,12 @@ class DeviceAugment:
     """``(images [B, C, H, W] in [0, 1], masks [B, H, W], sizes [B, 2])`` -> ``(images [B, C, c, c], masks
     [B, c, c])`` with c = ``crop_size``; ``sizes`` are each sample's (height, width) before padding."""
 
-    def __init__(self, data: dict):
-        if data["jitter"].get("hue", 0.0):
+    def __init__(self, data: Data):
+        if data.jitter.hue:
             raise ConfigError("data.augment_on=device jitters brightness, contrast and saturation; set "
                               "data.jitter.hue=0 or data.augment_on=cpu")
-        self.scale_range, self.short, self.crop = tuple(data["scale_range"]), data["resize"], data["crop_size"]
-        self.flip, self.jitter, self.ignore_index = data["flip"], data["jitter"], data["ignore_index"]
+        self.scale_range, self.short, self.crop = data.scale_range, data.resize, data.crop_size
+        self.flip, self.jitter, self.ignore_index = data.flip, data.jitter, data.ignore_index
 
     def __call__(self, images: Tensor, masks: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
         grid = self.sampling_grid(sizes.to(images.device, torch.float32), images.shape[-2:])
@@ -72,7 +74,7 @@ class DeviceAugment:
                 return x
             return sum(w * x[:, i:i + 1] for i, w in enumerate(GREY))
 
-        brightness, contrast, saturation = (self.jitter.get(k, 0.0) for k in ("brightness", "contrast", "saturation"))
+        brightness, contrast, saturation = self.jitter.brightness, self.jitter.contrast, self.jitter.saturation
         if brightness:
             images = (images * factor(brightness)).clamp(0, 1)
         if contrast:

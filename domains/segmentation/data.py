@@ -43,19 +43,15 @@ from common.data import (
     split_folders,
     split_names,
 )
-from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_text
 from common.registry import load
 
 from . import DATASETS
 from .augment import DeviceAugment
+from .config import Data
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 DIGIT_CLASSES = ("background",) + tuple(str(d) for d in range(10))  # label = digit + 1
-# How a scene's digits are inked. colour: each its own colour, far from the background under it (the
-# shape must be told from colour changes); dark: near-black with a tint, as handwriting on paper (the
-# shape is the dark strokes, which a small ViT learns to read several times sooner).
-INKS = ("colour", "dark")
 ADE20K_CLASSES = 150
 
 
@@ -78,7 +74,7 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
                    ink_style: str, max_overlap: float, placement_tries: int,
                    generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """``count`` scenes: ``digits_per_image`` digits (ink in [0, 1]) drawn from ``digits`` at random
-    sizes and positions, each inked as ``ink_style`` says (``INKS``), overlapping earlier digits' regions
+    sizes and positions, each inked as ``ink_style`` says (``config.INKS``), overlapping earlier digits' regions
     by at most ``max_overlap`` (``placement_tries`` positions are tried). Strokes are widened by
     ``dilate`` pixels (of the 28-pixel original) to draw the digit and by ``label_dilate`` to label it: a
     digit is an object region of digit+1 around its strokes, not a hairline that a patch-resolution
@@ -114,19 +110,18 @@ def compose_scenes(digits: Tensor, labels: Tensor, count: int, image_size: int, 
     return images, masks
 
 
-def digit_scenes(data: dict, cache_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
+def digit_scenes(data: Data, cache_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
     """Train/val/test scenes; each split draws from its own digits, so test handwriting is unseen. The
     digit pools and the scenes follow from ``data.split_seed``."""
     mnist = load_mnist(cache_dir)
     digits, labels = mnist["images"][:, 0].float() / 255, mnist["labels"]
-    pools = seeded_split(len(digits), tuple(data["split"]), data["split_seed"])
-    generator = torch.Generator().manual_seed(data["split_seed"])
-    scenes = data["scenes"]
+    pools = seeded_split(len(digits), tuple(data.split), data.split_seed)
+    generator = torch.Generator().manual_seed(data.split_seed)
+    scenes = data.scenes
     return {
-        stage: compose_scenes(digits[pool], labels[pool], scenes[stage], scenes["image_size"],
-                              tuple(scenes["digits_per_image"]), tuple(scenes["digit_size"]), scenes["dilate"],
-                              scenes["label_dilate"], scenes["texture"], scenes["ink"], scenes["max_overlap"],
-                              scenes["placement_tries"], generator)
+        stage: compose_scenes(digits[pool], labels[pool], getattr(scenes, stage), scenes.image_size,
+                              scenes.digits_per_image, scenes.digit_size, scenes.dilate, scenes.label_dilate,
+                              scenes.texture, scenes.ink, scenes.max_overlap, scenes.placement_tries, generator)
         for stage, pool in zip(SPLITS, pools)
     }
 
@@ -249,14 +244,14 @@ class RandomScale(v2.Transform):
         return v2.functional.resize(inpt, params["size"])
 
 
-def train_transform(data: dict) -> v2.Compose:
-    jitter, fill = data["jitter"], {tv_tensors.Image: 0, tv_tensors.Mask: data["ignore_index"]}
+def train_transform(data: Data) -> v2.Compose:
+    jitter, fill = data.jitter, {tv_tensors.Image: 0, tv_tensors.Mask: data.ignore_index}
     return v2.Compose([
-        RandomScale(tuple(data["scale_range"]), data["resize"]),
-        v2.RandomCrop(data["crop_size"], pad_if_needed=True, fill=fill),
-        v2.RandomHorizontalFlip() if data["flip"] else v2.Identity(),
+        RandomScale(data.scale_range, data.resize),
+        v2.RandomCrop(data.crop_size, pad_if_needed=True, fill=fill),
+        v2.RandomHorizontalFlip() if data.flip else v2.Identity(),
         v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
-        v2.ColorJitter(jitter["brightness"], jitter["contrast"], jitter["saturation"], jitter["hue"]),
+        v2.ColorJitter(jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue),
     ])
 
 
@@ -265,9 +260,9 @@ def stored_as_float() -> v2.ToDtype:
     return v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)
 
 
-def eval_transform(data: dict) -> v2.Compose:
+def eval_transform(data: Data) -> v2.Compose:
     """Evaluation images at ``data.eval_resize`` (short side), or as stored when it is None."""
-    resize = [v2.Resize(data["eval_resize"])] if data["eval_resize"] is not None else []
+    resize = [v2.Resize(data.eval_resize)] if data.eval_resize is not None else []
     return v2.Compose(resize + [stored_as_float()])
 
 
@@ -295,18 +290,16 @@ class DigitScenes:
     """The embedded default: scenes generated from ``data.split_seed`` (``digit_scenes``), cached by
     their settings."""
 
-    def __init__(self, data: dict, cache_dir: Path):
-        if data["scenes"]["ink"] not in INKS:
-            raise ConfigError(f"unknown data.scenes.ink {data['scenes']['ink']!r}; choose from {', '.join(INKS)}")
+    def __init__(self, data: Data, cache_dir: Path):
         self.data, self.cache_dir = data, cache_dir
         self.class_names = list(DIGIT_CLASSES)
 
     def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
-        seed = self.data["split_seed"]
-        key = short_hash({**self.data["scenes"], "split": self.data["split"]})
+        seed = self.data.split_seed
+        key = short_hash({**self.data.scenes.model_dump(), "split": self.data.split})
         name = f"digits-seed{seed}-{key}"
         scenes = cached(self.cache_dir / "segmentation" / f"{name}.pt", lambda: digit_scenes(self.data, self.cache_dir))
-        split = Split("random", f"MNIST handwriting pools: fractions {self.data['split']} at random, split seed "
+        split = Split("random", f"MNIST handwriting pools: fractions {self.data.split} at random, split seed "
                                 f"{seed}; each split's scenes composed from its pool",
                       {s: [f"{name}/{s}/{i}" for i in range(len(scenes[s][0]))] for s in SPLITS})
         return {s: TensorSegmentation(*scenes[s], transforms[s]) for s in SPLITS}, split
@@ -325,24 +318,24 @@ class FolderPairs:
 
     name = "folder"
 
-    def __init__(self, data: dict, cache_dir: Path):
+    def __init__(self, data: Data, cache_dir: Path):
         self.data = data
         names, count = self.read_class_names(), self.count_classes()
         if names is None and count is None:
             raise DataError("the folder dataset needs data.num_classes or data.class_names (a file of class names)")
         if names is not None and count is not None and len(names) != count:
-            raise DataError(f"{self.data['class_names']}: {len(names)} class names for {count} classes")
+            raise DataError(f"{self.data.class_names}: {len(names)} class names for {count} classes")
         self.class_names = names or numbered_classes(count)
 
     def count_classes(self) -> int | None:
         """The number of classes, where the config or the dataset fixes it."""
-        return self.data["num_classes"]
+        return self.data.num_classes
 
     def read_class_names(self) -> list[str] | None:
         """The names in ``data.class_names`` (a path relative to ``data.root``, or absolute), if given."""
-        if self.data["class_names"] is None:
+        if self.data.class_names is None:
             return None
-        path = Path(self.data["root"] or ".") / Path(self.data["class_names"]).expanduser()
+        path = Path(self.data.root or ".") / Path(self.data.class_names).expanduser()
         names = [line.strip() for line in read_text(path, "class names file", MAX_DOCUMENT_BYTES).splitlines()]
         names = [name for name in names if name]
         if not names or len(set(names)) < len(names):
@@ -350,12 +343,12 @@ class FolderPairs:
         return names
 
     def reduce_zero_label(self) -> bool:
-        return self.data["reduce_zero_label"]
+        return self.data.reduce_zero_label
 
     def split_pairs(self, root: Path) -> dict[str, list[tuple[Path, Path]]]:
         """The pairs of each split folder (``split_folders``), in either layout; empty when there are none."""
         pairs = {}
-        image_dir, mask_dir = self.data["image_dir"], self.data["mask_dir"]
+        image_dir, mask_dir = self.data.image_dir, self.data.mask_dir
         for split, folder in split_folders(root).items():
             if (folder / image_dir).is_dir():
                 pairs[split] = image_mask_pairs(folder / image_dir, folder / mask_dir)
@@ -369,22 +362,23 @@ class FolderPairs:
     def pairs(self, root: Path) -> tuple[Split, dict[str, tuple[Path, Path]]]:
         """How the pairs split (members: image paths relative to the root) and each member's pair."""
         data, shipped = self.data, self.split_pairs(root)
+        groups = grouping(dict(data))  # common.data reads the section as a mapping
         if shipped:
             members = {split: list(named(pairs, root)) for split, pairs in shipped.items()}
-            split = shipped_split(members, None, data["split"], data["split_seed"], grouping(data))
+            split = shipped_split(members, None, data.split, data.split_seed, groups)
             return split, {name: pair for pairs in shipped.values() for name, pair in named(pairs, root).items()}
-        pair_of = named(image_mask_pairs(root / data["image_dir"], root / data["mask_dir"]), root)
-        return split_names(list(pair_of), data["split"], data["split_seed"], grouping(data)), pair_of
+        pair_of = named(image_mask_pairs(root / data.image_dir, root / data.mask_dir), root)
+        return split_names(list(pair_of), data.split, data.split_seed, groups), pair_of
 
     def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
-        if self.data["root"] is None:
+        if self.data.root is None:
             raise DataError(f"data.root must point at the {self.name} files (nothing is downloaded)")
-        split, pair_of = self.pairs(require_path(self.data["root"]))
-        num_classes, ignore, reduce = len(self.class_names), self.data["ignore_index"], self.reduce_zero_label()
+        split, pair_of = self.pairs(require_path(self.data.root))
+        num_classes, ignore, reduce = len(self.class_names), self.data.ignore_index, self.reduce_zero_label()
         datasets = {}
         for name in SPLITS:
             pairs = [pair_of[member] for member in split.members[name]]
-            check_labels(pairs, self.data["label_check"], num_classes, ignore, reduce)
+            check_labels(pairs, self.data.label_check, num_classes, ignore, reduce)
             datasets[name] = FileSegmentation(pairs, num_classes, ignore, reduce, transforms[name])
         return datasets, split
 
@@ -407,28 +401,22 @@ class ADE20K(FolderPairs):
         found = {split: named(ade20k_pairs(root, folder), root)
                  for split, folder in (("train", "training"), ("val", "validation"))}
         split = shipped_split({split: list(pairs) for split, pairs in found.items()},
-                              "ADEChallengeData2016 training/ validation/", self.data["split"], self.data["split_seed"])
+                              "ADEChallengeData2016 training/ validation/", self.data.split, self.data.split_seed)
         return split, {name: pair for pairs in found.values() for name, pair in pairs.items()}
-
-
-AUGMENT_ON = ("cpu", "device")  # data.augment_on: per sample in the loader, or per batch on the training device
 
 
 # ---------------------------------------------------------------- the data module
 
 class SegmentationDataModule(SplitDataModule):
-    """``data["dataset"]`` names one of the package's ``DATASETS``; ``num_classes``, ``ignore_index``
+    """``data.dataset`` names one of the package's ``DATASETS``; ``num_classes``, ``ignore_index``
     and ``class_names`` are known before ``setup`` so the model can be built first. The data, and so the
     split, depend on ``data`` alone."""
 
-    def __init__(self, data: dict, cache_dir: str | Path):
-        super().__init__(data["batch_size"], num_workers=data["num_workers"],
-                         collate_fn=PadCollate(data["ignore_index"]))
-        if data["augment_on"] not in AUGMENT_ON:
-            raise ConfigError(f"unknown data.augment_on {data['augment_on']!r}; choose from {', '.join(AUGMENT_ON)}")
-        self.data, self.ignore_index = data, data["ignore_index"]
-        self.device_augment = DeviceAugment(data) if data["augment_on"] == "device" else None
-        self.source = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
+    def __init__(self, data: Data, cache_dir: str | Path):
+        super().__init__(data.batch_size, num_workers=data.num_workers, collate_fn=PadCollate(data.ignore_index))
+        self.data, self.ignore_index = data, data.ignore_index
+        self.device_augment = DeviceAugment(data) if data.augment_on == "device" else None
+        self.source = load(DATASETS[data.dataset])(data, Path(cache_dir))
         self.class_names = self.source.class_names
 
     def train_dataloader(self):

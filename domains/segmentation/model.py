@@ -26,6 +26,8 @@ from common.notes import MetricNotes
 from common.perturbations import check_corruption, corrupt
 from common.task import Optim, Task
 
+from .config import Net
+
 ENCODER = ("patch_embed", "pos_embed", "encoder")  # what a vision run's ViT and the Segmenter share
 SHARED_SHAPE = ("patch_size", "dim", "depth", "heads", "mlp_ratio")  # model keys the two must agree on
 
@@ -137,18 +139,17 @@ def vision_positions(state: dict[str, Tensor], grid: tuple[int, int], key: str) 
     return resize_positions(pos.transpose(1, 2).unflatten(2, (side, side)), grid)
 
 
-def init_encoder_from_vision(net: Segmenter, path: str, model: dict, variant: str, *,
-                             key: str = "model.init_from") -> list[str]:
+def init_encoder_from_vision(net: Segmenter, model: Net, variant: str, *, key: str = "model.init_from") -> list[str]:
     """Start ``net``'s patch embedding, positions and encoder layers (attention gains included) from the
-    vision run at ``path`` (run directory or checkpoint), which must share the attention ``variant``, the
-    encoder's shape (``SHARED_SHAPE`` of ``model``), the three colour channels and the pixel
+    vision run at ``model.init_from`` (run directory or checkpoint), which must share the attention ``variant``,
+    the encoder's shape (``SHARED_SHAPE`` of ``model``), the three colour channels and the pixel
     normalisation (its encoder learned on inputs normalised that way). Its cls token and classification
     head are left out. Returns the names loaded (``common.checkpoint.load_encoder`` logs them)."""
-    run = load_run(path, key=key, domain="vision", variant=variant)
-    pairs = [(f"model.{name}", run.config.model[name], f"model.{name}", model[name]) for name in SHARED_SHAPE]
+    run = load_run(model.init_from, key=key, domain="vision", variant=variant)
+    pairs = [(f"model.{name}", run.config.model[name], f"model.{name}", getattr(model, name)) for name in SHARED_SHAPE]
     pairs += [("data.channels", run.config.data.channels, "input channels", 3),
-              ("data.mean", list(run.config.data.mean), "model.pixel_mean", model["pixel_mean"]),
-              ("data.std", list(run.config.data.std), "model.pixel_std", model["pixel_std"])]
+              ("data.mean", list(run.config.data.mean), "model.pixel_mean", model.pixel_mean),
+              ("data.std", list(run.config.data.std), "model.pixel_std", model.pixel_std)]
     for theirs, their_value, ours, our_value in pairs:
         if np.shape(their_value) != np.shape(our_value) or not np.allclose(their_value, our_value):
             raise ConfigError(f"{key}: the vision run has {theirs}={their_value}, this run {ours}={our_value}")

@@ -4,17 +4,20 @@ robustness via ``quest robustness`` (``common.perturbations``); ImageNet-ReaL, -
 ``quest imagenet`` (``evaluate.py``)."""
 from common.registry import BuildConfig, register_domain
 
+from .config import VisionConfig
+
 DATASETS = {"mnist": "domains.vision.data:mnist_splits", "elpv": "domains.vision.data:elpv_splits",
             "imagefolder": "domains.vision.data:imagefolder_splits"}
 
 
-@register_domain("vision", metric="acc", mode="max", datasets=DATASETS, commands={"imagenet": "domains.vision.evaluate"})
+@register_domain("vision", metric="acc", mode="max", datasets=DATASETS, config=VisionConfig,
+                 commands={"imagenet": "domains.vision.evaluate"})
 def build(cfg: BuildConfig):
     from .data import VisionDataModule
     from .model import VisionTask, ViT
 
     datamodule = VisionDataModule(cfg.data, cfg.cache_dir, seed=cfg.seed)
     data = cfg.data
-    net = ViT(datamodule.num_classes, image_size=data["image_size"], channels=data["channels"], mean=data["mean"],
-              std=data["std"], attn_layer=cfg.attn_layer, **cfg.model)
-    return datamodule, VisionTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **cfg.task)
+    net = ViT(datamodule.num_classes, image_size=data.image_size, channels=data.channels, mean=data.mean, std=data.std,
+              attn_layer=cfg.attn_layer, **dict(cfg.model))
+    return datamodule, VisionTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **dict(cfg.task))

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.arguments import CommandParser, positive_int
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.records import RunRecord, write_record
+from common.registry import typed_config
 from common.restore import restore
 from domains.vision.imagenet import (
     CORRUPTIONS,
@@ -33,15 +32,16 @@ def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None =
                  imagenet_a: str | None = None, max_per_class: int | None = None) -> dict[str, float]:
     """Evaluate one run on the suites given and merge the results into its record; returns them."""
     run_dir, checkpoint, cfg = run_config(path, key="run", domain="vision")
-    if cfg.data.dataset != "imagefolder":
-        raise ConfigError(f"{run_dir} is a vision run on {cfg.data.dataset}: ImageNet evaluation needs a run on an "
+    data = typed_config(cfg).data
+    if data.dataset != "imagefolder":
+        raise ConfigError(f"{run_dir} is a vision run on {data.dataset}: ImageNet evaluation needs a run on an "
                           "ImageFolder tree")
     record = RunRecord.read(run_dir)
     run = restore(run_dir, checkpoint, cfg)
-    classifier = Classifier(run.task, run.datamodule.classes, OmegaConf.to_container(cfg.data, resolve=True))
+    classifier = Classifier(run.task, run.datamodule.classes, data)
     results: dict[str, float] = {}
     if real:
-        results |= evaluate_real(classifier, real, val or Path(classifier.data["root"]) / "val", max_per_class)
+        results |= evaluate_real(classifier, real, val or Path(data.root) / "val", max_per_class)
     if imagenet_c:
         results |= evaluate_imagenet_c(classifier, imagenet_c, max_per_class)
     if imagenet_a:

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from common.data import DataError, class_folder_files, require_path
 from common.files import MiB, read_json
 
+from .config import Data
 from .data import IMAGE_EXTENSIONS, ImageFiles, eval_transform
 
 CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
@@ -68,12 +69,12 @@ Samples = list[tuple[Path, int]]  # image files with the run's label of their cl
 
 class Classifier(NamedTuple):
     """A trained classifier as these evaluations take it: ``model`` (in eval mode) maps images in [0, 1] to
-    logits over ``classes`` (wnids, in label order); ``data`` is its run's data config, whose evaluation
+    logits over ``classes`` (wnids, in label order); ``data`` is its run's data section, whose evaluation
     transform, channels and batch size the images get."""
 
     model: nn.Module
     classes: list[str]
-    data: dict
+    data: Data
 
 
 def class_samples(root: Path, classes: list[str], max_per_class: int | None = None) -> Samples:
@@ -101,8 +102,8 @@ def predict(classifier: Classifier, samples: Samples, among: list[int] | None = 
     """The top-1 class of each sample, in order: the argmax over all logits, or over the classes ``among``."""
     model, data = classifier.model, classifier.data
     device = next(model.parameters()).device
-    loader = DataLoader(ImageFiles(samples, data["channels"], eval_transform(data)), batch_size=data["eval_batch_size"],
-                        num_workers=data["num_workers"])
+    loader = DataLoader(ImageFiles(samples, data.channels, eval_transform(data)), batch_size=data.eval_batch_size,
+                        num_workers=data.num_workers)
     subset = None if among is None else torch.tensor(among, device=device)
     predictions = []
     with torch.inference_mode():

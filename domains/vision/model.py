@@ -21,8 +21,7 @@ from torch import Tensor, nn
 from common.blocks import AttentionFactory, Encoder, trunc_normal_init
 from common.task import ClassificationTask, Optim
 
-INITS = ("trunc_normal", "torch")  # timm/DeiT's ViT initialisation | PyTorch's module defaults
-LOSSES = ("ce", "bce")
+from .config import INITS, LOSSES
 
 
 class ViT(nn.Module):
