@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 from common import hf, probes  # noqa: E402  (registers the backends)
 from common.errors import ConfigError  # noqa: E402
 from common.patch import replace_attention  # noqa: E402
+from common.schema import Attention  # noqa: E402
 
 VOCAB = 64
 # Tiny configs in each library config's own names: Llama and Qwen3 with grouped-query attention (4 query heads on 2
@@ -282,8 +283,8 @@ def test_the_language_domain_builds_every_variant_into_a_transformers_architectu
     from domains.language.hf import TransformersLM
 
     size = {"dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0, "dropout": 0.0, "attn_dropout": 0.0, "tie_weights": True}
-    net = TransformersLM(VOCAB, arch="llama", context=8, attention={"variant": variant, "qk_gain_init": None,
-                                                                     "l2norm_kernel": "formula"}, **size)
+    net = TransformersLM(VOCAB, arch="llama", context=8, attention=Attention(variant=variant, l2norm_kernel="formula"),
+                         **size)
     layers = [m for m in net.modules() if hf.is_attention(m)]
     assert len(layers) == 2 and all(layer.qk.variant.name == variant and not layer.qk.fused for layer in layers)
     assert net.model.config._attn_implementation == variant
@@ -362,7 +363,7 @@ def test_the_language_domains_sampler_decodes_a_transformers_architecture_with_t
 
     torch.manual_seed(0)
     size = {"dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0, "dropout": 0.0, "attn_dropout": 0.0, "tie_weights": True}
-    net = TransformersLM(VOCAB, arch=arch, context=12, attention={"variant": variant}, **size).eval()
+    net = TransformersLM(VOCAB, arch=arch, context=12, attention=Attention(variant=variant), **size).eval()
     prompt = torch.randint(VOCAB, (2, 3), generator=torch.Generator().manual_seed(2))
     # 20 new tokens run past the context of 12, where both re-encode the last 12 tokens each step
     cached = generate(net, prompt, 20, temperature=0)

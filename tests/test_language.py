@@ -9,14 +9,19 @@ import torch
 from common.attention import VARIANTS, attention_layer
 from common.data import DataError
 from common.records import find_records, read_record
+from domains.language.config import Data
 from domains.language.corpus import Document, stdlib
 from domains.language.data import LanguageDataModule, read_capped
 from domains.language.generate import main as generate_cli
 from domains.language.model import GPT, generate
 from runners.cli import main as cli
 
-DATA = {"dataset": "text", "root": None, "tokens": "byte", "split": [0.9, 0.05, 0.05], "max_train_bytes": None,
-        "max_eval_bytes": None, "context": 8, "batch_size": 4, "eval_batch_size": 4, "num_workers": 0}
+DATA = {"dataset": "text", "context": 8, "batch_size": 4, "eval_batch_size": 4}  # the other keys at their defaults
+
+
+def data(**settings) -> Data:
+    """The typed data section ``DATA`` with ``settings``."""
+    return Data(**{**DATA, **settings})
 
 
 def tiny_gpt(variant: str, context: int = 12) -> GPT:
@@ -77,14 +82,14 @@ def test_initialisation_follows_gpt2():
 
 
 def test_stdlib_corpus_is_split_by_document_without_a_seed():
-    corpus = stdlib(DATA)
+    corpus = stdlib(data())
     splits = corpus.splits
     names = {s: {d.name for d in docs} for s, docs in splits.items()}
     assert not (names["train"] & names["val"] or names["train"] & names["test"] or names["val"] & names["test"])
     skipped = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
     assert not any(skipped & set(n.split("/")) for docs in names.values() for n in docs)
     assert 0.8 < len(names["train"]) / sum(map(len, names.values())) < 0.97
-    assert stdlib(DATA) == corpus and corpus.source == "random"  # a fixed rule: no seed anywhere
+    assert stdlib(data()) == corpus and corpus.source == "random"  # a fixed rule: no seed anywhere
     parts = read_capped(splits["val"], 5000)
     assert sum(len(c) for _, c in parts) <= 5000
 
@@ -110,7 +115,7 @@ def write_corpus(path, size: int, seed: int = 0) -> bytes:
 def test_enwik8_and_text8_take_the_standard_90_5_5_split(tmp_path, dataset):
     text = write_corpus(tmp_path / dataset, 2000)
     for root in (tmp_path, tmp_path / dataset):  # the folder or the file itself
-        dm = LanguageDataModule({**DATA, "dataset": dataset, "root": str(root)})
+        dm = LanguageDataModule(data(dataset=dataset, root=str(root)))
         tokens = {s: d.tokens for s, d in dm.datasets.items()}
         assert [len(t) for t in tokens.values()] == [1800, 100, 100] and dm.split_info["source"] == "shipped"
         assert bytes(torch.cat(list(tokens.values())).tolist()) == text
@@ -121,7 +126,7 @@ def test_enwik8_and_text8_take_the_standard_90_5_5_split(tmp_path, dataset):
 def test_wikitext103_and_text_folders_and_files(tmp_path):
     for i, name in enumerate(["wiki.train.raw", "wiki.valid.raw", "wiki.test.raw"]):
         write_corpus(tmp_path / name, [3000, 200, 300][i], seed=i)
-    dm = LanguageDataModule({**DATA, "dataset": "wikitext103", "root": str(tmp_path)})
+    dm = LanguageDataModule(data(dataset="wikitext103", root=str(tmp_path)))
     assert [len(dm.datasets[s].tokens) for s in ("train", "val", "test")] == [3000, 200, 300]
 
     folder = tmp_path / "docs"
@@ -129,12 +134,12 @@ def test_wikitext103_and_text_folders_and_files(tmp_path):
     for i in range(40):
         write_corpus(folder / f"doc{i}.txt", 300, seed=i)
     (folder / ".hidden").write_bytes(b"\xff" * 100)
-    dm = LanguageDataModule({**DATA, "dataset": "text", "root": str(folder), "split": [0.5, 0.25, 0.25]})
+    dm = LanguageDataModule(data(root=str(folder), split=[0.5, 0.25, 0.25]))
     assert sum(len(d.tokens) for d in dm.datasets.values()) == 40 * 300
 
     single = tmp_path / "one.txt"
     text = write_corpus(single, 5000)
-    dm = LanguageDataModule({**DATA, "dataset": "text", "root": str(single), "split": [0.8, 0.1, 0.1]})
+    dm = LanguageDataModule(data(root=str(single), split=[0.8, 0.1, 0.1]))
     train = bytes(dm.datasets["train"].tokens.tolist())
     assert text.startswith(train) and train.endswith(b"\n") and 4000 <= len(train) < 4100
     assert dm.split_info["source"] == "ordered"
@@ -144,7 +149,7 @@ def test_char_vocabulary_comes_from_train_and_unknowns_map_to_unk(tmp_path):
     (tmp_path / "wiki.train.raw").write_text("abc ab ca\n" * 20)
     (tmp_path / "wiki.valid.raw").write_text("abcz abc\n" * 3)
     (tmp_path / "wiki.test.raw").write_text("abc éé abc\n" * 3)
-    dm = LanguageDataModule({**DATA, "dataset": "wikitext103", "root": str(tmp_path), "tokens": "char"})
+    dm = LanguageDataModule(data(dataset="wikitext103", root=str(tmp_path), tokens="char"))
     tok = dm.tokenizer
     assert tok.vocab_size == 6 and tok.unit == "char"  # <unk>, "\n", " ", a, b, c
     assert (dm.datasets["val"].tokens == 0).sum() == 3 and (dm.datasets["test"].tokens == 0).sum() == 6
@@ -164,9 +169,9 @@ def test_bad_input_is_a_one_line_data_error(tmp_path):
     }
     for message, settings in cases.items():
         with pytest.raises(DataError, match=message) as err:
-            LanguageDataModule({**DATA, **settings})
+            LanguageDataModule(data(**settings))
         assert "\n" not in str(err.value)
-    LanguageDataModule({**DATA, "root": str(tmp_path / "latin1.txt")})  # bytes read anything
+    LanguageDataModule(data(root=str(tmp_path / "latin1.txt")))  # bytes read anything
     assert cli(["train", "domain=language", "data.dataset=text", f"data.root={tmp_path / 'empty.txt'}",
                 f"output_dir={tmp_path / 'runs'}"]) == 2
 

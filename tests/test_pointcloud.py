@@ -253,7 +253,7 @@ def test_folder_split_folders_and_grouped_split(tmp_path):
 
 
 def test_generated_shapes_deterministic_per_seed():
-    cfg = config().data["shapes"]
+    cfg = config().data.shapes
     assert len(SHAPES) >= 10
     points, labels = generate_shapes(1, 48, seed=3, cfg=cfg)
     again, _ = generate_shapes(1, 48, seed=3, cfg=cfg)
@@ -276,7 +276,7 @@ def test_drop_points_keeps_size_and_only_kept_positions():
 
 def test_perturbations_follow_the_task_config():
     cfg = config()
-    task = PointCloudTask(nn.Identity(), len(SHAPES), cfg.optim, seed=cfg.seed, **cfg.task)
+    task = PointCloudTask(nn.Identity(), len(SHAPES), cfg.optim, seed=cfg.seed, **dict(cfg.task))
     assert sorted(task.perturbations) == ["dropout", "jitter"]  # logged as test/acc_dropout, test/acc_jitter
     torch.manual_seed(0)
     points = torch.randn(4, 200, 3)
@@ -285,4 +285,4 @@ def test_perturbations_follow_the_task_config():
                        for _ in range(2))
         assert once.shape == points.shape and torch.equal(once, again) and not torch.equal(once, points)
     jittered = task.perturb(points, "jitter", task.perturbations["jitter"], torch.Generator().manual_seed(0))
-    assert (jittered - points).abs().max() <= task.perturbations["jitter"]["clip"] + 1e-6
+    assert (jittered - points).abs().max() <= task.perturbations["jitter"].clip + 1e-6

@@ -26,9 +26,14 @@ def config(*overrides):
     return build_config(compose(["domain=speech", "preset=smoke", *overrides]))
 
 
+# the section's keys one by one: the command line does not take a mapping for a section
+TWO_CLIPS = ("data.espeak.clips_per_word.train=2", "data.espeak.clips_per_word.val=1",
+             "data.espeak.clips_per_word.test=1")
+
+
 def tiny_generation(seed=0, *overrides):
-    return config("data.keywords=['yes',stop]", f"data.espeak.seed={seed}", "data.espeak.babble.pool=1",
-                  "data.espeak.clips_per_word={train: 2, val: 1, test: 1}", *overrides).data
+    return config("data.keywords=['yes',stop]", f"data.espeak.seed={seed}", "data.espeak.babble.pool=1", *TWO_CLIPS,
+                  *overrides).data
 
 
 def wav_bytes(root):
@@ -39,8 +44,7 @@ def test_espeak_generation_is_deterministic_with_held_out_voices(tmp_path):
     cfg = tiny_generation()
 
     def make(data, where):
-        return espeak_dataset(data["espeak"], data["keywords"], data["sample_rate"], data["clip_seconds"],
-                              tmp_path / where)
+        return espeak_dataset(data.espeak, data.keywords, data.sample_rate, data.clip_seconds, tmp_path / where)
 
     first, again = make(cfg, "a"), make(cfg, "b")
     files = wav_bytes(first)
@@ -53,14 +57,14 @@ def test_espeak_generation_is_deterministic_with_held_out_voices(tmp_path):
         audio = sf.read(path)[0]
         assert np.abs(audio).max() > 0.05  # a word, not silence
     voices = {split: {p.name.split("_")[0] for p in (first / split).rglob("*.wav")} for split in SPLITS}
-    assert voices["test"] <= set(cfg["espeak"]["voices"]["test"])
-    assert not voices["test"] & set(cfg["espeak"]["voices"]["train"])
+    assert voices["test"] <= set(cfg.espeak.voices.test)
+    assert not voices["test"] & set(cfg.espeak.voices.train)
 
 
 def test_a_voice_in_two_splits_is_refused(tmp_path):
     cfg = tiny_generation(0, "data.espeak.voices.test=[m8,m1]")
     with pytest.raises(DataError, match="m1 are in both train and test"):
-        espeak_dataset(cfg["espeak"], ["yes"], 16000, 1.0, tmp_path)
+        espeak_dataset(cfg.espeak, ["yes"], 16000, 1.0, tmp_path)
 
 
 def write_tone(path, rate=8000, seconds=0.5, freq=440.0):
@@ -206,8 +210,7 @@ def test_folder_split_folders_are_used_as_shipped(tmp_path):
 @pytest.mark.parametrize("dataset", ["espeak", "speech_commands", "folder"])
 def test_split_is_the_same_for_every_training_seed(tmp_path, dataset):
     if dataset == "espeak":
-        overrides = ("data.keywords=['yes',stop]", "data.espeak.babble.pool=1",
-                     "data.espeak.clips_per_word={train: 2, val: 1, test: 1}")
+        overrides = ("data.keywords=['yes',stop]", "data.espeak.babble.pool=1", *TWO_CLIPS)
     elif dataset == "speech_commands":
         speech_commands_fixture(tmp_path / "data")
         overrides = ("data.dataset=speech_commands", f"data.root={tmp_path / 'data'}", "data.keywords=null")
@@ -284,7 +287,7 @@ def test_added_noise_has_the_requested_snr():
 
 def test_noise_conditions_follow_the_task_config():
     cfg = config()
-    task = KeywordTask(nn.Identity(), 3, cfg.optim, seed=cfg.seed, **cfg.task)
+    task = KeywordTask(nn.Identity(), 3, cfg.optim, seed=cfg.seed, **dict(cfg.task))
     assert list(task.perturbations) == ["snr10", "snr0"]  # logged as test/acc_snr10, test/acc_snr0
     torch.manual_seed(0)
     wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 8000])
@@ -293,4 +296,4 @@ def test_noise_conditions_follow_the_task_config():
                                     perturbation_generator(0, 1, condition, wave.device)) for _ in range(2))
         assert torch.equal(once[0], again[0]) and torch.equal(once[1], lengths)
         snr = 10 * torch.log10(wave.square().mean() / (once[0] - wave).square().mean())
-        assert abs(float(snr) - settings["snr_db"]) < 0.5
+        assert abs(float(snr) - settings.snr_db) < 0.5

@@ -3,24 +3,27 @@ or characters of Python's standard library (embedded), any UTF-8 text, enwik8, t
 metric: test loss in nats per token. ``quest generate <run dir>`` (``generate.py``) samples from a trained run with the KV cache."""
 from common.registry import BuildConfig, register_domain
 
+from .config import LanguageConfig
+
 # dataset name -> loader of its corpus (corpus.py)
 DATASETS = {"stdlib": "domains.language.corpus:stdlib", "text": "domains.language.corpus:text",
             "enwik8": "domains.language.corpus:standard_split", "text8": "domains.language.corpus:standard_split",
             "wikitext103": "domains.language.corpus:wikitext103"}
 
 
-@register_domain("language", metric="loss", mode="min", datasets=DATASETS,
+@register_domain("language", metric="loss", mode="min", datasets=DATASETS, config=LanguageConfig,
                  commands={"generate": "domains.language.generate", "language-bench": "domains.language.bench"})
 def build(cfg: BuildConfig):
     from .data import LanguageDataModule
     from .model import GPT, LanguageTask
 
     datamodule = LanguageDataModule(cfg.data)
-    vocab, context, model = datamodule.tokenizer.vocab_size, cfg.data["context"], dict(cfg.model)
-    if model.pop("arch") == "gpt":
-        net = GPT(vocab, context=context, attn_layer=cfg.attn_layer, **model)
+    vocab, context, size = datamodule.tokenizer.vocab_size, cfg.data.context, dict(cfg.model)
+    arch = size.pop("arch")
+    if arch == "gpt":
+        net = GPT(vocab, context=context, attn_layer=cfg.attn_layer, **size)
     else:
         from .hf import TransformersLM
 
-        net = TransformersLM(vocab, arch=cfg.model["arch"], context=context, attention=cfg.attention, **model)
-    return datamodule, LanguageTask(net, datamodule.tokenizer, cfg.optim, seed=cfg.seed, **cfg.task)
+        net = TransformersLM(vocab, arch=arch, context=context, attention=cfg.attention, **size)
+    return datamodule, LanguageTask(net, datamodule.tokenizer, cfg.optim, seed=cfg.seed)

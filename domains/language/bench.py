@@ -23,9 +23,11 @@ from torch import Tensor, nn
 
 from common.attention import attention_layer
 from common.optional import require
+from common.schema import Attention
 from common.timing import add_device_arguments, device_from, interleaved_seconds
 
-from .hf import ARCHS, TransformersLM
+from .config import ARCHS
+from .hf import TransformersLM
 from .model import GPT, generate
 
 
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for arch in args.hf:
         for variant in ("quest", "sdpa"):
             net = TransformersLM(args.vocab, arch=arch, **size, dropout=0.0, attn_dropout=0.0, tie_weights=True,
-                                 attention={"variant": "standard" if variant == "sdpa" else variant})
+                                 attention=Attention(variant="standard" if variant == "sdpa" else variant))
             if variant == "sdpa":
                 net.model.set_attn_implementation("sdpa")  # the library's own attention, not ours
             models[f"{arch} {variant}"] = net.to(device)

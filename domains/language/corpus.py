@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 from common.data import SPLITS, DataError, check_fractions, data_root, require_path, short_hash
 
+from .config import Data
+
 STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 WIKITEXT_FILES = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
 Splits = dict[str, list["Document"]]
@@ -59,31 +61,31 @@ class Document:
             return f.read(-1 if size is None else size)
 
 
-def stdlib(data: dict) -> Corpus:
+def stdlib(data: Data) -> Corpus:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if d not in STDLIB_SKIP)
         files += [Path(folder) / n for n in names if n.endswith(".py")]
-    return by_document(root, files, data["split"])
+    return by_document(root, files, data.split)
 
 
-def text(data: dict) -> Corpus:
-    path = data_root(data, "a UTF-8 text file or a folder of text files")
+def text(data: Data) -> Corpus:
+    path = data_root(dict(data), "a UTF-8 text file or a folder of text files")
     if path.is_file():
-        return by_position(_non_empty(path), data["split"])
+        return by_position(_non_empty(path), data.split)
     files = [p for p in path.rglob("*") if p.is_file() and p.stat().st_size > 0
              and not any(part.startswith(".") for part in p.relative_to(path).parts)]
     if not files:
         raise DataError(f"text data folder {path} has no non-empty files")
-    return by_document(path, files, data["split"])
+    return by_document(path, files, data.split)
 
 
-def standard_split(data: dict) -> Corpus:
+def standard_split(data: Data) -> Corpus:
     """enwik8 or text8, as ``data.dataset`` names it: the file of that name (``root`` itself, or in the
     folder ``root``), 90/5/5% by position."""
-    file_name = data["dataset"]
-    path = data_root(data, f"the {file_name} file or its folder")
+    file_name = data.dataset
+    path = data_root(dict(data), f"the {file_name} file or its folder")
     path = _non_empty(require_path(path / file_name, f"{file_name} file") if path.is_dir() else path)
     size = path.stat().st_size
     held_out = size // 20
@@ -92,8 +94,8 @@ def standard_split(data: dict) -> Corpus:
                   "of the bytes")
 
 
-def wikitext103(data: dict) -> Corpus:
-    root = data_root(data, "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw", folder=True)
+def wikitext103(data: Data) -> Corpus:
+    root = data_root(dict(data), "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw", folder=True)
     paths = {s: _non_empty(require_path(root / name, f"WikiText-103 {s} file")) for s, name in WIKITEXT_FILES.items()}
     return Corpus({s: [Document(p, p.name)] for s, p in paths.items()}, "shipped", "WikiText-103: "
                   + ", ".join(WIKITEXT_FILES.values()))

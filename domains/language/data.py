@@ -24,10 +24,10 @@ from common.data import SPLITS, DataError, SplitDataModule
 from common.registry import load
 
 from . import DATASETS
+from .config import Data
 from .corpus import Document
 
 log = logging.getLogger(__name__)
-TOKENS = ("byte", "char")
 
 
 class ByteTokenizer:
@@ -132,22 +132,20 @@ def tokenize(splits: dict[str, list[tuple[Document, bytes]]], kind: str):
 
 
 class LanguageDataModule(SplitDataModule):
-    """``data`` is the ``data`` section of the language config; ``tokenizer`` is what the model speaks."""
+    """``data`` is the language config's typed ``data`` section; ``tokenizer`` is what the model speaks."""
 
-    def __init__(self, data: dict):
-        super().__init__(data["batch_size"], eval_batch_size=data["eval_batch_size"], num_workers=data["num_workers"])
-        if data["tokens"] not in TOKENS:
-            raise ValueError(f"data.tokens must be one of {', '.join(TOKENS)}, not {data['tokens']!r}")
-        corpus = load(DATASETS[data["dataset"]])(data)
+    def __init__(self, data: Data):
+        super().__init__(data.batch_size, eval_batch_size=data.eval_batch_size, num_workers=data.num_workers)
+        corpus = load(DATASETS[data.dataset])(data)
         documents = corpus.splits
-        caps = {"train": data["max_train_bytes"], "val": data["max_eval_bytes"], "test": data["max_eval_bytes"]}
+        caps = {"train": data.max_train_bytes, "val": data.max_eval_bytes, "test": data.max_eval_bytes}
         parts = {s: read_capped(documents[s], caps[s]) for s in SPLITS}
         capped = f"; at most {caps['train']} train and {caps['val']} val/test bytes" if any(caps.values()) else ""
         # members: each document read, with the bytes read of it, so a cap shows in the split's hash
         self.describe_split(corpus.source, corpus.rule + capped,
                             {s: [f"{doc.name}:{len(content)}" for doc, content in parts[s]] for s in SPLITS})
-        self.tokenizer, tokens = tokenize(parts, data["tokens"])
-        context = data["context"]
+        self.tokenizer, tokens = tokenize(parts, data.tokens)
+        context = data.context
         for split in SPLITS:
             if len(tokens[split]) < context + 1:
                 raise DataError(f"the {split} split ({_describe(documents[split])}) has {len(tokens[split])} "

@@ -17,8 +17,9 @@ from torch import Tensor, nn
 from common.errors import ConfigError
 from common.optional import require
 from common.patch import replace_attention
+from common.schema import Attention
 
-ARCHS = ("llama", "qwen3", "gpt_neox", "gpt2")  # transformers model types; "gpt" is ours (model.GPT)
+from .config import ARCHS
 
 
 def hf_config(arch: str, vocab_size: int, *, context: int, dim: int, depth: int, heads: int, mlp_ratio: float,
@@ -44,9 +45,9 @@ def hf_config(arch: str, vocab_size: int, *, context: int, dim: int, depth: int,
 
 class TransformersLM(nn.Module):
     """tokens [B, T] -> next-token logits [B, T, vocab] from ``AutoModelForCausalLM.from_config``, its attention
-    the run's variant. ``attention``: the run's attention settings (``variant``, ``qk_gain_init``, ``l2norm_kernel``)."""
+    the run's variant. ``attention``: the run's attention section."""
 
-    def __init__(self, vocab_size: int, *, arch: str, context: int, attention: dict, init: str = "gpt2", **size):
+    def __init__(self, vocab_size: int, *, arch: str, context: int, attention: Attention, init: str = "gpt2", **size):
         super().__init__()
         if init != "gpt2":
             raise ConfigError(f"model.init={init} is for model.arch=gpt; a transformers architecture starts as its "
@@ -54,7 +55,7 @@ class TransformersLM(nn.Module):
         config = hf_config(arch, vocab_size, context=context, **size)
         self.context = context
         self.model = require("transformers", extra="hf").AutoModelForCausalLM.from_config(config)
-        replace_attention(self.model, **attention, seq_len=context)
+        replace_attention(self.model, **dict(attention), seq_len=context)
         # transformers renamed past_key_values to cache after 5.18
         self.cache_name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 

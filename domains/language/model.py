@@ -30,8 +30,9 @@ from common.blocks import AttentionFactory, Encoder
 from common.metrics import UnigramCrossEntropy
 from common.task import Optim, Task
 
+from .config import INITS
+
 INIT_STD = 0.02
-INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embeddings as GPT-2's)
 
 
 class GPT(nn.Module):

@@ -1,15 +1,17 @@
 """Point-cloud classification: a Point-MAE-style patch transformer on generated shapes or ModelNet."""
 from common.registry import BuildConfig, register_domain
 
+from .config import PointcloudConfig
+
 DATASETS = {"shapes": "domains.pointcloud.data:shapes_splits", "modelnet": "domains.pointcloud.data:modelnet_splits",
             "folder": "domains.pointcloud.data:folder_splits"}
 
 
-@register_domain("pointcloud", metric="acc", mode="max", datasets=DATASETS)
+@register_domain("pointcloud", metric="acc", mode="max", datasets=DATASETS, config=PointcloudConfig)
 def build(cfg: BuildConfig):
     from .data import PointCloudDataModule
     from .model import PointCloudTask, PointTransformer
 
     datamodule = PointCloudDataModule(cfg.data, cache_dir=cfg.cache_dir)
-    net = PointTransformer(datamodule.num_classes, attn_layer=cfg.attn_layer, **cfg.model)
-    return datamodule, PointCloudTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **cfg.task)
+    net = PointTransformer(datamodule.num_classes, attn_layer=cfg.attn_layer, **dict(cfg.model))
+    return datamodule, PointCloudTask(net, datamodule.num_classes, cfg.optim, seed=cfg.seed, **dict(cfg.task))

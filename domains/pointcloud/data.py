@@ -45,6 +45,7 @@ from common.optional import require
 from common.registry import load
 
 from . import DATASETS
+from .config import Data
 from .shapes import SHAPES, generate_shapes
 
 o3d = require("open3d", extra="pointcloud")
@@ -227,14 +228,14 @@ def drop_points(points: Tensor, ratio: Tensor | float, generator=None) -> Tensor
 Splits = tuple[dict[str, TensorDataset], list[str], Split]
 
 
-def shapes_splits(data: dict, cache_dir: Path) -> Splits:
+def shapes_splits(data: Data, cache_dir: Path) -> Splits:
     """The generated shapes, each split from its own seed (``split_seed`` * 3 + the split's index),
     cached per recipe."""
-    shapes, n, seed = data["shapes"], data["num_points"], data["split_seed"]
-    params = {k: v for k, v in shapes.items() if not k.endswith("_per_class")}
+    shapes, n, seed = data.shapes, data.num_points, data.split_seed
+    params = {k: v for k, v in shapes.model_dump().items() if not k.endswith("_per_class")}
     splits, members = {}, {}
     for index, split in enumerate(SPLITS):
-        count = shapes[f"{split}_per_class"]
+        count = getattr(shapes, f"{split}_per_class")
         key = short_hash([params, count, n, seed, split])
         # Splits draw from distinct seeds, so no test shape is a copy of a training shape.
         build = partial(generate_shapes, count, n, seed * len(SPLITS) + index, shapes)
@@ -251,7 +252,7 @@ def _modelnet_split(name: str) -> str | None:
     return next((split for split in ("train", "test") if split in folders), None)
 
 
-def modelnet_splits(data: dict, cache_dir: Path) -> Splits:
+def modelnet_splits(data: Data, cache_dir: Path) -> Splits:
     """ModelNet's ``<class>/{train,test}/*.off``: the folders say which clouds are test."""
     root = _root(data)
     files, classes = class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
@@ -260,15 +261,15 @@ def modelnet_splits(data: dict, cache_dir: Path) -> Splits:
     clouds, row = _sampled(data, cache_dir, root, files)
     members = {split: [name for name in row if _modelnet_split(name) == split] for split in ("train", "test")}
     shipped = Split("shipped", "ModelNet <class>/train/ and <class>/test/ folders", {**members, "val": []})
-    split = carve_validation(shipped, data["val_fraction"], data["split_seed"], grouping(data))
+    split = carve_validation(shipped, data.val_fraction, data.split_seed, grouping(dict(data)))
     return _datasets(clouds, row, split), classes, split
 
 
-def folder_splits(data: dict, cache_dir: Path) -> Splits:
+def folder_splits(data: Data, cache_dir: Path) -> Splits:
     """Any class-per-folder tree: split folders used as shipped, or a ``test_fraction`` of the files held
     out (at random, or grouped by ``group_pattern``, from ``split_seed``); validation is a ``val_fraction``
     of the training files."""
-    root, seed, groups, share = _root(data), data["split_seed"], grouping(data), data["val_fraction"]
+    root, seed, groups, share = _root(data), data.split_seed, grouping(dict(data)), data.val_fraction
     if split_folders(root):
         found, classes = class_folder_splits(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         clouds, row = _sampled(data, cache_dir, root, [item for items in found.values() for item in items])
@@ -277,23 +278,23 @@ def folder_splits(data: dict, cache_dir: Path) -> Splits:
     else:
         files, classes = class_folder_files(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         clouds, row = _sampled(data, cache_dir, root, files)
-        held_out = split_names(list(row), (1 - data["test_fraction"], 0.0, data["test_fraction"]), seed, groups and groups.test_only())
+        held_out = split_names(list(row), (1 - data.test_fraction, 0.0, data.test_fraction), seed, groups and groups.test_only())
         split = carve_validation(held_out, share, seed, groups)
     return _datasets(clouds, row, split), classes, split
 
 
-def _root(data: dict) -> Path:
+def _root(data: Data) -> Path:
     """The root of a modelnet or folder tree."""
-    return data_root(data, "a folder of class folders (ModelNet10/40 unzipped works as is)", folder=True)
+    return data_root(dict(data), "a folder of class folders (ModelNet10/40 unzipped works as is)", folder=True)
 
 
-def _sampled(data: dict, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:
+def _sampled(data: Data, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:
     """The tree's files sampled once (cached), and the row of each readable file's cloud by its path
     relative to the root; unreadable files are reported and left out."""
     listing = [(str(p.relative_to(root)), p.stat().st_size, label) for p, label in files]
-    key = short_hash([str(root.resolve()), data["num_points"], listing])
+    key = short_hash([str(root.resolve()), data.num_points, listing])
     clouds = cached(cache_dir / f"pointcloud-{root.resolve().name}-{key}.pt",
-                    lambda: sample_files(files, data["num_points"]))
+                    lambda: sample_files(files, data.num_points))
     if clouds["skipped"]:
         log.warning("%d unreadable or empty files skipped under %s, e.g. %s", len(clouds["skipped"]), root,
                     clouds["skipped"][0])
@@ -310,19 +311,19 @@ def _datasets(clouds: dict, row: dict[str, int], split: Split) -> dict[str, Tens
 # --- datamodule ----------------------------------------------------------------------------------
 
 class PointCloudDataModule(SplitDataModule):
-    """Batches ``(points [B, N, 3], labels [B])``. ``data`` is the ``data`` section of the domain config;
+    """Batches ``(points [B, N, 3], labels [B])``. ``data`` is the domain config's typed ``data`` section;
     the clouds are generated or sampled (or read from the cache) on construction, from ``data`` alone."""
 
-    def __init__(self, data: dict, cache_dir: str | Path):
-        super().__init__(data["batch_size"], num_workers=data["num_workers"])
-        self.augment = data["augment"]
-        self.datasets, self.classes, split = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
+    def __init__(self, data: Data, cache_dir: str | Path):
+        super().__init__(data.batch_size, num_workers=data.num_workers)
+        self.augment = data.augment
+        self.datasets, self.classes, split = load(DATASETS[data.dataset])(data, Path(cache_dir))
         self.describe_split(*split)
 
     def augment_batch(self, batch):
         points, labels = batch
         aug = self.augment
-        points = scale_shift(points, tuple(aug["scale"]), aug["shift"])
-        points = jitter(points, aug["jitter_sigma"], aug["jitter_clip"])
-        ratio = aug["dropout_max"] * torch.rand(points.shape[0], device=points.device)
+        points = scale_shift(points, tuple(aug.scale), aug.shift)
+        points = jitter(points, aug.jitter_sigma, aug.jitter_clip)
+        ratio = aug.dropout_max * torch.rand(points.shape[0], device=points.device)
         return drop_points(points, ratio), labels

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from common.blocks import AttentionFactory, Encoder
 from common.task import ClassificationTask
 
+from .config import Jitter, PointDropout
 from .data import drop_points, jitter
 
 
@@ -97,5 +98,6 @@ class PointCloudTask(ClassificationTask):
     task config): ``jitter`` (clipped Gaussian noise: sigma, clip) and ``dropout`` (a ratio of each
     cloud's points dropped), logged as ``test/acc_jitter`` and ``test/acc_dropout``."""
 
-    def perturb(self, points: Tensor, condition: str, settings: dict, generator: torch.Generator) -> Tensor:
-        return PERTURBATIONS[condition](points, **settings, generator=generator)
+    def perturb(self, points: Tensor, condition: str, settings: Jitter | PointDropout,
+                generator: torch.Generator) -> Tensor:
+        return PERTURBATIONS[condition](points, **dict(settings), generator=generator)

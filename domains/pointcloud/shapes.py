@@ -11,6 +11,8 @@ from scipy.spatial.transform import Rotation
 
 from common.optional import require
 
+from .config import Shapes
+
 o3d = require("open3d", extra="pointcloud")
 Mesh = o3d.geometry.TriangleMesh
 
@@ -42,24 +44,22 @@ SHAPES: dict[str, Callable[[np.random.Generator], Mesh]] = {
 }
 
 
-def random_shape(label: int, rng: np.random.Generator, num_points: int, cfg: dict) -> np.ndarray:
-    """One sample of class ``SHAPES[label]`` as [num_points, 3]; ``cfg`` holds the ``data.shapes`` keys of
-    the domain config (scale, rotation, crop_prob, crop_keep, poisson_prob, noise)."""
+def random_shape(label: int, rng: np.random.Generator, num_points: int, cfg: Shapes) -> np.ndarray:
+    """One sample of class ``SHAPES[label]`` as [num_points, 3]; ``cfg`` is the config's ``data.shapes`` (its
+    scale, rotation, crop_prob, crop_keep, poisson_prob and noise)."""
     mesh = list(SHAPES.values())[label](rng)
     mesh.translate(-mesh.get_center())
-    if cfg["rotation"] == "full":
+    if cfg.rotation == "full":
         rotation = Rotation.random(random_state=rng)
-    elif cfg["rotation"] == "z":  # upright shapes turned about the vertical, as ModelNet's objects are
+    else:  # z: upright shapes turned about the vertical, as ModelNet's objects are
         rotation = Rotation.from_euler("z", rng.uniform(0, 2 * np.pi))
-    else:
-        raise ValueError(f"data.shapes.rotation must be 'z' or 'full', not {cfg['rotation']!r}")
     transform = np.eye(4)
-    transform[:3, :3] = rotation.as_matrix() @ np.diag(rng.uniform(*cfg["scale"], size=3))
+    transform[:3, :3] = rotation.as_matrix() @ np.diag(rng.uniform(*cfg.scale, size=3))
     mesh.transform(transform)
 
-    keep = rng.uniform(*cfg["crop_keep"]) if rng.random() < cfg["crop_prob"] else 1.0
+    keep = rng.uniform(*cfg.crop_keep) if rng.random() < cfg.crop_prob else 1.0
     total = int(np.ceil(num_points / keep))
-    if rng.random() < cfg["poisson_prob"]:
+    if rng.random() < cfg.poisson_prob:
         cloud = mesh.sample_points_poisson_disk(total)
     else:
         cloud = mesh.sample_points_uniformly(total)
@@ -69,10 +69,10 @@ def random_shape(label: int, rng: np.random.Generator, num_points: int, cfg: dic
         points = points[np.argsort(points @ direction)[:num_points]]
     points = points[:num_points]
     scale = np.linalg.norm(points - points.mean(0), axis=1).max()
-    return (points + rng.normal(scale=cfg["noise"] * scale, size=points.shape)).astype(np.float32)
+    return (points + rng.normal(scale=cfg.noise * scale, size=points.shape)).astype(np.float32)
 
 
-def generate_shapes(count_per_class: int, num_points: int, seed: int, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def generate_shapes(count_per_class: int, num_points: int, seed: int, cfg: Shapes) -> tuple[torch.Tensor, torch.Tensor]:
     """``count_per_class`` samples of every class: points [C * count, num_points, 3] and labels."""
     rng = np.random.default_rng(seed)
     o3d.utility.random.seed(seed)  # open3d's samplers draw from their own global generator

@@ -2,6 +2,8 @@
 any class-per-folder audio tree; accuracy clean and under added noise."""
 from common.registry import BuildConfig, register_domain
 
+from .config import SpeechConfig
+
 DATASETS = {"espeak": "domains.speech.data:espeak_splits",
             "speech_commands": "domains.speech.data:speech_commands_splits", "folder": "domains.speech.data:folder_splits"}
 
@@ -10,16 +12,17 @@ def network(cfg: BuildConfig, num_classes: int):
     """The ``KeywordSpotter`` of a config; the clip length sets the typical token count."""
     from .model import KeywordSpotter
 
-    rate = cfg.data["sample_rate"]
-    return KeywordSpotter(num_classes, sample_rate=rate, clip_samples=int(round(cfg.data["clip_seconds"] * rate)),
-                          attn_layer=cfg.attn_layer, **cfg.model)
+    rate = cfg.data.sample_rate
+    return KeywordSpotter(num_classes, sample_rate=rate, clip_samples=int(round(cfg.data.clip_seconds * rate)),
+                          attn_layer=cfg.attn_layer, **dict(cfg.model))
 
 
-@register_domain("speech", metric="acc", mode="max", datasets=DATASETS, commands={"speech-bench": "domains.speech.bench"})
+@register_domain("speech", metric="acc", mode="max", datasets=DATASETS, config=SpeechConfig,
+                 commands={"speech-bench": "domains.speech.bench"})
 def build(cfg: BuildConfig):
     from .data import SpeechDataModule
     from .model import KeywordTask
 
     datamodule = SpeechDataModule(cfg.data, cache_dir=cfg.cache_dir)
     num_classes = len(datamodule.classes)
-    return datamodule, KeywordTask(network(cfg, num_classes), num_classes, cfg.optim, seed=cfg.seed, **cfg.task)
+    return datamodule, KeywordTask(network(cfg, num_classes), num_classes, cfg.optim, seed=cfg.seed, **dict(cfg.task))

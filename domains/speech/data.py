@@ -44,6 +44,7 @@ from common.optional import require
 from common.registry import load
 
 from . import DATASETS
+from .config import Data, Espeak
 from .synth import SynthesisError, Utterance, synthesise
 
 sf = require("soundfile", extra="speech")
@@ -105,15 +106,6 @@ Items = list[tuple[Path, int]]
 Splits = tuple[Split, dict[str, tuple[Path, int]], list[str]]
 
 
-def _words(data: dict, key: str) -> list[str] | None:
-    """``data[key]`` (None: every class folder), each checked to be a word."""
-    words = data[key]
-    for word in words or []:
-        if not isinstance(word, str):  # YAML reads bare yes/no/on/off as booleans
-            raise DataError(f"data.{key} item {word!r} is not a word; quote it (e.g. \"yes\", \"off\")")
-    return words
-
-
 def _keep_classes(items: Items, names: list[str], wanted: list[str] | None, key: str,
                   root: Path) -> tuple[Items, list[str]]:
     """Restrict to the class folders ``wanted`` (None: every class folder), relabelled in that order."""
@@ -126,17 +118,17 @@ def _keep_classes(items: Items, names: list[str], wanted: list[str] | None, key:
     return [(p, label_of[y]) for p, y in items if y in label_of], wanted
 
 
-def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
+def speech_commands_splits(data: Data, cache_dir: Path) -> Splits:
     """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
     and ``testing_list.txt`` naming the held-out files (its shipped split); everything else trains.
     ``_background_noise_`` is not a word (``class_folder_files`` skips folders starting with an underscore)."""
-    root = data_root(data, "a folder of word folders with validation_list.txt and testing_list.txt", folder=True)
+    root = data_root(dict(data), "a folder of word folders with validation_list.txt and testing_list.txt", folder=True)
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
         lists[split] = {line.strip() for line in listed.read_text().splitlines() if line.strip()}
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
-    items, classes = _keep_classes(items, names, _words(data, "keywords"), "keywords", root)
+    items, classes = _keep_classes(items, names, data.keywords, "keywords", root)
     by_name = named(items, root)
     members = {split: [] for split in SPLITS}
     for name in by_name:
@@ -144,13 +136,13 @@ def speech_commands_splits(data: dict, cache_dir: Path) -> Splits:
     return Split("shipped", "validation_list.txt, testing_list.txt; train: every other file", members), by_name, classes
 
 
-def folder_splits(data: dict, cache_dir: Path) -> Splits:
+def folder_splits(data: Data, cache_dir: Path) -> Splits:
     """Any ``<class>/<file>`` audio tree at ``data.root`` with its classes from its folders (``data.classes``
     keeps some): split folders as shipped (``<root>/{train,val,test}/<class>/``), or one tree split by
     ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
-    root = data_root(data, "a folder of class folders of audio files", folder=True)
-    fractions = (1.0 - data["val_fraction"] - data["test_fraction"], data["val_fraction"], data["test_fraction"])
-    seed, groups, wanted = data["split_seed"], grouping(data), _words(data, "classes")
+    root = data_root(dict(data), "a folder of class folders of audio files", folder=True)
+    fractions = (1.0 - data.val_fraction - data.test_fraction, data.val_fraction, data.test_fraction)
+    seed, groups, wanted = data.split_seed, grouping(dict(data)), data.classes
     if split_folders(root):
         found, names = class_folder_splits(root, AUDIO_EXTENSIONS)
         items, classes = _keep_classes([item for files in found.values() for item in files], names, wanted,
@@ -176,9 +168,7 @@ def _noise(kind: str, n: int, rng: np.random.Generator, babble: list[np.ndarray]
             part = voice[start:start + n]
             out[: len(part)] += part
         return out
-    exponent = {"white": 0.0, "pink": 1.0, "brown": 2.0}.get(kind)
-    if exponent is None:
-        raise DataError(f"unknown noise type {kind!r}; choose from white, pink, brown, babble")
+    exponent = {"white": 0.0, "pink": 1.0, "brown": 2.0}[kind]
     spectrum = np.fft.rfft(rng.standard_normal(n))
     spectrum /= np.maximum(np.arange(len(spectrum)), 1) ** (exponent / 2)  # power falls as 1/f^exponent
     spectrum[0] = 0.0  # no DC offset
@@ -197,8 +187,8 @@ def _trim(wave: np.ndarray, threshold: float = 0.01) -> np.ndarray:
     return wave[loud[0]: loud[-1] + 1] if len(loud) else wave
 
 
-def _voice_splits(spec: dict) -> dict[str, list[str]]:
-    splits = {split: list(spec["voices"][split]) for split in SPLITS}
+def _voice_splits(spec: Espeak) -> dict[str, list[str]]:
+    splits = {split: list(getattr(spec.voices, split)) for split in SPLITS}
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
         shared = set(splits[a]) & set(splits[b])
         if shared:
@@ -206,35 +196,35 @@ def _voice_splits(spec: dict) -> dict[str, list[str]]:
     return splits
 
 
-def _reading(text: str, rng: np.random.Generator, variants: list[str], spec: dict) -> tuple[Utterance, str, str]:
+def _reading(text: str, rng: np.random.Generator, variants: list[str], spec: Espeak) -> tuple[Utterance, str, str]:
     """One random reading of ``text``: accent, voice variant (of the split), rate, pitch, intonation and
     eSpeak's noise seed; also the accent and variant, which name the clip."""
-    accents = spec["accents"]
+    accents = spec.accents
     accent, variant = accents[rng.integers(len(accents))], variants[rng.integers(len(variants))]
-    return Utterance(text, f"{accent}+{variant}", int(rng.integers(*spec["rate"], endpoint=True)),
-                     int(rng.integers(*spec["pitch"], endpoint=True)),
-                     int(rng.integers(*spec["pitch_range"], endpoint=True)),
+    return Utterance(text, f"{accent}+{variant}", int(rng.integers(*spec.rate, endpoint=True)),
+                     int(rng.integers(*spec.pitch, endpoint=True)),
+                     int(rng.integers(*spec.pitch_range, endpoint=True)),
                      int(rng.integers(2**31))), accent, variant
 
 
-def _plan(spec: dict, keywords: list[str], out: Path) -> tuple[list[Utterance], list[tuple]]:
+def _plan(spec: Espeak, keywords: list[str], out: Path) -> tuple[list[Utterance], list[tuple]]:
     """Every utterance to synthesise (per split: its babble pool, then its keyword clips) and, per clip,
     (its split's babble utterances, its utterance, its path, its split's generator)."""
-    phrases, pool = spec["babble"]["phrases"], spec["babble"]["pool"]
+    phrases, pool = spec.babble.phrases, spec.babble.pool
     plans, requests = [], []
     for split_index, (split, variants) in enumerate(_voice_splits(spec).items()):
-        rng = np.random.default_rng([spec["seed"], split_index])
+        rng = np.random.default_rng([spec.seed, split_index])
         babble = [len(requests) + i for i in range(pool)]
         requests += [_reading(phrases[i % len(phrases)], rng, variants, spec)[0] for i in range(pool)]
         for word in keywords:
-            for n in range(spec["clips_per_word"][split]):
+            for n in range(getattr(spec.clips_per_word, split)):
                 u, accent, variant = _reading(word, rng, variants, spec)
                 plans.append((babble, len(requests), out / split / word / f"{variant}_{accent}_{n:04d}.wav", rng))
                 requests.append(u)
     return requests, plans
 
 
-def generate_espeak(spec: dict, keywords: list[str], sample_rate: int, clip_seconds: float, out: Path) -> None:
+def generate_espeak(spec: Espeak, keywords: list[str], sample_rate: int, clip_seconds: float, out: Path) -> None:
     """Write ``out/<split>/<word>/<variant>_<accent>_<n>.wav``: each clip one keyword in a random accent,
     voice variant of its split, speed and pitch, at a random place in the clip, at a random level, under
     background noise at a random SNR. ``spec`` is ``data.espeak``; everything follows from its ``seed``."""
@@ -251,22 +241,22 @@ def generate_espeak(spec: dict, keywords: list[str], sample_rate: int, clip_seco
     # The random draws of each split run in the order they were planned, so a rebuild is identical.
     for babble, index, path, rng in plans:
         word = _trim(audio[index])[:clip]
-        level = 10 ** (rng.uniform(*spec["level_db"]) / 20) / max(np.abs(word).max(), 1e-6)
+        level = 10 ** (rng.uniform(*spec.level_db) / 20) / max(np.abs(word).max(), 1e-6)
         speech = np.zeros(clip, dtype=np.float32)
         start = rng.integers(clip - len(word) + 1)
         speech[start:start + len(word)] = word * level
-        kind = spec["noise"][rng.integers(len(spec["noise"]))]
-        noise = _noise(kind, clip, rng, [audio[i] for i in babble], spec["babble"]["talkers"])
-        mixed = mix_at_snr(speech, noise, rng.uniform(*spec["snr_db"]))
+        kind = spec.noise[rng.integers(len(spec.noise))]
+        noise = _noise(kind, clip, rng, [audio[i] for i in babble], spec.babble.talkers)
+        mixed = mix_at_snr(speech, noise, rng.uniform(*spec.snr_db))
         path.parent.mkdir(parents=True, exist_ok=True)
         sf.write(path, np.clip(mixed, -1.0, 1.0), sample_rate, subtype="PCM_16")
 
 
-def espeak_dataset(spec: dict, keywords: list[str], sample_rate: int, clip_seconds: float,
+def espeak_dataset(spec: Espeak, keywords: list[str], sample_rate: int, clip_seconds: float,
                    cache_dir: str | Path) -> Path:
     """The generated tree for this recipe under ``cache_dir/speech``, generated on first use. A run
     builds into a private folder and renames it into place, so concurrent runs never see half a tree."""
-    recipe = [GENERATOR_VERSION, spec, list(keywords), sample_rate, clip_seconds]
+    recipe = [GENERATOR_VERSION, spec.model_dump(), list(keywords), sample_rate, clip_seconds]
     out = Path(cache_dir) / "speech" / f"espeak-{short_hash(recipe)}"
     if not out.exists():
         building = out.with_name(f"{out.name}.building-{os.getpid()}")
@@ -280,13 +270,13 @@ def espeak_dataset(spec: dict, keywords: list[str], sample_rate: int, clip_secon
     return out
 
 
-def espeak_splits(data: dict, cache_dir: Path) -> Splits:
+def espeak_splits(data: Data, cache_dir: Path) -> Splits:
     """The ``data.keywords`` said by eSpeak NG, generated on first use (see ``generate_espeak``); each split
     has its own voices."""
-    words = _words(data, "keywords")
+    words = data.keywords
     if not words:
         raise DataError("the espeak dataset needs data.keywords (the words to synthesise)")
-    root = espeak_dataset(data["espeak"], words, data["sample_rate"], data["clip_seconds"], cache_dir)
+    root = espeak_dataset(data.espeak, words, data.sample_rate, data.clip_seconds, cache_dir)
     # class_folder_files labels the word folders in sorted order
     found = {split: named(class_folder_files(root / split, (".wav",))[0], root) for split in SPLITS}
     split = Split("grouped", f"eSpeak voices per split (data.espeak.voices), recipe {root.name}",
@@ -296,20 +286,20 @@ def espeak_splits(data: dict, cache_dir: Path) -> Splits:
 
 # -------------------------------------------------------------------------------------------- datamodule
 class SpeechDataModule(SplitDataModule):
-    """``data`` is the domain's ``data`` section. ``classes`` is known after construction (the model
+    """``data`` is the domain's typed ``data`` section. ``classes`` is known after construction (the model
     needs it); the audio is generated or indexed then too, so a bad root fails at build time. Unreadable
     files are skipped, and the split's members are the files kept."""
 
-    def __init__(self, data: dict, cache_dir: str | Path):
-        super().__init__(data["batch_size"], num_workers=data["num_workers"], collate_fn=collate)
-        split, by_name, self.classes = load(DATASETS[data["dataset"]])(data, Path(cache_dir))
-        max_samples = int(round(data["clip_seconds"] * data["sample_rate"]))
+    def __init__(self, data: Data, cache_dir: str | Path):
+        super().__init__(data.batch_size, num_workers=data.num_workers, collate_fn=collate)
+        split, by_name, self.classes = load(DATASETS[data.dataset])(data, Path(cache_dir))
+        max_samples = int(round(data.clip_seconds * data.sample_rate))
         usable = {member for member, (path, _) in by_name.items() if readable(path)}
         members = {}
         for name in SPLITS:
             members[name] = [member for member in split.members[name] if member in usable]
             if not members[name]:
-                raise DataError(f"no readable audio in the {name} split of dataset {data['dataset']!r}")
+                raise DataError(f"no readable audio in the {name} split of dataset {data.dataset!r}")
             items = [by_name[member] for member in members[name]]
-            self.datasets[name] = AudioClips(items, data["sample_rate"], max_samples)
+            self.datasets[name] = AudioClips(items, data.sample_rate, max_samples)
         self.describe_split(split.source, split.rule, members)

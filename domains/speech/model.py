@@ -33,6 +33,8 @@ from common.blocks import AttentionFactory
 from common.optional import require
 from common.task import ClassificationTask
 
+from .config import Features, Noise, SpecAugment
+
 torchaudio = require("torchaudio", extra="speech")
 
 LOG_FLOOR = 1e-6  # added to the mel power before the log
@@ -204,13 +206,13 @@ class KeywordSpotter(nn.Module):
     """``((waveforms [B, S], lengths [B])) -> class logits``. ``clip_samples`` is the typical waveform
     length; the token count it gives sets qknorm's initial gain."""
 
-    def __init__(self, num_classes: int, *, sample_rate: int, clip_samples: int, features: dict, spec_augment: dict,
-                 subsampling_channels: int, dim: int, depth: int, heads: int, ffn_ratio: float, kernel_size: int,
-                 dropout: float, num_buckets: int, max_distance: int, attn_layer: AttentionFactory):
+    def __init__(self, num_classes: int, *, sample_rate: int, clip_samples: int, features: Features,
+                 spec_augment: SpecAugment, subsampling_channels: int, dim: int, depth: int, heads: int, ffn_ratio: float,
+                 kernel_size: int, dropout: float, num_buckets: int, max_distance: int, attn_layer: AttentionFactory):
         super().__init__()
-        self.frontend = LogMel(sample_rate, **features)
-        self.spec_augment = torchaudio.transforms.SpecAugment(**spec_augment, iid_masks=True, zero_masking=True)
-        self.subsampling = ConvSubsampling(features["n_mels"], subsampling_channels, dim)
+        self.frontend = LogMel(sample_rate, **dict(features))
+        self.spec_augment = torchaudio.transforms.SpecAugment(**dict(spec_augment), iid_masks=True, zero_masking=True)
+        self.subsampling = ConvSubsampling(features.n_mels, subsampling_channels, dim)
         self.encoder = ConformerEncoder(dim, depth, heads, int(dim * ffn_ratio), kernel_size, dropout=dropout,
                                         num_buckets=num_buckets, max_distance=max_distance,
                                         attn_layer=attn_layer, seq_len=self.tokens(clip_samples))
@@ -245,7 +247,7 @@ class KeywordTask(ClassificationTask):
     """Classification; at test time also on the test clips under white noise, one condition per entry of
     ``perturbations`` (the task config: ``snr<dB>: {snr_db: <dB>}``), logged as ``test/acc_snr<dB>``."""
 
-    def perturb(self, inputs: tuple[Tensor, Tensor], condition: str, settings: dict,
+    def perturb(self, inputs: tuple[Tensor, Tensor], condition: str, settings: Noise,
                 generator: torch.Generator) -> tuple[Tensor, Tensor]:
         wave, lengths = inputs
-        return add_noise(wave, lengths, settings["snr_db"], generator), lengths
+        return add_noise(wave, lengths, settings.snr_db, generator), lengths
