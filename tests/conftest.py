@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanSquaredError
 
-from common.records import SCHEMA_VERSION
+from common.records import SCHEMA_VERSION, RunRecord
 from common.registry import register_domain, unregister_domain
 from common.task import Task
 from runners.cli import main as cli
@@ -144,8 +144,9 @@ def damage(path, kind, monkeypatch) -> str:
 DIRECTIONS = {"mse": "min", "mae": "min", "loss": "min", "acc": "max", "macc": "max", "success": "max", "miou": "max"}
 
 
-def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields):
-    """A valid record of one run; ``metrics`` without the ``test/`` prefix."""
+def record_json(variant, seed, metrics, domain="a", dataset="d", status="ok", **fields) -> dict:
+    """A record of one run as its file holds it, valid unless ``fields`` make it otherwise (for the tests of
+    files written broken); ``metrics`` without the ``test/`` prefix."""
     fields.setdefault("directions", {k: DIRECTIONS[k] for k in metrics if k in DIRECTIONS})
     return {
         "schema": SCHEMA_VERSION, "domain": domain, "dataset": dataset, "variant": variant, "seed": seed,
@@ -155,6 +156,11 @@ def make_record(variant, seed, metrics, domain="a", dataset="d", status="ok", **
         "probes": {"max_logit": 1.0}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {},
         "git_commit": None, **fields,
     }
+
+
+def make_record(variant, seed, metrics, **fields) -> RunRecord:
+    """A valid record of one run (``record_json``'s)."""
+    return RunRecord(**record_json(variant, seed, metrics, **fields))
 
 
 FORK = multiprocessing.get_context("fork")  # forked processes keep the toy domain and the fake runner

@@ -11,10 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_record as record
+from conftest import record_json
+from pydantic import ValidationError
 from scipy.stats import t as t_dist
 from scipy.stats import ttest_rel
 
-from common.records import RecordError, RunRecord, read_record, write_record
+from common.records import RecordError, read_record, write_record
 from runners.cli import main as cli
 from runners.commands import aggregate
 from runners.results import frame as results_runs
@@ -25,7 +27,7 @@ def write_runs(root, runs):
     """``runs``: (variant, seed, metrics, extra record fields); one run directory each under ``root``."""
     for variant, seed, metrics, fields in runs:
         name = f"{fields.get('domain', 'a')}-{fields.get('dataset', 'd')}-{variant}-{seed}"
-        write_record(root / name, RunRecord(**record(variant, seed, metrics, **fields)))
+        write_record(root / name, record(variant, seed, metrics, **fields))
 
 
 def ablation(seeds, value=10.0, **fields):
@@ -42,12 +44,17 @@ def sections(text):
 
 @pytest.mark.parametrize("field", ["metrics", "probes", "robustness"])
 @pytest.mark.parametrize("bad", ["0.5", True, None])
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the bad value is written out before it is refused
 def test_schema_rejects_a_non_number_naming_file_field_and_key(tmp_path, field, bad):
     rec = record("quest", 0, {"mse": 1.0}, robustness={"acc_pgd_eps0.1": 0.5})
-    rec[field] = {**rec[field], "x/y": bad}
+    with pytest.raises(ValidationError, match=rf"{field}\.x/y"):  # refused when set
+        setattr(rec, field, {**getattr(rec, field), "x/y": bad})
+    getattr(rec, field)["x/y"] = bad  # or set in place: refused when written
     with pytest.raises(RecordError, match=rf"record\.json: field '{field}' key 'x/y' is {re.escape(repr(bad))} "):
-        write_record(tmp_path, RunRecord(**rec))
-    (tmp_path / "record.json").write_text(json.dumps(rec))  # one written by other means is rejected on reading
+        write_record(tmp_path, rec)
+    data = record_json("quest", 0, {"mse": 1.0}, robustness={"acc_pgd_eps0.1": 0.5})
+    data[field] = {**data[field], "x/y": bad}
+    (tmp_path / "record.json").write_text(json.dumps(data))  # one written by other means is rejected on reading
     with pytest.raises(RecordError) as err:
         read_record(tmp_path)
     assert err.value.path == str(tmp_path / "record.json") and f"'{field}' key 'x/y'" in err.value.reason
@@ -56,9 +63,9 @@ def test_schema_rejects_a_non_number_naming_file_field_and_key(tmp_path, field, 
 def test_schema_accepts_nan_inf_and_numpy_numbers(tmp_path):
     rec = record("quest", 0, {"mse": math.nan, "mae": -math.inf, "n": 3, "acc": np.float32(0.25)},
                  robustness={"acc_clean": math.nan})
-    back = read_record(write_record(tmp_path, RunRecord(**rec)))
-    assert math.isnan(back["metrics"]["test/mse"]) and back["metrics"]["test/mae"] == -math.inf
-    assert back["metrics"]["test/acc"] == 0.25 and math.isnan(back["robustness"]["acc_clean"])
+    back = read_record(write_record(tmp_path, rec))
+    assert math.isnan(back.metrics["test/mse"]) and back.metrics["test/mae"] == -math.inf
+    assert back.metrics["test/acc"] == 0.25 and math.isnan(back.robustness["acc_clean"]) and back.metrics["test/n"] == 3
 
 
 def test_a_non_numeric_metric_is_skipped_listed_and_the_rest_aggregated(tmp_path, caplog):
@@ -86,7 +93,7 @@ def test_a_record_that_is_not_utf8_is_skipped_and_listed(tmp_path, caplog):
     write_runs(runs, [("standard", 0, {"mse": 2.0}, {}), ("quest", 0, {"mse": 1.0}, {})])
     bad = runs / "utf16" / "record.json"
     bad.parent.mkdir()
-    bad.write_bytes(b"\xff\xfe" + json.dumps(record("quest", 1, {"mse": 3.0})).encode("utf-16-le"))
+    bad.write_bytes(b"\xff\xfe" + json.dumps(record_json("quest", 1, {"mse": 3.0})).encode("utf-16-le"))
     reason = "not UTF-8 text (byte 0xff at offset 0)"
     with pytest.raises(RecordError, match=re.escape(f"{bad}: {reason}")):
         read_record(bad)
@@ -420,9 +427,9 @@ def write_tuned_sweep(root, commit=None, gain=0.3, label=None, seeds=(0, 1, 2)):
                                    ("uniform", 1e-3, cost)):
             for seed in seeds:
                 noise = 0.01 * [1, -1, 0.5][seed % 3] * (variant != "standard") + 0.003 * seed
-                write_record(root / f"{domain}-{variant}-{lr}-{seed}", RunRecord(**record(
+                write_record(root / f"{domain}-{variant}-{lr}-{seed}", record(
                     variant, seed, {"mse": 1.0 + shift + noise}, domain=domain, config={"optim": {"lr": lr}},
-                    git_commit=commit)))
+                    git_commit=commit))
 
 
 def test_a_tuned_sweep_has_both_protocols_its_choices_and_the_confirmatory_tests(tmp_path):
@@ -502,11 +509,11 @@ def test_a_tuned_table_with_its_own_ablation_is_judged_by_it(tmp_path):
     selection = json.loads((tmp_path / "selection.json").read_text())
     selection["chosen"]["a"]["uniform"] = {"optim.lr": 3e-3}
     (tmp_path / "selection.json").write_text(json.dumps(selection))
-    standard = {seed: read_record(tmp_path / f"a-standard-0.001-{seed}")["metrics"]["test/mse"] for seed in range(3)}
+    standard = {seed: read_record(tmp_path / f"a-standard-0.001-{seed}").metrics["test/mse"] for seed in range(3)}
     for seed in range(3):
         mse = standard[seed] + 0.01 * [1, -1, 0.5][seed]
-        write_record(tmp_path / f"a-uniform-0.003-{seed}", RunRecord(**record("uniform", seed, {"mse": mse}, domain="a",
-                                                                              config={"optim": {"lr": 3e-3}})))
+        write_record(tmp_path / f"a-uniform-0.003-{seed}", record("uniform", seed, {"mse": mse}, domain="a",
+                                                                  config={"optim": {"lr": 3e-3}}))
     runs, groups = tuned_groups(tmp_path)
     assert not stats.attention_matters(groups[TUNED_A])[0]
     assert tables.ablation_sources(groups)[TUNED_A] == TUNED_A
@@ -573,8 +580,8 @@ def write_second_setting(tmp_path):
         for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain), *(() if label else [("uniform", -9.0)])):
             for seed in range(3):
                 noise = 0.01 * [1, -1, 0.5][seed] * (variant != "standard") + 0.003 * seed
-                write_record(root / f"{variant}-{seed}", RunRecord(**record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
-                                                                config={"optim": {"lr": 1e-3}})))
+                write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 1.0 - gain + noise}, domain="a",
+                                                                config={"optim": {"lr": 1e-3}}))
 
 
 def test_each_verdict_says_whether_it_holds_under_a_second_setting(tmp_path):
@@ -642,8 +649,8 @@ def test_whether_a_second_setting_changes_a_claim_is_a_paired_test_of_the_two_di
     write_tuned_sweep(tmp_path / "main")
     write_tuned_sweep(tmp_path / "init", gain=-0.05, label="PyTorch init")
     worse = read_record(tmp_path / "init" / "a-quest-0.003-0")
-    worse["metrics"]["test/mse"] += 0.03
-    write_record(tmp_path / "init" / "a-quest-0.003-0", RunRecord(**worse))
+    worse.metrics["test/mse"] += 0.03
+    write_record(tmp_path / "init" / "a-quest-0.003-0", worse)
     from runners.results import confirmatory
 
     runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")

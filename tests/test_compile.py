@@ -1,12 +1,12 @@
 """``compile.enabled``: every variant's attention compiles whole, a compiled training step equals the eager one to
 float tolerance, and ``quest bench --model ... --compile`` reports both."""
-import json
 
 import pytest
 import torch
 
 from common.attention import ABLATIONS, VARIANTS, EdgeMultiheadAttention, MultiheadAttention
 from common.attention.state import AttentionState
+from common.records import read_record
 from runners.cli import main as cli
 from runners.config import compose, config_hash
 from runners.runs.compilebench import measure_compiled, planned_steps
@@ -83,11 +83,11 @@ def test_quest_train_compiles_into_the_same_run(run_args, tmp_path):
     (compiled,) = (tmp_path / "compiled").rglob("record.json")
     (eager,) = (tmp_path / "runs").rglob("record.json")
     assert compiled.parent.name == eager.parent.name
-    compiled, eager = (json.loads(path.read_text()) for path in (compiled, eager))
-    assert compiled["config"]["compile"] == {"enabled": True, "mode": "default"}
-    assert compiled["probes"] and compiled["probes"].keys() == eager["probes"].keys()  # probe steps ran (eagerly)
-    for name, value in eager["metrics"].items():
-        assert compiled["metrics"][name] == pytest.approx(value, rel=1e-3, abs=1e-4), name
+    compiled, eager = map(read_record, (compiled, eager))
+    assert compiled.config["compile"] == {"enabled": True, "mode": "default"}
+    assert compiled.probes and compiled.probes.keys() == eager.probes.keys()  # probe steps ran (eagerly)
+    for name, value in eager.metrics.items():
+        assert compiled.metrics[name] == pytest.approx(value, rel=1e-3, abs=1e-4), name
 
 
 def test_compile_is_out_of_the_hash_and_its_mode_is_checked(tmp_path, capsys):

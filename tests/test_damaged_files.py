@@ -8,11 +8,11 @@ import logging
 import os
 
 import pytest
-from conftest import DAMAGED, damage, exit_status
+from conftest import DAMAGED, damage, exit_status, record_json
 from conftest import make_record as record
 
 from common.files import MAX_NESTING, FileError, parse_json, parse_yaml, read_text
-from common.records import RunRecord, write_record
+from common.records import write_record
 from runners.cli import main as cli
 
 
@@ -20,8 +20,8 @@ def write_runs(root):
     """standard and quest at seeds 0 and 1, one run directory each; returns quest seed 1's record file."""
     for variant, gain in (("standard", 0.0), ("quest", 0.5)):
         for seed in (0, 1):
-            write_record(root / f"{variant}-{seed}", RunRecord(**record(variant, seed, {"mse": 2.0 - gain + seed},
-                                                                        config={"optim": {"lr": 1e-3}})))
+            write_record(root / f"{variant}-{seed}", record(variant, seed, {"mse": 2.0 - gain + seed},
+                                                            config={"optim": {"lr": 1e-3}}))
     return root / "quest-1" / "record.json"
 
 
@@ -67,7 +67,7 @@ def test_archive_counts_what_it_left_out(tmp_path, capsys):
 def test_a_record_whose_nested_fields_readers_cannot_read_is_skipped(tmp_path, caplog, trajectory, problem):
     runs, out = tmp_path / "runs", tmp_path / "R.md"
     bad = write_runs(runs)
-    bad.write_text(json.dumps(record("quest", 1, {"mse": 1.0}, trajectory=trajectory)))
+    bad.write_text(json.dumps(record_json("quest", 1, {"mse": 1.0}, trajectory=trajectory)))
     with caplog.at_level(logging.WARNING):
         assert cli(["aggregate", str(runs), "-o", str(out), "--no-plots"]) == 0
     assert warnings_of(caplog) == [f"skipping {bad}: {problem}"]

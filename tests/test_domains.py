@@ -55,8 +55,8 @@ def check_smoke_run(domain: str, tmp_path, cache_dir) -> dict:
     assert cli(["train", f"domain={domain}", "preset=smoke", f"output_dir={tmp_path}", f"cache_dir={cache_dir}",
                 "trainer.enable_progress_bar=false"]) == 0
     record = read_record(find_records(tmp_path)[0])
-    assert record["status"] == "ok" and record["probes"], record["error"]
-    assert math.isfinite(record["metrics"][f"test/{record['primary_metric']}"])
+    assert record.status == "ok" and record.probes, record.error
+    assert math.isfinite(record.metrics[f"test/{record.primary_metric}"])
     return record
 
 

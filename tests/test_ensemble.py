@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from common.records import find_records, read_record
+from common.records import RunRecord, find_records, read_record
 from runners.commands import ensemble
 from runners.config import compose
 from runners.runs import training as train
@@ -41,9 +41,9 @@ def write_sweep(tmp_path, variants, seeds, lrs, extra=()) -> str:
     return str(path)
 
 
-def records(root) -> dict[tuple, dict]:
+def records(root) -> dict[tuple, RunRecord]:
     found = (read_record(p) for p in find_records(root))
-    return {(r["variant"], r["seed"], r["config"]["optim"]["lr"]): r for r in found}
+    return {(r.variant, r.seed, r.config["optim"]["lr"]): r for r in found}
 
 
 def test_each_run_gets_the_record_quest_train_gives_it(tmp_path):
@@ -56,8 +56,8 @@ def test_each_run_gets_the_record_quest_train_gives_it(tmp_path):
                               f"optim.lr={lr}", f"output_dir={tmp_path / 'single'}", *SHORT])
         mine = trained[(variant, seed, lr)]
         for field in ("status", "metrics", "best_val", "probes", "divergence", "params"):
-            assert mine[field] == getattr(single, field), (variant, seed, lr, field)
-    assert trained[("standard", 1, 1e4)]["status"] == "diverged"  # the replay covers divergence too
+            assert getattr(mine, field) == getattr(single, field), (variant, seed, lr, field)
+    assert trained[("standard", 1, 1e4)].status == "diverged"  # the replay covers divergence too
     assert any((tmp_path / "ensemble").rglob("metrics.csv")) and not any((tmp_path / "ensemble").rglob("*.ckpt"))
 
 
@@ -112,7 +112,7 @@ def test_reruns_train_only_what_has_no_record_and_workers_share_a_sweep(tmp_path
     sweep = write_sweep(tmp_path, ["standard", "quest"], [0, 1], [1e-2])
     assert ensemble.main([sweep, "--workers", "2"]) == 0
     first = records(tmp_path / "ensemble")
-    assert len(first) == 4 and {r["status"] for r in first.values()} == {"ok"}
+    assert len(first) == 4 and {r.status for r in first.values()} == {"ok"}
     trained = []
     monkeypatch.setattr(ensemble_sweep, "train_chunk", lambda members: trained.append(len(members)) or [])
     assert ensemble.main([sweep]) == 0 and trained == []  # every run is recorded: nothing to train

@@ -30,7 +30,7 @@ def test_ok_and_diverged_exit_0_and_a_run_time_failure_exits_1(toy_domain, run_a
     monkeypatch.setattr(ToyTask, "loss", broken)
     assert cli(["train", "domain=toy", "seed=1", *run_args]) == 1
     record = read_record(run_directory(compose(["domain=toy", "seed=1", *run_args])))
-    assert record["status"] == "failed" and "unexpected way" in record["error"]
+    assert record.status == "failed" and "unexpected way" in record.error
 
 
 @pytest.mark.parametrize("override, message", [
@@ -87,7 +87,7 @@ def test_a_full_disk_mid_run_removes_partial_checkpoints_and_says_so(toy_domain,
     assert cli(["train", "domain=toy", *run_args]) == 1
     run_dir = run_directory(compose(["domain=toy", *run_args]))
     record = read_record(run_dir)
-    assert record["status"] == "failed" and record["error"].startswith(f"no space left on {run_dir}/checkpoints/")
+    assert record.status == "failed" and record.error.startswith(f"no space left on {run_dir}/checkpoints/")
     assert not (run_dir / "checkpoints").exists() and (run_dir / "error.log").exists()
 
     def no_record(*args):
@@ -111,7 +111,7 @@ def test_a_crashing_rank_keeps_its_own_error_log(toy_domain, run_args, monkeypat
 def test_a_finite_blow_up_is_divergence(run_args):
     # The example the issue came with: a huge learning rate drove the loss to 3e24 and the run said ok.
     record = train_module.train(["domain=retrieval", "attention=standard", "preset=smoke", "optim.lr=1e4", *run_args])
-    assert record.status == "diverged" and "past bound" in record.divergence["reason"]
+    assert record.status == "diverged" and "past bound" in record.divergence.reason
 
 
 def test_the_console_carries_no_known_noise(tmp_path):

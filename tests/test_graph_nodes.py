@@ -272,9 +272,9 @@ def test_node_classification_through_quest_train(config, planetoid_root, tmp_pat
     assert cli(["train", "domain=graph", "preset=smoke", *node_config(config, planetoid_root), f"output_dir={tmp_path}",
                 f"cache_dir={tmp_path / 'cache'}"]) == 0
     record = read_record(find_records(tmp_path)[0])
-    assert record["status"] == "ok" and (record["primary_metric"], record["mode"]) == ("acc", "max")
-    assert 0 <= record["metrics"]["test/acc"] <= 1 and record["best_val"]["value"] is not None
-    assert record["split"]["source"] == ("random" if config == "embedded" else "shipped")
+    assert record.status == "ok" and (record.primary_metric, record.mode) == ("acc", "max")
+    assert 0 <= record.metrics["test/acc"] <= 1 and record.best_val.value is not None
+    assert record.split["source"] == ("random" if config == "embedded" else "shipped")
 
 
 def test_node_regression_keeps_the_domain_contract(tmp_path):
@@ -315,7 +315,7 @@ def test_a_short_run_on_cora_beats_a_bag_of_words_mlp(tmp_path):
             f"cache_dir={tmp_path}/cache", "trainer.enable_progress_bar=false"]
     assert cli(["train", *args]) == 0
     (record,) = [read_record(path) for path in find_records(tmp_path / "runs")]
-    assert record["metrics"]["test/acc"] >= 0.70, record["metrics"]
+    assert record.metrics["test/acc"] >= 0.70, record.metrics
 
 
 def test_the_gcn_reference_trains_on_planetoid_files(tmp_path, capsys):
@@ -343,5 +343,5 @@ def test_the_citation_preset_takes_another_planetoid_graph(tmp_path):
             "trainer.enable_progress_bar=false"]
     assert cli(["train", *args]) == 0
     (record,) = [read_record(path) for path in find_records(tmp_path / "runs")]
-    assert record["dataset"] == "citeseer" and record["status"] == "ok"
-    assert record["split"]["rule"] == "Planetoid's public split (ind.citeseer.*)"
+    assert record.dataset == "citeseer" and record.status == "ok"
+    assert record.split["rule"] == "Planetoid's public split (ind.citeseer.*)"

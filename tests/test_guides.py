@@ -39,7 +39,7 @@ def test_the_guide_domain_passes_the_contract_and_trains(counting, tmp_path):
     for variant in VARIANTS:
         check_contract("counting", variant, tmp_path / "cache")
     record = check_smoke_run("counting", tmp_path / "runs", tmp_path / "cache")
-    assert record["split"]["source"] == "generated"
+    assert record.split["source"] == "generated"
 
 
 def split_hashes(split_seed: int) -> dict:

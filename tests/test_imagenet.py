@@ -10,6 +10,7 @@ from PIL import Image
 from torch import nn
 
 from common.data import DataError
+from common.records import read_record
 from domains.vision.config import Data
 from domains.vision.imagenet import (
     ALEXNET_ERRORS,
@@ -181,13 +182,13 @@ def test_quest_imagenet_adds_the_suites_to_the_record(tmp_path, capsys):
     assert main(["imagenet", str(run_dir), "--real", str(tmp_path / "real.json"), "--imagenet-c", str(tmp_path / "c"),
                  "--max-per-class", "1"]) == 0
     assert "ImageNet-C     mCE" in capsys.readouterr().out
-    saved = json.loads((run_dir / "record.json").read_text())["imagenet"]
+    saved = read_record(run_dir).imagenet
     assert saved["real_images"] == 2 and saved["c_images"] == 15 * 5 * 3  # ReaL: the first image of each folder
     errors = {c: {s: saved[f"c_error_{c}_s{s}"] for s in SEVERITIES} for c in CORRUPTIONS}
     assert saved["c_mce"] == pytest.approx(corruption_errors(errors, CORRUPTIONS, ALEXNET_ERRORS)["c_mce"])
 
     assert main(["imagenet", str(run_dir), "--imagenet-a", str(tmp_path / "a")]) == 0  # adds to the record
-    saved = json.loads((run_dir / "record.json").read_text())["imagenet"]
+    saved = read_record(run_dir).imagenet
     assert saved["a_images"] == 2 and "c_mce" in saved and "real_acc" in saved
     assert main(["imagenet", str(run_dir), "--imagenet-c", str(tmp_path / "a")]) == 2  # not ImageNet-C's layout
     assert main(["imagenet", str(tmp_path / "missing"), "--imagenet-a", str(tmp_path / "a")]) == 2

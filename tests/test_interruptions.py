@@ -15,7 +15,7 @@ from conftest import make_record
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from common.errors import Stopped
-from common.records import read_record
+from common.records import read_record, write_record
 from runners.cli import main as cli
 from runners.config import compose, run_directory
 from runners.runs.rundir import build_path, claimed
@@ -43,7 +43,7 @@ def earlier_result(run_dir):
     """A finished run's directory as a rerun finds it; returns its files and their bytes."""
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "best.ckpt").write_bytes(b"the earlier weights")
-    (run_dir / "record.json").write_text(json.dumps(make_record("quest", 0, {"acc": 0.5}, domain="retrieval")))
+    write_record(run_dir, make_record("quest", 0, {"acc": 0.5}, domain="retrieval"))
     return contents(run_dir)
 
 
@@ -61,8 +61,8 @@ def test_a_stopped_run_says_so_in_one_line_and_records_the_step(tmp_path, signum
     assert process.returncode == code, err
     assert err.startswith(f"quest: stopped by {name}: stopped by {name} at step ") and err.count("\n") == 1, err
     record = read_record(run_dir)  # a scheduler's preemption, told apart from a crash
-    assert record["status"] == "stopped" and record["stopped"]["signal"] == name and record["stopped"]["step"] > 0
-    assert record["error"] == f"stopped by {name} at step {record['stopped']['step']}"
+    assert record.status == "stopped" and record.stopped.signal == name and record.stopped.step > 0
+    assert record.error == f"stopped by {name} at step {record.stopped.step}"
     assert not build_path(run_dir).exists()
 
 
@@ -93,14 +93,14 @@ def test_a_run_another_process_holds_is_refused_or_waited_for(toy_domain, run_ar
         time.sleep(1.0)
         assert waiting.is_alive() and not run_dir.exists()  # waits while the lock is held
     waiting.join(120)
-    assert codes == [0] and read_record(run_dir)["status"] == "ok"
+    assert codes == [0] and read_record(run_dir).status == "ok"
 
 
 def test_a_finished_rerun_replaces_the_earlier_result(toy_domain, run_args):
     run_dir = run_directory(compose(["domain=toy", *run_args]))
     earlier_result(run_dir)
     assert cli(["train", "domain=toy", *run_args]) == 0
-    assert read_record(run_dir)["domain"] == "toy"
+    assert read_record(run_dir).domain == "toy"
     assert (run_dir / "checkpoints" / "best.ckpt").read_bytes() != b"the earlier weights"
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["best.ckpt", "last.ckpt"]
     assert [p.name for p in run_dir.parent.iterdir() if not p.name.endswith(".lock")] == [run_dir.name]
@@ -143,6 +143,6 @@ def test_sigterm_to_a_sweeps_process_group_records_its_runs_as_stopped(tmp_path)
     assert err == ("quest: stopped by SIGTERM: 2 run(s) recorded as stopped, the finished ones kept; launch the "
                    "sweep again to finish it\n")  # one line, from the launcher alone
     records = [read_record(path) for path in tmp_path.glob("runs/retrieval/*/seed0-*/record.json")]
-    assert [r["status"] for r in records] == ["stopped", "stopped"]
+    assert [r.status for r in records] == ["stopped", "stopped"]
     launch = json.loads((tmp_path / "runs" / "launches.jsonl").read_text())
     assert not launch["finished"] and launch["ran"]["stopped"] == 2

@@ -187,9 +187,9 @@ def trained_run(tmp_path_factory):
 
 def test_a_run_logs_loss_in_nats_with_bits_per_byte_and_perplexity(trained_run):
     record = read_record(trained_run)
-    metrics, loss = record["metrics"], record["metrics"]["test/loss"]
-    assert record["primary_metric"] == "loss" and record["mode"] == "min" and record["best_val"]["value"] > 0
-    assert record["split"]["source"] == "random" and "at most 20000 train" in record["split"]["rule"]
+    metrics, loss = record.metrics, record.metrics["test/loss"]
+    assert record.primary_metric == "loss" and record.mode == "min" and record.best_val.value > 0
+    assert record.split["source"] == "random" and "at most 20000 train" in record.split["rule"]
     assert metrics["test/bpb"] == pytest.approx(loss / math.log(2), rel=1e-4)
     assert metrics["test/ppl"] == pytest.approx(math.exp(loss), rel=1e-4)
     assert loss < math.log(256)  # six steps beat the uniform guess

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_record as record
 from scipy import optimize, stats
 
-from common.records import RunRecord, write_record
+from common.records import write_record
 from runners.cli import main as cli
 from runners.results import sample_size as power
 from runners.results import stats as results_stats
@@ -55,9 +55,9 @@ def write_pilot(root):
     for domain, variant, lr, offsets in runs:
         for seed in SEEDS:
             wall = WALL_S[domain, variant] * (1.2 if seed % 2 else 0.8)
-            write_record(root / f"{domain}-{variant}-{lr}-{seed}", RunRecord(**record(
+            write_record(root / f"{domain}-{variant}-{lr}-{seed}", record(
                 variant, seed, {"mse": 1.0 + offsets[seed]}, domain=domain, config={"optim": {"lr": lr}},
-                wall_time_s=wall)))
+                wall_time_s=wall))
 
 
 def nct_power(effect, n, alpha):

@@ -1,6 +1,5 @@
 """Adversarial attacks, corruptions and the `quest robustness` command."""
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ from common import perturbations as robustness
 from common.data import load_mnist
 from common.errors import ConfigError
 from common.perturbations import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
+from common.records import read_record
 
 CFG = {"input_range": [0.0, 1.0], "eps": [0.05, 0.1, 0.2],
        "pgd": {"steps": 10, "rel_step_size": 0.25, "random_start": True},
@@ -213,11 +213,11 @@ def test_quest_robustness_adds_results_to_the_record(tmp_path, monkeypatch):
     torch.set_num_threads(2)
     assert main(["robustness", str(run_dir), "robustness.eps=[0.05]", "robustness.max_samples=16"]) == 0
     assert threads == [1] and torch.get_num_threads() == 2  # the run's thread setting, then restored
-    saved = json.loads((run_dir / "record.json").read_text())
-    rob = saved["robustness"]
+    saved = read_record(run_dir)
+    rob = saved.robustness
     assert rob["n_samples"] == 16 and 0 <= rob["acc_pgd_eps0.05"] <= rob["acc_fgsm_eps0.05"] + 1e-9
     assert "acc_jpeg_compression_s5" in rob and "acc_corruption_mean" in rob
-    assert saved["robustness_config"]["eps"] == [0.05]
+    assert saved.robustness_config["eps"] == [0.05]
     assert main(["robustness", str(tmp_path / "missing")]) == 2
 
 

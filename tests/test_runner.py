@@ -1,12 +1,12 @@
 import math
 import os
-from dataclasses import replace
 
 import pandas as pd
 import pytest
 import torch
-from conftest import make_record
+from conftest import make_record, record_json
 from omegaconf import OmegaConf
+from pydantic import ValidationError
 
 from common.records import RecordError, RunRecord, read_record, write_record
 from common.task import lr_factor
@@ -23,15 +23,15 @@ def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
     record = read_record(run_directory(cfg))
     # the summary: status and headline metrics, then where the record is
     assert capsys.readouterr().out.splitlines()[-2:] == [
-        f"ok: toy/qknorm seed 0 · test mse {record['metrics']['test/mse']:.4g}", f"  {run_directory(cfg) / 'record.json'}"]
-    assert record["status"] == "ok" and record["variant"] == "qknorm" and record["params"] > 0
-    assert math.isfinite(record["metrics"]["test/mse"]) and record["best_val"]["epoch"] in (0, 1)
-    assert set(record["probes"]) >= {"max_logit", "k_norm_max", "q_norm_mean", "entropy"}
+        f"ok: toy/qknorm seed 0 · test mse {record.metrics['test/mse']:.4g}", f"  {run_directory(cfg) / 'record.json'}"]
+    assert record.status == "ok" and record.variant == "qknorm" and record.params > 0
+    assert math.isfinite(record.metrics["test/mse"]) and record.best_val.epoch in (0, 1)
+    assert set(record.probes) >= {"max_logit", "k_norm_max", "q_norm_mean", "entropy"}
     assert (run_directory(cfg) / "checkpoints" / "best.ckpt").exists()
     assert (run_directory(cfg) / "metrics.csv").exists()
-    timing = record["timing"]  # where the wall time went
-    assert timing["steps"] == 8 and 0 < timing["checkpoint_s"] < timing["fit_s"] and timing["test_s"] > 0
-    assert timing["build_s"] + timing["fit_s"] + timing["test_s"] <= record["wall_time_s"]
+    timing = record.timing  # where the wall time went
+    assert timing.steps == 8 and 0 < timing.checkpoint_s < timing.fit_s and timing.test_s > 0
+    assert timing.build_s + timing.fit_s + timing.test_s <= record.wall_time_s
 
 
 def test_a_log_file_or_pipe_gets_progress_lines_at_the_interval_and_no_bar(toy_domain, run_args, capsys):
@@ -70,12 +70,12 @@ def test_summary_headline_is_primary_baseline_and_robustness_summary(tmp_path):
     from runners.commands.train import summary
 
     metrics = {"miou": 0.41, "miou_baseline": 0.05, "miou_corrupt": 0.3, "iou_0": 0.9, "miou_brightness": 0.35}
-    record = RunRecord(**make_record("quest", 2, metrics, domain="segmentation",
-                                     headline=["miou", "miou_baseline", "miou_corrupt"]))
+    record = make_record("quest", 2, metrics, domain="segmentation", headline=["miou", "miou_baseline", "miou_corrupt"])
     assert summary(record, tmp_path) == (f"ok: segmentation/quest seed 2 · test miou 0.41 · test miou_baseline 0.05 · "
                                          f"test miou_corrupt 0.3\n  {tmp_path / 'record.json'}")
-    diverged = replace(record, status="diverged", metrics={}, divergence={"step": 7, "reason": "non-finite training loss"})
-    assert summary(diverged, tmp_path).startswith("diverged: segmentation/quest seed 2 · diverged at step 7 "
+    record.status, record.metrics = "diverged", {}
+    record.divergence = {"step": 7, "reason": "non-finite training loss"}
+    assert summary(record, tmp_path).startswith("diverged: segmentation/quest seed 2 · diverged at step 7 "
                                                 "(non-finite training loss)\n")
 
 
@@ -139,7 +139,7 @@ def test_an_archived_run_composes_to_its_hash(folder):
 
     from runners.config import UNHASHED, config_hash
 
-    config = json.loads((Path(__file__).parents[1] / "RESULTS" / "records" / folder / "record.json").read_text())["config"]
+    config = read_record(Path(__file__).parents[1] / "RESULTS" / "records" / folder).config
     groups = [f"domain={config['domain']}", f"preset={config['preset']}", f"attention={config['attention']['variant']}"]
     composed = dict(leaves(OmegaConf.to_container(compose(groups))))
     overrides = [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
@@ -196,37 +196,30 @@ def test_same_seed_same_metrics(toy_domain, tmp_path):
 
 def test_non_finite_loss_is_a_diverged_result(toy_domain, run_args):
     record = train(["domain=toy", "task.nan_after=3", *run_args])
-    assert record.status == "diverged" and record.divergence["step"] == 3
-    assert "non-finite" in record.divergence["reason"]
+    assert record.status == "diverged" and record.divergence.step == 3
+    assert "non-finite" in record.divergence.reason
 
 
 def test_logit_bound_ends_the_run_as_diverged(toy_domain, run_args):
     record = train(["domain=toy", "probes.every_n_steps=1", "probes.max_logit_bound=0.0", *run_args])
-    assert record.status == "diverged" and "max attention logit" in record.divergence["reason"]
+    assert record.status == "diverged" and "max attention logit" in record.divergence.reason
 
 
 def test_records_round_trip_and_reject_malformed(tmp_path):
-    record = fake_record("a", "quest", 0, 1.0)
-    assert read_record(write_record(tmp_path / "ok", RunRecord(**record))) == record
+    data = record_json("quest", 0, {"mse": 1.0})
+    record = RunRecord(**data)
+    assert read_record(write_record(tmp_path / "ok", record)) == record and record.to_json() == data
     with pytest.raises(RecordError, match="missing field"):
-        write_record(tmp_path, RunRecord.from_json({}))
+        RunRecord.from_json({})
     with pytest.raises(RecordError, match="status 'fine' is not one of ok, diverged, failed"):
-        write_record(tmp_path, RunRecord(**{**record, "status": "fine"}))
+        RunRecord.from_json({**data, "status": "fine"})
+    with pytest.raises(ValidationError, match="status"):
+        record.status = "fine"
     (tmp_path / "record.json").write_text("{not json")
     with pytest.raises(RecordError, match="not valid JSON"):
         read_record(tmp_path)
     with pytest.raises(RecordError, match="no such record"):
         read_record(tmp_path / "elsewhere")
-
-
-def fake_record(domain, variant, seed, value, status="ok", mode="min"):
-    return {
-        "schema": 1, "domain": domain, "dataset": "d", "variant": variant, "seed": seed, "preset": "study",
-        "status": status, "config": {}, "metrics": {"test/mse": value} if status == "ok" else {},
-        "primary_metric": "mse", "mode": mode, "best_val": {"value": None, "epoch": None},
-        "divergence": {"step": 5, "reason": "x"} if status == "diverged" else None, "error": None,
-        "probes": {}, "wall_time_s": 1.0, "params": 10, "hardware": {}, "versions": {}, "git_commit": None,
-    }
 
 
 def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
@@ -253,11 +246,12 @@ def test_ddp_on_cpu_with_two_processes(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     records = list(tmp_path.rglob("record.json"))
-    assert len(records) == 1 and read_record(records[0])["status"] == "ok"
+    record = read_record(records[0])
+    assert len(records) == 1 and record.status == "ok"
     assert out.stdout.count("ok: retrieval/quest") == 1  # rank 0 reports, rank 1 stays quiet
-    assert read_record(records[0])["hardware"]["world_size"] == 2
+    assert record.hardware["world_size"] == 2
     # data.batch_size is the global batch: each of the two processes loads half of it
-    assert read_record(records[0])["batch"] == {"global": 16, "per_device": 8, "world_size": 2, "accumulate": 1}
+    assert record.batch.model_dump(by_alias=True) == {"global": 16, "per_device": 8, "world_size": 2, "accumulate": 1}
 
 
 def test_global_batch_splits_over_devices_and_accumulation():

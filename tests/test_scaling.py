@@ -6,7 +6,7 @@ from conftest import make_record
 from scipy.stats import t as t_dist
 from scipy.stats import ttest_1samp
 
-from common.records import RunRecord, write_record
+from common.records import write_record
 from runners.cli import main as cli
 from runners.results.learning_curves import _band, curve_points, delta_table, differences, probe_table, width_changes
 
@@ -20,9 +20,9 @@ def write_curves(root):
                          for f, step, acc in ((0.5, 10, 0.5 + 0.1 * (variant == "quest")), (1.0, 20, 0.8))]
                 trajectory = {"step": [0, 10], "layers": {"l0": {"max_logit": [1.0, 2.0], "q_norm_max": [1.0, 3.0],
                                                                  "k_norm_max": [1.0, 1.5]}}}
-                write_record(root / f"{width}-{variant}-{seed}", RunRecord(**make_record(
+                write_record(root / f"{width}-{variant}-{seed}", make_record(
                     variant, seed, {"acc": 0.8}, domain="vision", config={"model": {"dim": width}},
-                    primary_metric="acc", mode="max", curve=curve, trajectory=trajectory)))
+                    primary_metric="acc", mode="max", curve=curve, trajectory=trajectory))
 
 
 def test_differences_are_paired_by_seed_at_each_length_and_width(tmp_path):
@@ -66,7 +66,7 @@ def test_the_width_interaction_is_the_change_of_each_seeds_paired_difference():
 
 
 def test_runs_without_curves_are_a_clear_error(tmp_path):
-    write_record(tmp_path / "a", RunRecord(**make_record("standard", 0, {"acc": 0.5})))
+    write_record(tmp_path / "a", make_record("standard", 0, {"acc": 0.5}))
     with pytest.raises(FileNotFoundError, match="has a tested curve"):
         curve_points(tmp_path)
 

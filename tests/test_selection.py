@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from common.records import RunRecord, write_record
+from common.records import Trajectory, read_record, write_record
 from runners.cli import main as cli
 from runners.runs.selection import candidates, chosen, main_effects, overrides
 from tests.conftest import make_record
@@ -45,8 +45,8 @@ def test_by_variant_each_variant_gets_its_own_choice(tmp_path):
     scores = {("standard", 1e-3): 0.8, ("standard", 3e-3): 0.7, ("quest", 1e-3): 0.6, ("quest", 3e-3): 0.9}
     for (variant, lr), val in scores.items():
         for seed in (0, 1):
-            write_record(tmp_path / f"{variant}-{lr}-{seed}", RunRecord(**grid_record(variant, seed, lr, 2, val, 0.5)))
-    ranked = candidates([json.loads(p.read_text()) for p in tmp_path.rglob("record.json")], by=("variant",))
+            write_record(tmp_path / f"{variant}-{lr}-{seed}", grid_record(variant, seed, lr, 2, val, 0.5))
+    ranked = candidates([read_record(p) for p in tmp_path.rglob("record.json")], by=("variant",))
     assert {group[-1]: row["settings"] for group, row in chosen(ranked).items()} == {
         "standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}}
     out = tmp_path / "SELECTION.md"
@@ -63,14 +63,14 @@ def test_an_archive_reads_as_its_runs_with_the_trajectory_thinned(tmp_path):
     from runners.results.frame import load_runs
     from runners.runs.export import thin
 
-    trajectory = {"step": list(range(0, 1000, 10)), "layers": {"a": {"entropy": [float(i) for i in range(100)]}}}
+    trajectory = Trajectory(step=list(range(0, 1000, 10)), layers={"a": {"entropy": [float(i) for i in range(100)]}})
     thinned = thin(trajectory)
-    assert len(thinned["step"]) == 17 and thinned["step"][0] == 0 and thinned["step"][-1] == 990
-    assert thinned["layers"]["a"]["entropy"][-1] == 99.0
+    assert len(thinned.step) == 17 and thinned.step[0] == 0 and thinned.step[-1] == 990
+    assert thinned.layers["a"]["entropy"][-1] == 99.0
     runs = tmp_path / "runs"
     for seed in (0, 1):
-        write_record(runs / f"a-{seed}", RunRecord(**make_record("standard", seed, {"mse": 1.0 + seed}, trajectory=trajectory,
-                                                      config={"optim": {"lr": 1e-3}})))
+        write_record(runs / f"a-{seed}", make_record("standard", seed, {"mse": 1.0 + seed}, trajectory=trajectory,
+                                                     config={"optim": {"lr": 1e-3}}))
     (runs / "launches.jsonl").write_text('{"command": "quest sweep x"}\n')
     assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
     copy = tmp_path / "copy"
@@ -85,7 +85,7 @@ def test_an_archive_leaves_out_a_run_still_in_progress(tmp_path, capsys):
 
     runs = tmp_path / "runs"
     for seed in (0, 1):
-        write_record(runs / f"a-{seed}", RunRecord(**make_record("standard", seed, {"mse": 1.0})))
+        write_record(runs / f"a-{seed}", make_record("standard", seed, {"mse": 1.0}))
     with claimed(runs / "a-1") as mine:  # as the worker adding its robustness holds it
         assert mine
         assert cli(["archive", str(runs), str(tmp_path / "copy")]) == 0
@@ -137,7 +137,7 @@ def test_beside_a_diverged_value_the_best_grid_value_stands():
 
 def test_quest_select_prints_each_choice_margin(tmp_path, capsys):
     for seed, lr, val in [(0, 1e-3, 0.70), (1, 1e-3, 0.72), (0, 3e-3, 0.71), (1, 3e-3, 0.74), (0, 9e-3, 0.60), (1, 9e-3, 0.65)]:
-        write_record(tmp_path / f"run{seed}-{lr}", RunRecord(**grid_record("standard", seed, lr, 2, val, 0.5)))
+        write_record(tmp_path / f"run{seed}-{lr}", grid_record("standard", seed, lr, 2, val, 0.5))
     assert cli(["select", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| 0.003 vs 0.001 | +0.0150 [" in out and "within noise" in out

@@ -5,7 +5,7 @@ import math
 import pytest
 from conftest import make_record
 
-from common.records import RunRecord, write_record
+from common.records import write_record
 from runners.cli import main as cli
 from runners.results import lr_sensitivity as stability
 
@@ -14,9 +14,8 @@ LRS = (1e-3, 1e-2, 1e-1)
 
 def lr_record(variant, seed, lr, final, status="ok"):
     trajectory = {"step": [1, 6], "layers": {"encoder.layers.0.attn": {"max_logit": [2.0, 3.0 * lr * 100]}}}
-    rec = make_record(variant, seed, {"loss": final}, status=status, config={"optim": {"lr": lr}},
-                      losses={"train_first": 2.0, "val_final": final}, trajectory=trajectory)
-    return rec
+    return make_record(variant, seed, {"loss": final}, status=status, config={"optim": {"lr": lr}},
+                       losses={"train_first": 2.0, "val_final": final}, trajectory=trajectory)
 
 
 def write_sweep(root, finals):
@@ -24,7 +23,7 @@ def write_sweep(root, finals):
     for (variant, seed), values in finals.items():
         for lr, final in zip(LRS, values):
             status = "diverged" if math.isnan(final) else "ok"
-            write_record(root / f"{variant}-{seed}-{lr}", RunRecord(**lr_record(variant, seed, lr, final, status)))
+            write_record(root / f"{variant}-{seed}-{lr}", lr_record(variant, seed, lr, final, status))
 
 
 def test_lr_sensitivity_clips_at_the_initial_loss_and_counts_divergence(tmp_path):

@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from types import SimpleNamespace
 
 import conftest
@@ -42,13 +41,13 @@ def one_run(tmp_path, seed: int = 0) -> list[str]:
     return ["domain=toy", "attention=quest", f"seed={seed}", f"output_dir={tmp_path / 'runs'}"]
 
 
-def fake_record(cfg, status: str) -> RunRecord:
-    return RunRecord(**make_record(cfg.attention.variant, cfg.seed, {}, domain=cfg.domain, status=status,
-                                   error="RuntimeError: broken" if status == "failed" else None, divergence=None))
+def fake_record(cfg, status: str, **fields) -> RunRecord:
+    fields = {"error": "RuntimeError: broken" if status == "failed" else None, "divergence": None, **fields}
+    return make_record(cfg.attention.variant, cfg.seed, {}, domain=cfg.domain, status=status, **fields)
 
 
 def recorded(tmp_path) -> dict[int, str]:
-    return {r["seed"]: r["status"] for r in map(read_record, tmp_path.rglob("record.json"))}
+    return {r.seed: r.status for r in map(read_record, tmp_path.rglob("record.json"))}
 
 
 @pytest.fixture
@@ -105,7 +104,7 @@ def test_exit_status_tells_ok_from_failed_from_invalid(toy_domain, toy_breaks, t
     assert sweep.main([write_spec(tmp_path, grid=grid)]) == code
     out, err = capsys.readouterr()
     assert out.splitlines()[-1].startswith("sweep: finished, 2/2 done: ")
-    assert {r["status"] for r in map(read_record, tmp_path.rglob("record.json"))} == statuses  # invalid: no record
+    assert {r.status for r in map(read_record, tmp_path.rglob("record.json"))} == statuses  # invalid: no record
     if listed:  # reported as it happens and again in the closing list
         assert err.count(listed) == 2 and "sweep: 1 run(s) failed or invalid:\n  " + listed in err
     else:
@@ -383,8 +382,8 @@ def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp
     assert out.splitlines()[-1] == "sweep: finished, 3/3 done: 2 ok · 0 diverged · 1 failed · 0 invalid"
     assert "failed toy/quest seed 1: killed by signal 11 (SIGSEGV)" in err
     assert recorded(tmp_path) == {0: "ok", 1: "failed", 2: "ok"}  # a new worker took the dead one's place
-    (killed,) = [r for r in map(read_record, tmp_path.rglob("record.json")) if r["seed"] == 1]
-    assert killed["error"] == "killed by signal 11 (SIGSEGV)"
+    (killed,) = [r for r in map(read_record, tmp_path.rglob("record.json")) if r.seed == 1]
+    assert killed.error == "killed by signal 11 (SIGSEGV)"
     assert read_launches(tmp_path / "runs")[0]["finished"]
     assert sweep.main([spec]) == 1 and sorted(fake_run.executions()) == [0, 1, 1, 2]  # retried, as failed runs are
 
@@ -393,7 +392,7 @@ def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp
 def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run, monkeypatch, caplog, kind):
     spec = write_spec(tmp_path, seeds=[0, 1])
     assert sweep.main([spec]) == 0
-    (broken,) = [p for p in tmp_path.rglob("record.json") if read_record(p)["seed"] == 1]
+    (broken,) = [p for p in tmp_path.rglob("record.json") if read_record(p).seed == 1]
     if kind == "half a record":
         broken.write_text("{half a record")
         reason = "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2)"
@@ -409,7 +408,7 @@ def test_an_unreadable_record_is_a_run_to_redo(toy_domain, tmp_path, fake_run, m
 def test_a_requeued_slurm_task_makes_its_stopped_run_again(toy_domain, tmp_path, fake_run):
     args = one_run(tmp_path)
     cfg = compose(args)
-    write_record(run_directory(cfg), replace(fake_record(cfg, "ok"), status="stopped", error="stopped by SIGTERM"))
+    write_record(run_directory(cfg), fake_record(cfg, "stopped", error="stopped by SIGTERM"))
     assert slurm.SweepJob()(args)["ok"] == 1  # preempted, requeued: the task finds its run stopped, not done
     assert recorded(tmp_path) == {0: "ok"} and fake_run.executions() == [0]
 
@@ -421,10 +420,10 @@ def test_a_sweep_keeps_snapshots_and_tests_each_one(toy_domain, tmp_path):
     assert sweep.main([path]) == 0
     run_dir = next((tmp_path / "runs").rglob("record.json")).parent
     record = read_record(run_dir)
-    steps = [s["step"] for s in record["snapshots"]]
-    assert [s["fraction"] for s in record["snapshots"]] == [0.5, 1.0] and steps[1] == record["timing"]["steps"]
-    assert all((run_dir / "snapshots" / s["file"]).is_file() for s in record["snapshots"])
-    assert [p["step"] for p in record["curve"]] == steps and all("test/mse" in p["metrics"] for p in record["curve"])
-    assert record["curve"][0]["metrics"]["test/mse"] != record["curve"][1]["metrics"]["test/mse"]
+    steps = [s.step for s in record.snapshots]
+    assert [s.fraction for s in record.snapshots] == [0.5, 1.0] and steps[1] == record.timing.steps
+    assert all((run_dir / "snapshots" / s.file).is_file() for s in record.snapshots)
+    assert [p.step for p in record.curve] == steps and all("test/mse" in p.metrics for p in record.curve)
+    assert record.curve[0].metrics["test/mse"] != record.curve[1].metrics["test/mse"]
     with pytest.raises(Exception, match="must be a list of fractions of training in"):
         sweep_spec.load_sweep(write_spec(tmp_path, snapshots=[0, 1]))

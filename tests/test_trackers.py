@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import Threaded, ToyTask, make_record
 
-from common.records import RunRecord, read_record, write_record
+from common.records import read_record, write_record
 from runners.cli import main as cli
 from runners.commands import sweep
 from runners.config import compose, run_directory
@@ -100,19 +100,19 @@ def test_an_offline_mlflow_run_holds_the_config_headline_and_record(toy_domain, 
     record = train(args)
     run_dir = run_directory(compose(args))
     saved = read_record(run_dir)
-    assert record.status == saved["status"] == "ok"
+    assert record.status == saved.status == "ok"
     client, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED" and run.info.run_name == f"toy/quest/{run_dir.name}"
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     assert tags["quest.run_dir"] == str(run_dir) and tags["quest.status"] == "ok" and tags["quest.primary_metric"] == "mse"
-    assert params["optim.lr"] == str(saved["config"]["optim"]["lr"]) and params["seed"] == "0"
+    assert params["optim.lr"] == str(saved.config["optim"]["lr"]) and params["seed"] == "0"
     assert params["logging.mlflow.experiment"] == "quest-test"
-    assert saved["metrics"] and all(metrics[key] == value for key, value in saved["metrics"].items())
-    assert metrics["best_val"] == saved["best_val"]["value"] and metrics["wall_time_s"] == saved["wall_time_s"]
+    assert saved.metrics and all(metrics[key] == value for key, value in saved.metrics.items())
+    assert metrics["best_val"] == saved.best_val.value and metrics["wall_time_s"] == saved.wall_time_s
     history = client.get_metric_history(run.info.run_id, "test/mse")  # logged once, by Lightning, as tested
-    assert [metric.value for metric in history] == [saved["metrics"]["test/mse"]]
+    assert [metric.value for metric in history] == [saved.metrics["test/mse"]]
     artifact = client.download_artifacts(run.info.run_id, trackers.ARTIFACT, str(tmp_path))
-    assert json.loads(open(artifact).read()) == saved
+    assert json.loads(open(artifact).read()) == saved.to_json()
     assert not list((tmp_path / "runs").rglob("mlruns"))  # the store is outside the run directory
     assert time.perf_counter() - started < 30
 
@@ -125,11 +125,11 @@ def test_an_offline_wandb_run_holds_the_config_headline_and_record(toy_domain, r
     saved = read_record(run_dir)
     run = wandb_run(tmp_path)
     assert run["name"] == f"toy/quest/{run_dir.name}" and run["exit_code"] == 0
-    assert run["config"]["optim.lr"] == saved["config"]["optim"]["lr"] and run["config"]["seed"] == 0
+    assert run["config"]["optim.lr"] == saved.config["optim"]["lr"] and run["config"]["seed"] == 0
     summary = run["summary"]
     assert summary["status"] == "ok" and summary["primary_metric"] == "mse"
-    assert saved["metrics"] and all(summary[key] == value for key, value in saved["metrics"].items())
-    assert json.loads((run["folder"] / "files" / trackers.ARTIFACT).read_text()) == saved
+    assert saved.metrics and all(summary[key] == value for key, value in saved.metrics.items())
+    assert json.loads((run["folder"] / "files" / trackers.ARTIFACT).read_text()) == saved.to_json()
     assert time.perf_counter() - started < 30
 
 
@@ -141,7 +141,7 @@ def test_a_failed_run_ends_its_tracker_runs_as_failed(toy_domain, run_args, tmp_
     args = [*SMOKE, *run_args, *mlflow_settings(tmp_path), *wandb_settings(tmp_path)]
     assert cli(["train", *args]) == 1
     saved = read_record(run_directory(compose(args)))
-    assert saved["status"] == "failed"
+    assert saved.status == "failed"
     _, run = mlflow_run(tmp_path)
     assert run.info.status == "FAILED" and run.data.tags["quest.status"] == "failed"
     assert "unexpected way" in run.data.tags["quest.error"]
@@ -182,8 +182,7 @@ def test_the_launch_log_says_where_the_sweep_tracked_its_runs(toy_domain, tmp_pa
     monkeypatch.setattr(workers, "_spawn", Threaded)
 
     def run(cfg, **options):  # the runner, made instant: a record, no training
-        record = RunRecord(**make_record(cfg.attention.variant, cfg.seed, {"mse": 1.0}, domain=cfg.domain,
-                                         dataset="random"))
+        record = make_record(cfg.attention.variant, cfg.seed, {"mse": 1.0}, domain=cfg.domain, dataset="random")
         write_record(run_directory(cfg), record)
         return record
 

@@ -2,7 +2,6 @@
 would create a file if unpickled is refused (checkpoint: one line, exit 2; cache: rebuilt), and no value
 from the command line or a sweep file reads the environment."""
 import errno
-import json
 import logging
 import os
 
@@ -12,6 +11,7 @@ from conftest import CreatesAFile, make_record
 from omegaconf import OmegaConf
 
 from common.data import cached, load_mnist
+from common.records import write_record
 from runners.cli import main as cli
 from runners.config import compose
 
@@ -22,7 +22,7 @@ def finished_run(tmp_path, *args):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    (run_dir / "record.json").write_text(json.dumps(make_record(cfg.attention.variant, 0, {}, domain=cfg.domain)))
+    write_record(run_dir, make_record(cfg.attention.variant, 0, {}, domain=cfg.domain))
     return run_dir
 
 

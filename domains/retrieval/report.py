@@ -58,11 +58,11 @@ def load(root: str | Path) -> pd.DataFrame:
             record = read_record(path)
         except RecordError:
             continue  # quest aggregate lists broken records; here they are simply not counted
-        if record["domain"] != "retrieval":
+        if record.domain != "retrieval":
             continue
-        config, metrics = record["config"], record["metrics"]
+        config, metrics = record.config, record.metrics
         data = config["data"]
-        rows.append({"variant": record["variant"], "seed": record["seed"], "status": record["status"],
+        rows.append({"variant": record.variant, "seed": record.seed, "status": record.status,
                      "lr": config["optim"]["lr"], "wd": config["optim"]["weight_decay"],
                      "hidden": config["model"]["hidden"], "p_bias": data["p_bias"], "bias_norm": data["bias_norm"],
                      "num_tokens": data["num_tokens"], "key_dim": data["key_dim"],

@@ -14,7 +14,7 @@ from pathlib import Path
 from common.arguments import CommandParser, positive_int
 from common.checkpoint import run_config
 from common.errors import ConfigError
-from common.records import RunRecord, write_record
+from common.records import read_record, write_record
 from common.registry import typed_config
 from common.restore import restore
 from domains.vision.imagenet import (
@@ -36,7 +36,7 @@ def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None =
     if data.dataset != "imagefolder":
         raise ConfigError(f"{run_dir} is a vision run on {data.dataset}: ImageNet evaluation needs a run on an "
                           "ImageFolder tree")
-    record = RunRecord.read(run_dir)
+    record = read_record(run_dir)
     run = restore(run_dir, checkpoint, cfg)
     classifier = Classifier(run.task, run.datamodule.classes, data)
     results: dict[str, float] = {}

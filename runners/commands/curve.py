@@ -17,5 +17,5 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     for path in args.runs:
         points = evaluate_curve(path, args.robustness)
-        print(f"curve: {path}: " + " · ".join(f"step {p['step']}" for p in points))
+        print(f"curve: {path}: " + " · ".join(f"step {p.step}" for p in points))
     return 0

@@ -43,7 +43,7 @@ def summary(record: RunRecord, run_dir: Path) -> str:
     shown = [f"test {name} {metrics[f'test/{name}']:.4g}" for name in record.headline or [] if f"test/{name}" in metrics]
     outcome = [f"{record.status}: {record.domain}/{record.variant} seed {record.seed}", *shown]
     if record.divergence:
-        outcome.append(f"diverged at step {record.divergence['step']} ({record.divergence['reason']})")
+        outcome.append(f"diverged at step {record.divergence.step} ({record.divergence.reason})")
     if record.error:
         outcome.append(record.error)
     where = run_dir / ("error.log" if record.status == "failed" else RECORD_NAME)

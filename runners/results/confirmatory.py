@@ -270,7 +270,7 @@ def provenance(path: Path, runs: pd.DataFrame) -> str:
         return f"`{path}` is not committed: nothing shows the plan came before the runs."
     commits = set()
     for run_dir in runs["run_dir"]:
-        commit = read_record(run_dir).get("git_commit") or "unknown"  # a record load_runs has read already
+        commit = read_record(run_dir).git_commit or "unknown"  # a record load_runs has read already
         commits.add(commit.removesuffix("+dirty"))
     later = [c for c in commits if c != "unknown" and _precedes(planned, c, path.parent)]
     verdict = ("every run's commit descends from it" if len(later) == len(commits) else

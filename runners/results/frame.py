@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.attention import VARIANTS
-from common.records import read_records
+from common.records import RunRecord, read_records
 from runners.runs.selection import SELECTION_FILE, leaves, read_selection
 
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
@@ -34,15 +34,15 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
                   if (Path(root) / SELECTION_FILE).is_file()}
     rows = []
     for path, rec in records:
-        row = {k: rec[k] for k in RECORD_FIELDS}
+        row = {k: getattr(rec, k) for k in RECORD_FIELDS}
         row["run_dir"] = str(path.parent)
-        row.update({k.removeprefix("test/"): v for k, v in rec["metrics"].items()})
-        row.update({k: v for k, v in rec.get("robustness", {}).items() if k.startswith(ROBUSTNESS)})
-        row.update({k: rec.get(k, {}) for k in DESCRIPTIONS})
+        row.update({k.removeprefix("test/"): v for k, v in rec.metrics.items()})
+        row.update({k: v for k, v in (rec.robustness or {}).items() if k.startswith(ROBUSTNESS)})
+        row.update({k: getattr(rec, k) or {} for k in DESCRIPTIONS})
         row.update(initial_sharpness(rec))
-        kept = rec["best_val"]
-        if kept.get("evaluations"):  # its best validation was its last: still improving when it stopped
-            row["best_at_end"] = kept["evaluation"] == kept["evaluations"]
+        kept = rec.best_val
+        if kept.evaluations:  # its best validation was its last: still improving when it stopped
+            row["best_at_end"] = kept.evaluation == kept.evaluations
         rows += [{**row, "protocol": protocol} for protocol in _protocols(path, rec, selections)]
     if not rows:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(skipped)} skipped)")
@@ -67,20 +67,20 @@ def repeats(runs: pd.DataFrame) -> dict[tuple[str, ...], tuple[str, ...]]:
     return found
 
 
-def initial_sharpness(rec: dict) -> dict[str, float]:
+def initial_sharpness(rec: RunRecord) -> dict[str, float]:
     """The run's attention sharpness at step 0 (``INITIAL``), where its probes ran then."""
-    trajectory = rec.get("trajectory") or {}
-    if not trajectory.get("step") or trajectory["step"][0] != 0:
+    trajectory = rec.trajectory
+    if trajectory is None or trajectory.step[:1] != [0]:
         return {}
     found = {}
     for column, stat in INITIAL.items():
-        values = [layer[stat][0] for layer in trajectory["layers"].values() if layer.get(stat)]
+        values = [layer[stat][0] for layer in trajectory.layers.values() if layer.get(stat)]
         if values:
             found[column] = sum(values) / len(values)
     return found
 
 
-def _protocols(path: Path, rec: dict, selections: dict[Path, dict]) -> list[str]:
+def _protocols(path: Path, rec: RunRecord, selections: dict[Path, dict]) -> list[str]:
     """The protocols a run belongs to: none for a selection run, else "same recipe" where its scaled settings
     are the recipe's and its seed one of the sweep's, and "tuned" where they are its variant's choice and its
     seed a confirmation seed (both where the two agree); a run of no sweep with a ``select:`` section belongs
@@ -90,12 +90,12 @@ def _protocols(path: Path, rec: dict, selections: dict[Path, dict]) -> list[str]
         return [""]
     if path.is_relative_to(root / "select"):
         return []
-    selection, settings = selections[root], leaves(rec["config"])
+    selection, settings = selections[root], leaves(rec.config)
     same = lambda want: all(abs(float(settings.get(k, "nan")) - v) <= 1e-9 * abs(v) for k, v in want.items())
-    recipe = selection["recipe"].get(rec["domain"], {})  # a domain not tuned has only the recipe's runs
-    chosen = selection["chosen"].get(rec["domain"], {}).get(rec["variant"])
-    found = [PROTOCOLS[0]] if same(recipe) and rec["seed"] in selection["recipe_seeds"] else []
-    found += [PROTOCOLS[1]] if chosen is not None and same(chosen) and rec["seed"] in selection["confirm_seeds"] else []
+    recipe = selection["recipe"].get(rec.domain, {})  # a domain not tuned has only the recipe's runs
+    chosen = selection["chosen"].get(rec.domain, {}).get(rec.variant)
+    found = [PROTOCOLS[0]] if same(recipe) and rec.seed in selection["recipe_seeds"] else []
+    found += [PROTOCOLS[1]] if chosen is not None and same(chosen) and rec.seed in selection["confirm_seeds"] else []
     label = selection.get("label")  # a sweep's own setting (another init) keeps its tables apart
     return [f"{name}, {label}" if label else name for name in found]
 

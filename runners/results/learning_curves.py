@@ -23,14 +23,14 @@ def curve_points(*roots: str | Path) -> pd.DataFrame:
     records, _ = read_records(*roots)
     rows = []
     for _, rec in records:
-        if rec["status"] != "ok":
+        if rec.status != "ok":
             continue
-        for point in rec.get("curve", []):
-            row = {"domain": rec["domain"], "width": rec["config"].get("model", {}).get("dim"), "variant": rec["variant"],
-                   "seed": rec["seed"], "step": point["step"], "fraction": point["fraction"],
-                   "primary": rec["primary_metric"], "mode": rec["mode"]}
-            row.update({k.removeprefix("test/"): v for k, v in point["metrics"].items()})
-            row.update({k: v for k, v in point.get("robustness", {}).items() if isinstance(v, (int, float))})
+        for point in rec.curve or []:
+            row = {"domain": rec.domain, "width": rec.config.get("model", {}).get("dim"), "variant": rec.variant,
+                   "seed": rec.seed, "step": point.step, "fraction": point.fraction,
+                   "primary": rec.primary_metric, "mode": rec.mode}
+            row.update({k.removeprefix("test/"): v for k, v in point.metrics.items()})
+            row.update(point.robustness or {})
             rows.append(row)
     if not rows:
         raise FileNotFoundError(f"no run under {', '.join(map(str, roots))} has a tested curve (quest curve)")
@@ -43,14 +43,14 @@ def probe_points(*roots: str | Path) -> pd.DataFrame:
     records, _ = read_records(*roots)
     rows = []
     for _, rec in records:
-        trajectory = rec.get("trajectory") or {}
-        if rec["status"] != "ok" or not rec.get("curve") or not trajectory.get("step"):
+        trajectory = rec.trajectory
+        if rec.status != "ok" or not rec.curve or trajectory is None:
             continue
-        for i, step in enumerate(trajectory["step"]):
-            row = {"domain": rec["domain"], "width": rec["config"].get("model", {}).get("dim"), "variant": rec["variant"],
-                   "seed": rec["seed"], "step": step}
+        for i, step in enumerate(trajectory.step):
+            row = {"domain": rec.domain, "width": rec.config.get("model", {}).get("dim"), "variant": rec.variant,
+                   "seed": rec.seed, "step": step}
             for stat in PROBES:
-                values = [layer[stat][i] for layer in trajectory["layers"].values() if stat in layer]
+                values = [layer[stat][i] for layer in trajectory.layers.values() if stat in layer]
                 row[stat] = max(values) if values else np.nan
             rows.append(row)
     return pd.DataFrame(rows)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common.records import read_records
+from common.records import Trajectory, read_records
 from runners.results.frame import GROUP, variant_order
 
 log = logging.getLogger(__name__)
+UNPROBED = Trajectory(step=[], layers={})  # the trajectory of a run whose probes never ran
 
 
 def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
@@ -23,13 +24,13 @@ def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
         log.warning("stability: skipping %s", err)
     rows = []
     for _, rec in records:
-        losses = rec.get("losses", {})
+        losses = rec.losses or {}
         if "train_first" not in losses:
             continue
         final = losses.get("val_final", np.nan)
-        rows.append({**{k: rec[k] for k in ("domain", "dataset", "preset", "variant", "seed", "status")},
-                     "lr": float(rec["config"]["optim"]["lr"]), "initial": losses["train_first"], "final": final,
-                     "diverged_step": (rec["divergence"] or {}).get("step"), "trajectory": rec.get("trajectory", {})})
+        rows.append({**{k: getattr(rec, k) for k in ("domain", "dataset", "preset", "variant", "seed", "status")},
+                     "lr": float(rec.config["optim"]["lr"]), "initial": losses["train_first"], "final": final,
+                     "diverged_step": rec.divergence.step if rec.divergence else None, "trajectory": rec.trajectory or UNPROBED})
     if not rows:
         raise FileNotFoundError(f"no records of trained runs under {', '.join(map(str, roots))}")
     return pd.DataFrame(rows)
@@ -66,7 +67,7 @@ def peak_logits(runs: pd.DataFrame, top: int = 2) -> pd.DataFrame:
     lrs = sorted(runs["lr"].unique())[-top:]
     chosen = runs[runs["lr"].isin(lrs)]
     peak = chosen["trajectory"].map(lambda t: max((max(stats["max_logit"], default=np.nan)
-                                                   for stats in t.get("layers", {}).values()), default=np.nan))
+                                                   for stats in t.layers.values()), default=np.nan))
     table = chosen.assign(peak=peak).groupby(["variant", "lr"])["peak"].median().unstack("lr")
     return table.reindex(variant_order(runs["variant"]))
 
@@ -106,9 +107,9 @@ def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
         for col, variant in enumerate(variants):
             ax = axes[row][col]
             pick = runs[(runs["lr"] == lr) & (runs["variant"] == variant)].sort_values("seed")
-            trajectory = pick.iloc[0]["trajectory"] if len(pick) else {}
-            for layer, stats in trajectory.get("layers", {}).items():
-                ax.plot(trajectory["step"], stats["max_logit"], lw=1, label=layer)
+            trajectory = pick.iloc[0]["trajectory"] if len(pick) else UNPROBED
+            for layer, stats in trajectory.layers.items():
+                ax.plot(trajectory.step, stats["max_logit"], lw=1, label=layer)
             ax.set_title(f"{variant}, lr {lr:.3g}", fontsize=8)
             ax.set_yscale("symlog")
             ax.tick_params(labelsize=6)

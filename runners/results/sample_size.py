@@ -72,7 +72,7 @@ def pilot_sd(runs: pd.DataFrame, claim: dict) -> tuple[float, int]:
 def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
     """Hours one seed of ``domain`` costs: the sum over ``variants`` of their pilot runs' mean ``wall_time_s``."""
     here = runs[(runs["domain"] == domain) & runs["variant"].isin(variants)]
-    wall = here["run_dir"].map(lambda run_dir: read_record(Path(run_dir))["wall_time_s"])
+    wall = here["run_dir"].map(lambda run_dir: read_record(Path(run_dir)).wall_time_s)
     return float(wall.groupby(here["variant"]).mean().sum()) / HOUR_S
 
 

@@ -35,8 +35,6 @@ exit 2); ``quest sweep`` runs those.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import time
 import traceback
 
@@ -95,8 +93,9 @@ def _build(member: Member, domain) -> None:
 
 
 def _member_record(member: Member, template: RunRecord) -> RunRecord:
-    return dataclasses.replace(copy.deepcopy(template), seed=int(member.cfg.seed),
-                               config=OmegaConf.to_container(member.cfg, resolve=True))
+    record = template.model_copy(deep=True)
+    record.seed, record.config = int(member.cfg.seed), OmegaConf.to_container(member.cfg, resolve=True)
+    return record
 
 
 def _write_run(member: Member, template: RunRecord, chunk_size: int, wall_s: float) -> RunRecord:

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from common.records import read_records
+from common.records import Trajectory, read_records
 from runners.runs.launches import LAUNCH_LOG
 from runners.runs.rundir import in_progress
 from runners.runs.selection import SELECTION_FILE
@@ -16,15 +16,15 @@ from runners.runs.selection import SELECTION_FILE
 KEPT_PROBES = 17  # probe steps kept per run: the first (the initial sharpness), the last and those evenly between
 
 
-def thin(trajectory: dict, keep: int = KEPT_PROBES) -> dict:
+def thin(trajectory: Trajectory, keep: int = KEPT_PROBES) -> Trajectory:
     """``trajectory`` (``common.callbacks.ProbeCallback``) at ``keep`` of its steps, the first and last included."""
-    steps = trajectory.get("step") or []
+    steps = trajectory.step
     if len(steps) <= keep:
         return trajectory
     picked = sorted({round(i * (len(steps) - 1) / (keep - 1)) for i in range(keep)})
-    return {"step": [steps[i] for i in picked],
-            "layers": {name: {stat: [values[i] for i in picked] for stat, values in stats.items()}
-                       for name, stats in trajectory["layers"].items()}}
+    return Trajectory(step=[steps[i] for i in picked],
+                      layers={name: {stat: [values[i] for i in picked] for stat, values in stats.items()}
+                              for name, stats in trajectory.layers.items()})
 
 
 def archive(source: Path, target: Path) -> tuple[int, int, int, int]:
@@ -38,9 +38,9 @@ def archive(source: Path, target: Path) -> tuple[int, int, int, int]:
     for path, record in records:
         out = target / path.relative_to(source)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if "trajectory" in record:
-            record = {**record, "trajectory": thin(record["trajectory"])}
-        out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
+        if record.trajectory is not None:
+            record.trajectory = thin(record.trajectory)
+        out.write_text(json.dumps(record.to_json(), separators=(",", ":"), sort_keys=True) + "\n")  # write_record's order
     others = [p for name in (LAUNCH_LOG, SELECTION_FILE) for p in source.rglob(name) if p.is_file()]  # not a FIFO
     for path in others:
         (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
-from common.records import RunRecord, write_record
+from common.records import read_record, write_record
 from common.registry import domain_schema, typed_config
 from common.restore import restore
 from common.task import ClassificationTask
@@ -34,7 +34,7 @@ def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, Dic
 def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float]:
     """Evaluate one run and write the result into its record; returns the result."""
     run_dir, checkpoint, cfg = load_config(path, list(overrides))
-    record = RunRecord.read(run_dir)
+    record = read_record(run_dir)
     with torch_threads(cfg.get("threads")):  # a sweep worker's share of the threads
         run = restore(run_dir, checkpoint, cfg)
         if not isinstance(run.task, ClassificationTask):

@@ -21,7 +21,7 @@ from statistics import fmean, stdev
 
 from common.errors import ConfigError
 from common.files import FileError, MiB, read_json
-from common.records import read_records
+from common.records import RunRecord, read_records
 from runners.config import UNHASHED
 from runners.runs.margins import Grid, Margin, bucket, margin
 
@@ -45,14 +45,14 @@ def _ignored(key: str) -> bool:
     return any(key == skip or key.startswith(f"{skip}.") for skip in IGNORED)
 
 
-def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
+def candidates(records: Iterable[RunRecord], by: tuple[str, ...] = ()) -> list[dict]:
     """The candidates of a grid (see the module's rule), best first within each group of ``by`` (and of domain,
     dataset and preset): ``{"group", "settings", "runs", "seeds", "mean", "std", "params", "failed"}``."""
     records = list(records)
-    flat = [{k: v for k, v in leaves(rec["config"]).items() if not _ignored(k)} for rec in records]
+    flat = [{k: v for k, v in leaves(rec.config).items() if not _ignored(k)} for rec in records]
     groups: dict[tuple, list[int]] = {}
     for index, rec in enumerate(records):
-        key = tuple(rec[field] for field in ("domain", "dataset", "preset", *by))
+        key = tuple(getattr(rec, field) for field in ("domain", "dataset", "preset", *by))
         groups.setdefault(key, []).append(index)
     ranked = []
     for group, members in groups.items():
@@ -62,7 +62,7 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
         pool: dict[tuple, list[int]] = {}
         for i in members:
             pool.setdefault(tuple(repr(flat[i].get(k)) for k in varying), []).append(i)
-        mode = records[members[0]]["mode"]
+        mode = records[members[0]].mode
         rows = [_candidate(group, varying, [records[i] for i in runs], [flat[i] for i in runs], mode)
                 for runs in pool.values()]
         sign = -1 if mode == "max" else 1
@@ -71,16 +71,16 @@ def candidates(records: Iterable[dict], by: tuple[str, ...] = ()) -> list[dict]:
     return ranked
 
 
-def _candidate(group: tuple, varying: list[str], runs: list[dict], flat: list[dict], mode: str) -> dict:
+def _candidate(group: tuple, varying: list[str], runs: list[RunRecord], flat: list[dict], mode: str) -> dict:
     worst = -math.inf if mode == "max" else math.inf
-    scores = [rec["best_val"]["value"] if rec["status"] == "ok" and rec["best_val"]["value"] is not None
-              and math.isfinite(rec["best_val"]["value"]) else worst for rec in runs]
+    scores = [rec.best_val.value if rec.status == "ok" and rec.best_val.value is not None
+              and math.isfinite(rec.best_val.value) else worst for rec in runs]
     return {"group": group, "settings": {k: flat[0].get(k) for k in varying},
-            "runs": len(runs), "seeds": sorted(rec["seed"] for rec in runs),
-            "scores": {rec["seed"]: score for rec, score in zip(runs, scores)},
+            "runs": len(runs), "seeds": sorted(rec.seed for rec in runs),
+            "scores": {rec.seed: score for rec, score in zip(runs, scores)},
             "mean": fmean(scores), "std": stdev(scores) if len(scores) > 1 and all(map(math.isfinite, scores)) else 0.0,
-            "params": runs[0]["params"], "failed": sum(rec["status"] != "ok" for rec in runs),
-            "metric": f"val/{runs[0]['primary_metric']}", "mode": mode}
+            "params": runs[0].params, "failed": sum(rec.status != "ok" for rec in runs),
+            "metric": f"val/{runs[0].primary_metric}", "mode": mode}
 
 
 def select(*roots: str | Path, by: tuple[str, ...] = ()) -> list[dict]:

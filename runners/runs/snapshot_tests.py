@@ -12,31 +12,31 @@ import pytorch_lightning as pl
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
-from common.records import RunRecord, write_record
+from common.records import CurvePoint, read_record, write_record
 from common.registry import typed_config
 from common.restore import restore
 from common.task import ClassificationTask
 from runners.runs.training import torch_threads
 
 
-def evaluate_curve(path: str | Path, robustness: bool = False) -> list[dict]:
+def evaluate_curve(path: str | Path, robustness: bool = False) -> list[CurvePoint]:
     """Test every snapshot of the run at ``path``; writes and returns the record's ``curve``."""
     run_dir, _, cfg = run_config(path, key="run")
-    record = RunRecord.read(run_dir)
+    record = read_record(run_dir)
     if not record.snapshots:
         raise ConfigError(f"{run_dir} kept no snapshots (a sweep keeps them with `snapshots:`)")
     points = []
     with torch_threads(cfg.get("threads")):
         for snapshot in record.snapshots:
-            run = restore(run_dir, run_dir / "snapshots" / snapshot["file"], cfg)
+            run = restore(run_dir, run_dir / "snapshots" / snapshot.file, cfg)
             trainer = pl.Trainer(accelerator="gpu" if next(run.task.parameters()).is_cuda else "cpu", devices=1,
                                  logger=False, enable_progress_bar=False, enable_model_summary=False)
             results = trainer.test(run.task, datamodule=run.datamodule, verbose=False)
-            point = {"fraction": snapshot["fraction"], "step": snapshot["step"],
+            point = {"fraction": snapshot.fraction, "step": snapshot.step,
                      "metrics": {k: float(v) for k, v in (results[0] if results else {}).items()}}
             if robustness and "robustness" in cfg and isinstance(run.task, ClassificationTask):
                 point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), typed_config(cfg).robustness)
             points.append(point)
     record.curve = points
     write_record(run_dir, record)
-    return points
+    return record.curve

@@ -174,10 +174,10 @@ def fixed_cost(args: list[str]) -> dict:
         if done.returncode != 0:
             raise RuntimeError(f"quest train {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-300:]}")
         (record,) = [read_record(path) for path in find_records(folder)]
-    timing = record["timing"]
-    parts = {"start and imports": wall - record["wall_time_s"], "build": timing["build_s"],
-             "fit (train + validate)": timing["fit_s"] - timing["checkpoint_s"], "checkpoints": timing["checkpoint_s"],
-             "test": timing.get("test_s", 0.0)}
+    timing = record.timing
+    parts = {"start and imports": wall - record.wall_time_s, "build": timing.build_s,
+             "fit (train + validate)": timing.fit_s - timing.checkpoint_s, "checkpoints": timing.checkpoint_s,
+             "test": timing.test_s or 0.0}
     parts["record and exit"] = wall - sum(parts.values())
-    return {"config": args, "wall_s": wall, "steps": timing["steps"], "parts_s": parts,
+    return {"config": args, "wall_s": wall, "steps": timing.steps, "parts_s": parts,
             "fixed_share": 1 - parts["fit (train + validate)"] / wall}

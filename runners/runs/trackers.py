@@ -165,22 +165,20 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def numbers(record: dict) -> dict[str, float]:
+def numbers(record: RunRecord) -> dict[str, float]:
     """The record's numbers a tracker shows: its test metrics, best validation value and wall time."""
-    found = {key: float(value) for key, value in record.get("metrics", {}).items()
-             if isinstance(value, (int, float)) and not isinstance(value, bool)}
-    best = (record.get("best_val") or {}).get("value")
-    if best is not None:
-        found["best_val"] = float(best)
-    found["wall_time_s"] = float(record.get("wall_time_s") or 0.0)
+    found = {key: float(value) for key, value in record.metrics.items()}
+    if record.best_val.value is not None:
+        found["best_val"] = float(record.best_val.value)
+    found["wall_time_s"] = float(record.wall_time_s)
     return found
 
 
-def notes(record: dict) -> dict[str, str]:
+def notes(record: RunRecord) -> dict[str, str]:
     """The record's words a tracker shows: status, primary metric and its direction, the error if any."""
-    words = {"status": record["status"], "primary_metric": record["primary_metric"], "mode": record["mode"]}
-    if record.get("error"):
-        words["error"] = str(record["error"])[:5000]
+    words = {"status": record.status, "primary_metric": record.primary_metric, "mode": record.mode}
+    if record.error:
+        words["error"] = record.error[:5000]
     return words
 
 
@@ -199,19 +197,19 @@ def finish(run_loggers: Sequence[Logger], record: RunRecord | None) -> None:
         if kind is None:
             continue
         try:
-            (_finish_mlflow if kind == "mlflow" else _finish_wandb)(logger, data)  # as record.json holds it
+            (_finish_mlflow if kind == "mlflow" else _finish_wandb)(logger, record, data)  # data: as record.json holds it
         except Exception as err:
             log.warning("%s could not log the run: %s", kind, error_line(err))
 
 
-def _finish_mlflow(logger, record: dict | None) -> None:
+def _finish_mlflow(logger, record: RunRecord | None, data: dict | None) -> None:
     if record is None:
         if logger._initialized:  # else MLflow has no run to end
             logger.experiment.set_terminated(logger.run_id, "FAILED")
         return
     client, run_id = logger.experiment, logger.run_id  # begins the run if training never reached the logger
     try:
-        logger.log_hyperparams(flat_config(record["config"]))  # in batches, overlong values cut, as Lightning does
+        logger.log_hyperparams(flat_config(record.config))  # in batches, overlong values cut, as Lightning does
         latest = client.get_run(run_id).data.metrics  # Lightning logged the test metrics: not again, unless changed
         for key, value in numbers(record).items():
             if latest.get(key) != value:  # at the last step it was logged at, so that it is the run's latest value
@@ -219,22 +217,22 @@ def _finish_mlflow(logger, record: dict | None) -> None:
                 client.log_metric(run_id, key, value, step=max(steps, default=0))
         for key, value in notes(record).items():
             client.set_tag(run_id, f"quest.{key}", value)
-        client.log_dict(run_id, record, ARTIFACT)
+        client.log_dict(run_id, data, ARTIFACT)
     finally:
-        client.set_terminated(run_id, MLFLOW_STATUS.get(record["status"], "FAILED"))
+        client.set_terminated(run_id, MLFLOW_STATUS.get(record.status, "FAILED"))
 
 
-def _finish_wandb(logger, record: dict | None) -> None:
+def _finish_wandb(logger, record: RunRecord | None, data: dict | None) -> None:
     if record is None:
         if logger._experiment is not None:  # else W&B has no run to end
             logger.experiment.finish(exit_code=1)
         return
     run = logger.experiment
     try:
-        run.config.update(flat_config(record["config"]), allow_val_change=True)
+        run.config.update(flat_config(record.config), allow_val_change=True)
         run.summary.update({**numbers(record), **notes(record)})
         path = Path(run.dir) / ARTIFACT
-        path.write_text(json.dumps(record, indent=2, sort_keys=True))
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
         run.save(str(path), base_path=run.dir, policy="now")
     finally:  # an unfinished W&B run would be taken up by the next run of the process (a sweep's worker)
-        run.finish(exit_code=0 if MLFLOW_STATUS.get(record["status"]) == "FINISHED" else 1)
+        run.finish(exit_code=0 if MLFLOW_STATUS.get(record.status) == "FINISHED" else 1)

@@ -206,8 +206,9 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: Ru
         checkpoint, probes, watch = (_one(trainer, kind) for kind in (BestCheckpoint, ProbeCallback, DivergenceCallback))
         began = time.perf_counter()
         trainer.fit(task, datamodule=datamodule)
-        record.timing.update(fit_s=round(time.perf_counter() - began, 3), checkpoint_s=round(checkpoint.save_s, 3),
-                             steps=trainer.global_step)
+        timing = record.timing
+        timing.fit_s, timing.checkpoint_s = round(time.perf_counter() - began, 3), round(checkpoint.save_s, 3)
+        timing.steps = trainer.global_step
         record.hardware["world_size"] = trainer.world_size
         record.probes = probes.latest
         record.trajectory = probes.trajectory
@@ -221,7 +222,7 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: Ru
             best = checkpoint.best_model_path or None
             began = time.perf_counter()
             results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
-            record.timing["test_s"] = round(time.perf_counter() - began, 3)
+            record.timing.test_s = round(time.perf_counter() - began, 3)
             metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
         settle(record, task, task.divergence, metrics)
     except (ConfigError, DataError):

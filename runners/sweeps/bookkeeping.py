@@ -29,7 +29,7 @@ def recorded_status(run_dir: Path) -> str | None:
     if not (run_dir / RECORD_NAME).exists():
         return None
     try:
-        return read_record(run_dir)["status"]
+        return read_record(run_dir).status
     except RecordError as err:
         log.warning("%s; the run is made again", err)
         return "unreadable"

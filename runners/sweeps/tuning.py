@@ -41,13 +41,14 @@ from omegaconf import OmegaConf
 
 from common.attention import VARIANTS
 from common.errors import ConfigError
-from common.records import read_records
+from common.records import RunRecord, read_records
 from runners.config import compose, run_directory
 from runners.runs.margins import Grid, Margin, bucket, margin
 from runners.runs.selection import SELECTION_FILE, candidates, leaves, read_selection
 
 SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe", "rule"}
 RULES = ("best", "curve")
+Recorded = list[tuple[RunRecord, dict[str, object]]]  # selection runs' records, each with its settings (``leaves``)
 
 
 def check_select(value) -> str | None:
@@ -129,7 +130,7 @@ class Tuning:
               combo: dict | None = None) -> list[str]:
         return [*self.base(domain, variant, seed, out, combo), *(f"{key}={value!r}" for key, value in settings.items())]
 
-    def _grid(self, domain: str, variant: str, records: list[dict]) -> tuple[dict[str, list[float]], bool]:
+    def _grid(self, domain: str, variant: str, records: Recorded) -> tuple[dict[str, list[float]], bool]:
         """The multiples tried for one domain and variant, extended at each edge its choice came to sit on; and
         whether every one of their runs is recorded."""
         grid = {key: list(factors) for key, factors in self.scale.items()}
@@ -145,7 +146,7 @@ class Tuning:
                          else [*factors, factors[-1] ** 2 / factors[-2]])
         return grid, self._scores(domain, variant, grid, records) is not None
 
-    def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[float] | None:
+    def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: Recorded) -> list[float] | None:
         """The score of each setting of the grid (``_product`` order) by ``runners.runs.selection``'s rule,
         signed so that higher is better; None while one of its runs has no record."""
         runs = self._runs(domain, variant, grid, records)
@@ -157,19 +158,19 @@ class Tuning:
             scores.append(row["mean"] if row["mode"] == "max" else -row["mean"])
         return scores
 
-    def _runs(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> list[list[dict]] | None:
+    def _runs(self, domain: str, variant: str, grid: dict[str, list[float]], records: Recorded) -> list[list[RunRecord]] | None:
         """The records of each setting of the grid (``_product`` order), None while one of them has no record."""
         found = []
         for settings in _product(grid):
             values = {key: self.value(domain, key, factor) for key, factor in settings.items()}
-            runs = [rec for rec in records if rec["domain"] == domain and rec["variant"] == variant
-                    and rec["seed"] in self.seeds and all(_close(rec["leaves"].get(k), v) for k, v in values.items())]
-            if len({rec["seed"] for rec in runs}) < len(self.seeds):
+            runs = [rec for rec, flat in records if rec.domain == domain and rec.variant == variant
+                    and rec.seed in self.seeds and all(_close(flat.get(k), v) for k, v in values.items())]
+            if len({rec.seed for rec in runs}) < len(self.seeds):
                 return None
             found.append(runs)
         return found
 
-    def margin(self, domain: str, variant: str, grid: dict[str, list[float]], records: list[dict]) -> Margin | None:
+    def margin(self, domain: str, variant: str, grid: dict[str, list[float]], records: Recorded) -> Margin | None:
         """The margin of the choice over a one-key grid (``runners.runs.margins``); None for a grid of several keys."""
         if len(grid) != 1:
             return None
@@ -189,10 +190,10 @@ class Tuning:
                 for domain in self.domains for variant in self.variants
                 for settings in _product(self._grid(domain, variant, records)[0]) for seed in self.seeds]
 
-    def _records(self) -> list[dict]:
+    def _records(self) -> Recorded:
         found, _ = read_records(self.out / "select") if (self.out / "select").is_dir() else ([], [])
-        return [{**rec, "leaves": leaves(rec["config"])} for _, rec in sorted(found, key=lambda item: str(item[0]))
-                if rec["status"] != "stopped"]
+        return [(rec, leaves(rec.config)) for _, rec in sorted(found, key=lambda item: str(item[0]))
+                if rec.status != "stopped"]
 
     def choose(self) -> dict | None:
         """The choice of each domain and variant once the selection is complete (written to ``selection.json``
