@@ -238,6 +238,19 @@ def defaults(schema: type[RunConfig], domain: str) -> dict:
     return schema.model_construct(domain=domain).model_dump(mode="json", warnings=False)
 
 
+def missing_keys(cls: type[Model], values: dict, prefix: str = "") -> list[str]:
+    """The keys of ``cls`` (nested sections too) that ``values`` lacks: a config written before they existed,
+    which validation would quietly fill with today's defaults."""
+    missing = []
+    for name, field in cls.model_fields.items():
+        key = f"{prefix}{name}"
+        if name not in values:
+            missing.append(key)
+        elif isinstance(field.default, Model) and isinstance(values[name], dict):
+            missing += missing_keys(type(field.default), values[name], f"{key}.")
+    return missing
+
+
 def section(cls: type[Model], values: Any, prefix: str) -> Model:
     """``values`` read as the section ``cls``; a one-line ``ConfigError`` naming the first key that is not of
     its type, among its choices or within its range."""

@@ -116,7 +116,9 @@ def type_name(annotation: Any) -> str:
 
 def takes_text(annotation: Any) -> bool:
     """Whether a key of ``annotation`` takes a string, so that a value typed for it stays as typed."""
-    return any(option is str or (typing.get_origin(option) is typing.Literal) for option in _options(annotation))
+    return any(option is str or (typing.get_origin(option) is typing.Literal
+                                 and all(isinstance(arg, str) for arg in typing.get_args(option)))
+               for option in _options(annotation))
 
 
 def _section_type(annotation: Any) -> type[Model] | None:
@@ -152,6 +154,8 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: t
         if depth < len(parts) - 1:
             node = _section_type(field.annotation)
     if _section_type(field.annotation):
+        if isinstance(value, Text):
+            value = read_text(key, value, False)
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. "
                               f"{key}.{next(iter(_section_type(field.annotation).model_fields), 'x')}=...")

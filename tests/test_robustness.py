@@ -13,6 +13,7 @@ from common.data import load_mnist
 from common.errors import ConfigError
 from common.perturbations import CORRUPTIONS, corrupt, evaluate_robustness, fgsm, pgd
 from common.records import read_record
+from common.schema import Robustness
 
 CFG = {"input_range": [0.0, 1.0], "eps": [0.05, 0.1, 0.2],
        "pgd": {"steps": 10, "rel_step_size": 0.25, "random_start": True},
@@ -50,7 +51,7 @@ def test_attacks_respect_eps_and_range(tiny, input_range):
 
 def test_pgd_never_better_for_the_model_than_fgsm(tiny):
     model, images, labels = tiny
-    results = evaluate_robustness(model, loader(images, labels), CFG)
+    results = evaluate_robustness(model, loader(images, labels), Robustness.model_validate(CFG))
     assert results["acc_clean"] == 1.0 and results["n_samples"] == 96
     for eps in CFG["eps"]:
         assert results[f"acc_pgd_eps{eps:g}"] <= results[f"acc_fgsm_eps{eps:g}"]
@@ -73,7 +74,7 @@ def test_attack_is_deterministic_per_seed(tiny):
     runs = [pgd(model, images, labels, 0.1, steps=3, step_size=0.03, input_range=(0.0, 1.0),
                 generator=torch.Generator().manual_seed(seed)) for seed in (0, 0, 1)]
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
-    cfg = {**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]}
+    cfg = Robustness.model_validate({**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]})
     assert evaluate_robustness(model, loader(images, labels), cfg) == evaluate_robustness(model, loader(images, labels), cfg)
 
 
@@ -93,11 +94,11 @@ def test_tuple_inputs_perturb_only_the_first_element():
     labels = torch.randint(0, 5, (8,))
     adv = pgd(model, (features, lengths), labels, 0.5, steps=3, step_size=0.2)
     assert adv.shape == features.shape and (adv - features).abs().max() <= 0.5 + 1e-6
-    cfg = {**CFG, "input_range": None, "eps": [0.5], "max_samples": 6}
+    cfg = Robustness.model_validate({**CFG, "input_range": None, "eps": [0.5], "max_samples": 6})
     results = evaluate_robustness(model, [((features, lengths), labels)], cfg)
     assert results["n_samples"] == 6 and set(results) == {"acc_clean", "acc_fgsm_eps0.5", "acc_pgd_eps0.5", "n_samples"}
     with pytest.raises(ValueError, match="corruptions"):
-        evaluate_robustness(model, [((features, lengths), labels)], {**cfg, "corruptions": ["contrast"]})
+        evaluate_robustness(model, [((features, lengths), labels)], cfg.model_copy(update={"corruptions": ["contrast"]}))
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,7 @@ def test_variants_of_one_seed_face_the_same_corrupted_images(tiny, monkeypatch):
     model, images, labels = tiny
     seen = []
     monkeypatch.setattr(robustness, "corrupt", lambda *args: seen.append(corrupt(*args)) or seen[-1])
-    cfg = {**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]}
+    cfg = Robustness.model_validate({**CFG, "corruptions": ["gaussian_noise", "impulse_noise"]})
     evaluate_robustness(model, loader(images, labels), cfg)
     other = nn.Sequential(nn.Flatten(), nn.Linear(16, 4))
     first, seen[:] = list(seen), []
@@ -177,7 +178,8 @@ def test_a_corruption_outside_the_suite_is_refused_before_any_attack(tiny):
     model = nn.Sequential(model, nn.Identity())
     model.register_forward_hook(lambda *_: attacked.append(1))
     with pytest.raises(ConfigError, match="unknown corruption 'glass_blur'"):
-        evaluate_robustness(model, loader(images, labels), {**CFG, "corruptions": ["contrast", "glass_blur"]})
+        evaluate_robustness(model, loader(images, labels),
+                            Robustness.model_validate({**CFG, "corruptions": ["contrast", "glass_blur"]}))
     assert not attacked
 
 
@@ -193,7 +195,8 @@ def test_a_segmentation_corruption_outside_the_suite_stops_the_run_before_traini
 @pytest.mark.skipif(importlib.util.find_spec("pyautoattack") is None, reason="pyautoattack not installed")
 def test_autoattack_respects_eps(tiny):
     model, images, labels = tiny
-    cfg = {**CFG, "eps": [0.5], "autoattack": {"max_samples": 4, "version": "standard"}, "max_samples": 8}
+    cfg = Robustness.model_validate({**CFG, "eps": [0.5], "autoattack": {"max_samples": 4, "version": "standard"},
+                                     "max_samples": 8})
     results = evaluate_robustness(model, loader(images, labels, batch=4), cfg)
     assert results["acc_autoattack_eps0.5"] <= results["acc_clean"]
 

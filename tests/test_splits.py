@@ -100,14 +100,17 @@ def test_groups_asked_for_wrongly_are_one_line_data_errors(groups, message):
 
 
 def test_groups_without_a_pattern_or_of_the_wrong_kind_are_data_errors():
+    """``grouping`` reads a typed data section; a plugin's may hold any value (typed from its defaults)."""
+    from types import SimpleNamespace as Section
+
     from common.data import grouping
 
-    assert grouping({"group_pattern": None}) is None
-    assert grouping({"group_pattern": SPEAKER, "val_groups": [1], "test_groups": 2}) == Grouping(SPEAKER, ["1"], 2)
+    assert grouping(Section(group_pattern=None)) is None
+    assert grouping(Section(group_pattern=SPEAKER, val_groups=[1], test_groups=2)) == Grouping(SPEAKER, ["1"], 2)
     with pytest.raises(DataError, match="need data.group_pattern"):
-        grouping({"group_pattern": None, "val_groups": 2})
+        grouping(Section(group_pattern=None, val_groups=2))
     with pytest.raises(DataError, match="data.test_groups must be a number of groups or a list"):
-        grouping({"group_pattern": SPEAKER, "test_groups": -1})
+        grouping(Section(group_pattern=SPEAKER, test_groups=-1))
 
 
 def test_a_random_split_is_the_seeded_split_of_the_names():

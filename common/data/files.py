@@ -14,6 +14,7 @@ import numpy as np
 from common.data.splits import SPLITS
 from common.errors import DataError, error_line
 from common.files import not_regular, read_table, regular_file
+from common.typed import Model
 
 MAX_TABLE_BYTES = 1 << 30  # a dataset's CSV file, read whole into memory
 
@@ -33,14 +34,14 @@ def require_path(path: str | Path, what: str = "dataset root") -> Path:
     return path
 
 
-def data_root(data: dict, what: str, *, folder: bool = False) -> Path:
+def data_root(data: Model, what: str, *, folder: bool = False) -> Path:
     """``data.root`` of a dataset read from disk: given, existing and, with ``folder``, a folder, else a
     ``DataError`` naming it; ``what`` says what it should be ("a folder of class folders")."""
-    if data["root"] is None:
-        raise DataError(f"dataset {data['dataset']!r} needs data.root=<{what}>")
-    root = require_path(data["root"], "data.root")
+    if data.root is None:
+        raise DataError(f"dataset {data.dataset!r} needs data.root=<{what}>")
+    root = require_path(data.root, "data.root")
     if folder and not root.is_dir():
-        raise DataError(f"data.root {root} is a file; dataset {data['dataset']!r} needs {what}")
+        raise DataError(f"data.root {root} is a file; dataset {data.dataset!r} needs {what}")
     return root
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from common.errors import DataError
+from common.typed import Model
 
 SPLITS = ("train", "val", "test")
 
@@ -58,10 +59,10 @@ class Grouping(NamedTuple):
         return Grouping(self.pattern, None if self.val is None else 0, self.val)
 
 
-def grouping(data: dict) -> Grouping | None:
+def grouping(data: Model) -> Grouping | None:
     """The grouped split ``data`` asks for (``data.group_pattern``, ``data.val_groups``, ``data.test_groups``);
     None for a random one."""
-    pattern, val, test = data.get("group_pattern"), data.get("val_groups"), data.get("test_groups")
+    pattern, val, test = (getattr(data, key, None) for key in ("group_pattern", "val_groups", "test_groups"))
     if pattern is None:
         if val is not None or test is not None:
             raise DataError("data.val_groups and data.test_groups need data.group_pattern, which says what a group is")

@@ -80,7 +80,7 @@ def zinc_splits(data: DataConfig) -> LoadedGraphs:
     features and [1, 1] targets like the molecules."""
     check_split_by(data, has_smiles=False)
     # common's data_root reads a mapping (data.root, data.dataset): it gets the section's fields as one
-    raw = data_root(dict(data), "folder for PyG's ZINC (raw/ holds its pickles)", folder=True) / "raw"
+    raw = data_root(data, "folder for PyG's ZINC (raw/ holds its pickles)", folder=True) / "raw"
     missing = [name for name in ZINC_RAW_FILES if not (raw / name).is_file()]
     if missing:
         raise DataError(f"ZINC files missing under {raw}: {', '.join(missing)}")
@@ -162,7 +162,7 @@ def planetoid_splits(data: DataConfig) -> LoadedGraphs:
     check_split_by(data, has_smiles=False)
     if name == "cora" and data.root is None:  # shipped with the domain: the node-level default
         data = data.model_copy(update={"root": str(SHIPPED_CORA)})
-    folder = planetoid_folder(data_root(dict(data), f"folder of the ind.{name}.* files"), name)
+    folder = planetoid_folder(data_root(data, f"folder of the ind.{name}.* files"), name)
     check_planetoid_files(folder, name)
     try:
         graph = read_planetoid_data(str(folder), name)
@@ -252,7 +252,7 @@ def label_graphs(graphs: list[Data], node_level: bool) -> list[Data]:
 
 def pyg_splits(data: DataConfig) -> LoadedGraphs:
     check_split_by(data, has_smiles=False)
-    root = data_root(dict(data), "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
+    root = data_root(data, "a PyG dataset file, or a folder of train.pt, val.pt and test.pt")
     if root.is_dir():
         return pyg_folder_splits(root, data)
     graphs = read_pyg(root)

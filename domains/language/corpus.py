@@ -71,7 +71,7 @@ def stdlib(data: Data) -> Corpus:
 
 
 def text(data: Data) -> Corpus:
-    path = data_root(dict(data), "a UTF-8 text file or a folder of text files")
+    path = data_root(data, "a UTF-8 text file or a folder of text files")
     if path.is_file():
         return by_position(_non_empty(path), data.split)
     files = [p for p in path.rglob("*") if p.is_file() and p.stat().st_size > 0
@@ -85,7 +85,7 @@ def standard_split(data: Data) -> Corpus:
     """enwik8 or text8, as ``data.dataset`` names it: the file of that name (``root`` itself, or in the
     folder ``root``), 90/5/5% by position."""
     file_name = data.dataset
-    path = data_root(dict(data), f"the {file_name} file or its folder")
+    path = data_root(data, f"the {file_name} file or its folder")
     path = _non_empty(require_path(path / file_name, f"{file_name} file") if path.is_dir() else path)
     size = path.stat().st_size
     held_out = size // 20
@@ -95,7 +95,7 @@ def standard_split(data: Data) -> Corpus:
 
 
 def wikitext103(data: Data) -> Corpus:
-    root = data_root(dict(data), "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw", folder=True)
+    root = data_root(data, "the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw", folder=True)
     paths = {s: _non_empty(require_path(root / name, f"WikiText-103 {s} file")) for s, name in WIKITEXT_FILES.items()}
     return Corpus({s: [Document(p, p.name)] for s, p in paths.items()}, "shipped", "WikiText-103: "
                   + ", ".join(WIKITEXT_FILES.values()))

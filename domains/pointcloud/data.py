@@ -261,7 +261,7 @@ def modelnet_splits(data: Data, cache_dir: Path) -> Splits:
     clouds, row = _sampled(data, cache_dir, root, files)
     members = {split: [name for name in row if _modelnet_split(name) == split] for split in ("train", "test")}
     shipped = Split("shipped", "ModelNet <class>/train/ and <class>/test/ folders", {**members, "val": []})
-    split = carve_validation(shipped, data.val_fraction, data.split_seed, grouping(dict(data)))
+    split = carve_validation(shipped, data.val_fraction, data.split_seed, grouping(data))
     return _datasets(clouds, row, split), classes, split
 
 
@@ -269,7 +269,7 @@ def folder_splits(data: Data, cache_dir: Path) -> Splits:
     """Any class-per-folder tree: split folders used as shipped, or a ``test_fraction`` of the files held
     out (at random, or grouped by ``group_pattern``, from ``split_seed``); validation is a ``val_fraction``
     of the training files."""
-    root, seed, groups, share = _root(data), data.split_seed, grouping(dict(data)), data.val_fraction
+    root, seed, groups, share = _root(data), data.split_seed, grouping(data), data.val_fraction
     if split_folders(root):
         found, classes = class_folder_splits(root, MESH_EXTENSIONS + POINT_EXTENSIONS)
         clouds, row = _sampled(data, cache_dir, root, [item for items in found.values() for item in items])
@@ -285,7 +285,7 @@ def folder_splits(data: Data, cache_dir: Path) -> Splits:
 
 def _root(data: Data) -> Path:
     """The root of a modelnet or folder tree."""
-    return data_root(dict(data), "a folder of class folders (ModelNet10/40 unzipped works as is)", folder=True)
+    return data_root(data, "a folder of class folders (ModelNet10/40 unzipped works as is)", folder=True)
 
 
 def _sampled(data: Data, cache_dir: Path, root: Path, files: list[tuple[Path, int]]) -> tuple[dict, dict[str, int]]:

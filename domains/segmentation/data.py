@@ -362,7 +362,7 @@ class FolderPairs:
     def pairs(self, root: Path) -> tuple[Split, dict[str, tuple[Path, Path]]]:
         """How the pairs split (members: image paths relative to the root) and each member's pair."""
         data, shipped = self.data, self.split_pairs(root)
-        groups = grouping(dict(data))  # common.data reads the section as a mapping
+        groups = grouping(data)
         if shipped:
             members = {split: list(named(pairs, root)) for split, pairs in shipped.items()}
             split = shipped_split(members, None, data.split, data.split_seed, groups)

@@ -122,7 +122,7 @@ def speech_commands_splits(data: Data, cache_dir: Path) -> Splits:
     """Speech Commands v2 at ``data.root``: ``<word>/<speaker>_nohash_<n>.wav`` with ``validation_list.txt``
     and ``testing_list.txt`` naming the held-out files (its shipped split); everything else trains.
     ``_background_noise_`` is not a word (``class_folder_files`` skips folders starting with an underscore)."""
-    root = data_root(dict(data), "a folder of word folders with validation_list.txt and testing_list.txt", folder=True)
+    root = data_root(data, "a folder of word folders with validation_list.txt and testing_list.txt", folder=True)
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
@@ -140,9 +140,9 @@ def folder_splits(data: Data, cache_dir: Path) -> Splits:
     """Any ``<class>/<file>`` audio tree at ``data.root`` with its classes from its folders (``data.classes``
     keeps some): split folders as shipped (``<root>/{train,val,test}/<class>/``), or one tree split by
     ``val_fraction`` and ``test_fraction``, at random or grouped by ``data.group_pattern``, from ``split_seed``."""
-    root = data_root(dict(data), "a folder of class folders of audio files", folder=True)
+    root = data_root(data, "a folder of class folders of audio files", folder=True)
     fractions = (1.0 - data.val_fraction - data.test_fraction, data.val_fraction, data.test_fraction)
-    seed, groups, wanted = data.split_seed, grouping(dict(data)), data.classes
+    seed, groups, wanted = data.split_seed, grouping(data), data.classes
     if split_folders(root):
         found, names = class_folder_splits(root, AUDIO_EXTENSIONS)
         items, classes = _keep_classes([item for files in found.values() for item in files], names, wanted,

@@ -151,9 +151,8 @@ def imagefolder_splits(data: Data, cache_dir: Path) -> Splits:
     """Split folders as shipped (``split_folders``: train/ with val/ and/or test/), or one class-per-folder
     tree split by ``data.split`` (random, or grouped by ``data.group_pattern``) from ``data.split_seed``.
     Members are the image paths relative to the root."""
-    section = dict(data)  # common.data reads the section as a mapping
-    root = data_root(section, "a folder of class folders, or with train/ and val/", folder=True)
-    seed, groups = data.split_seed, grouping(section)
+    root = data_root(data, "a folder of class folders, or with train/ and val/", folder=True)
+    seed, groups = data.split_seed, grouping(data)
     if split_folders(root):
         found, classes = class_folder_splits(root, IMAGE_EXTENSIONS)
         split = shipped_split({s: list(named(files, root)) for s, files in found.items()}, None, data.split, seed,
@@ -182,7 +181,7 @@ def elpv_splits(data: Data, cache_dir: Path) -> Splits:
     if data.root is None:
         root = Path(require("elpv_dataset", extra="vision").__file__).parent / "data"
     else:
-        root = data_root(dict(data), "a folder with labels.csv beside images/", folder=True)
+        root = data_root(data, "a folder with labels.csv beside images/", folder=True)
     path = require_path(root / "labels.csv", "ELPV labels file")
     labels = read_csv(path, "ELPV labels file", sep=r"\s+", header=None, names=["path", "probability", "type"])
     probability = pd.to_numeric(labels["probability"], errors="coerce")
