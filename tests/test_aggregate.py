@@ -557,6 +557,8 @@ def test_a_table_says_how_many_runs_were_still_improving(tmp_path):
     ("no block here\n", "no ```yaml block holds the analysis plan"),
     (PLAN.replace("  - {id: H2", "  - 3\n  - {id: H2"), "hypotheses must be a list of mappings"),
     (PLAN.split("hypotheses:")[0] + "hypotheses: []\n```\n", "the plan lists no hypotheses"),
+    (PLAN.replace("alpha: 0.05", "alpha: 0.05\nnotes: x"), "the plan has unknown key(s) notes"),
+    (PLAN.replace("domain: b,", "domain: b, targt: 0.1,"), "hypothesis H2 has unknown key(s) targt"),
 ])
 def test_a_broken_plan_is_one_line_and_writes_nothing(tmp_path, capsys, plan, problem):
     write_tuned_sweep(tmp_path / "runs")
@@ -656,7 +658,7 @@ def test_whether_a_second_setting_changes_a_claim_is_a_paired_test_of_the_two_di
     runs = results_runs.load_runs(tmp_path / "main", tmp_path / "init")
     (tmp_path / "plan.md").write_text(PLAN)
     plan = confirmatory.read_plan(tmp_path / "plan.md")
-    change = confirmatory.setting_change(runs, plan["hypotheses"][0], "tuned", "tuned, PyTorch init", [0, 1, 2])
+    change = confirmatory.setting_change(runs, plan.hypotheses[0], "tuned", "tuned, PyTorch init", [0, 1, 2])
     assert change.to_dict() == pytest.approx({0: -0.38, 1: -0.35, 2: -0.35})
     found = confirmatory.under_second_settings(runs, plan, confirmatory.tests(runs, plan)).set_index("id")
     moved = [-0.38, -0.35, -0.35]
@@ -792,12 +794,12 @@ def test_the_headline_parts_a_claim_decided_below_its_power_from_one_that_may_ha
     claim left undecided is one whose sizes cannot show an effect of the target's size."""
     from pathlib import Path
 
-    from runners.results.confirmatory import Confirmation, headline
+    from runners.results.confirmatory import Confirmation, Plan, headline
 
     table = pd.DataFrame({"id": ["A", "B", "C", "D"], "target": [0.01] * 4, "mde": [0.02, 0.03, 0.005, 0.04],
                           "verdict": ["supported", "cannot tell", "cannot tell", "contradicted"],
                           "seeds": [9] * 4, "planned": [9] * 4})
-    plan = Confirmation(Path("plan.md"), {"seeds": list(range(9))}, table, pd.DataFrame(), pd.DataFrame())
+    plan = Confirmation(Path("plan.md"), Plan.model_construct(seeds=list(range(9))), table, pd.DataFrame(), pd.DataFrame())
     assert headline([plan])[2] == (
         "- `plan.md`: of its 4 claims, 1 supported (A), 1 contradicted (D), 2 cannot tell. Its sizes cannot show an "
         "effect of the target's size for B (MDE 0.03 > target 0.01). Decided although not powered for its target: "

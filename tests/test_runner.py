@@ -14,7 +14,7 @@ from runners.cli import main as cli
 from runners.config import ConfigError, compose, run_directory
 from runners.runs.training import check_settings, device_batch, train
 from runners.sweeps import slurm
-from runners.sweeps.spec import expand
+from runners.sweeps.spec import Sweep, expand, load_sweep
 
 
 def test_plugin_domain_runs_through_quest_train(toy_domain, run_args, capsys):
@@ -223,14 +223,16 @@ def test_records_round_trip_and_reject_malformed(tmp_path):
 
 
 def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
-    spec = {"domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo",
-            "output_dir": str(tmp_path), "overrides": ["trainer.enable_progress_bar=false"],
-            "slurm": {"partition": "gpu", "time_min": 30, "gpus_per_task": 1, "array_parallelism": 4}}
+    spec = Sweep.model_validate({
+        "domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo", "output_dir": str(tmp_path),
+        "overrides": ["trainer.enable_progress_bar=false"],
+        "slurm": {"partition": "gpu", "time_min": 30, "gpus_per_task": 1, "array_parallelism": 4}})
     jobs = slurm.launch_slurm(expand(spec), spec, tmp_path / "slurm", cluster="debug")
     assert [job.result()["ok"] for job in jobs] == [1, 1]
     assert len(list(tmp_path.rglob("record.json"))) == 2
-    with pytest.raises(ConfigError, match="unknown slurm key"):
-        slurm.launch_slurm([], {"slurm": {"queue": "x"}}, tmp_path / "slurm", cluster="debug")
+    (tmp_path / "queue.yaml").write_text("domains: [toy]\nslurm: {queue: x}\n")
+    with pytest.raises(ConfigError, match="queue.yaml: slurm: unknown key"):  # refused as the file is read, before any run
+        load_sweep(tmp_path / "queue.yaml")
 
 
 @pytest.mark.slow

@@ -319,10 +319,10 @@ def test_a_worker_that_dies_fails_the_sweep(toy_domain, tmp_path, fake_run, monk
     assert capsys.readouterr().out.splitlines()[-1].startswith("sweep: finished, 0/2 done: ")
 
 
-def test_all_variants_leave_ablations_out_unless_asked():
+def test_all_variants_leave_ablations_out_unless_asked(toy_domain):
     spec = {"domains": ["toy"], "variants": "all", "seeds": [0]}
-    assert {run[1] for run in sweep_spec.expand(spec)} == {f"attention={v}" for v in VARIANTS}
-    with_ablation = sweep_spec.expand({**spec, "ablations": ["uniform"]})
+    assert {run[1] for run in sweep_spec.expand(sweep_spec.Sweep.model_validate(spec))} == {f"attention={v}" for v in VARIANTS}
+    with_ablation = sweep_spec.expand(sweep_spec.Sweep.model_validate({**spec, "ablations": ["uniform"]}))
     assert {run[1] for run in with_ablation} == {f"attention={v}" for v in [*VARIANTS, "uniform"]}
 
 
@@ -355,6 +355,9 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
     ("domains: retrieval\n", "domains: must be a non-empty list of names or all, got 'retrieval'"),
     ("domains: [toy]\noverrides: optim.lr=0.1\n", "overrides: must be a list of key=value strings"),
     ("domains: [toy]\nrobustness: maybe\n", "robustness: must be true or false"),
+    ("domains: [toy, toyy]\n", "domains: has unknown domain toyy; choose from "),
+    ("domains: [toy]\ndomain_overrides: {vision: [a=1]}\n", "domain_overrides: names vision, which the sweep does not run"),
+    ("domains: [toy]\nseeds: [0]\nfoo: 1\nbar: 2\n", "unknown key(s) foo, bar"),
 ])
 def test_a_sweep_file_it_cannot_mean_is_one_line_naming_file_and_key(toy_domain, tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"

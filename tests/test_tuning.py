@@ -91,11 +91,20 @@ def test_selection_runs_are_not_attacked_and_dry_run_lists_the_stage(tmp_path, s
     ({"seeds": [], "scale": {"optim.lr": [1]}}, "seeds must be a non-empty list"),
     ({"seeds": [100], "scale": {"optim.lr": [1], "optim.weight_decay": [1]}, "extend": 1}, "0 where more than one"),
     ({"seeds": [100], "scale": {"optim.lr": [1]}, "grid": 3}, "unknown key(s) grid"),
+    ({"seeds": [0], "scale": {"optim.lr": [1]}}, "selection seeds [0] are also seeds of the comparison"),
+    ({"use": "runs/fair", "seeds": [100]}, "use takes another sweep's choices: seeds belong to that sweep"),
+    ({"variants": ["quest", "questt"], "use": "runs/fair"}, "variants has unknown variant questt"),
 ])
-def test_a_select_section_it_cannot_mean_is_one_line(tmp_path, select, problem):
+def test_a_select_section_it_cannot_mean_is_one_line(toy_domain, tmp_path, select, problem):
     with pytest.raises(Exception, match="select: ") as err:
         load_sweep(write_spec(tmp_path, select=select))
     assert problem in str(err.value)
+
+
+def test_a_key_both_scaled_and_in_the_grid_is_one_line(toy_domain, tmp_path):
+    """The choice would override the grid's value in every cell: refused as the file is read."""
+    with pytest.raises(Exception, match="select: scales optim.lr, which the grid varies"):
+        load_sweep(write_spec(tmp_path, grid={"optim.lr": [1e-3, 2e-3]}, select={"seeds": [100], "scale": {"optim.lr": [1]}}))
 
 
 def test_a_failed_selection_run_scores_worst(tmp_path, monkeypatch, scored_run):

@@ -55,7 +55,7 @@ from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import prepare
 from runners.sweeps.progress import Progress
 from runners.sweeps.slurm import submit_slurm
-from runners.sweeps.spec import confirmation, expand, load_sweep, tuning
+from runners.sweeps.spec import Sweep, confirmation, expand, load_sweep, tuning
 from runners.sweeps.workers import report_to, run_all, run_workers
 
 
@@ -90,7 +90,7 @@ def run_local(args: argparse.Namespace, stage: str, pending: int, progress: Prog
     return max(code, progress.code())
 
 
-def stage_runs(spec: dict, args: argparse.Namespace, stage: str | None = None) -> tuple[str, list[list[str]]]:
+def stage_runs(spec: Sweep, args: argparse.Namespace, stage: str | None = None) -> tuple[str, list[list[str]]]:
     """The stage to make (``stage``, else the one the records on disk say is next) and its runs."""
     tuned = tuning(spec, args.output_dir, args.set)
     if tuned is None:
@@ -101,11 +101,11 @@ def stage_runs(spec: dict, args: argparse.Namespace, stage: str | None = None) -
     return "confirm", confirmation(spec, selection, args.output_dir, args.set)
 
 
-def launch(spec: dict, args: argparse.Namespace, argv: list[str], stage: str, runs: list[list[str]]) -> int:
+def launch(spec: Sweep, args: argparse.Namespace, argv: list[str], stage: str, runs: list[list[str]]) -> int:
     """Make one stage's runs here or submit them to SLURM; returns the exit status."""
-    out = Path(args.output_dir or spec.get("output_dir", "runs"))
-    robust = {**spec, "robustness": bool(spec.get("robustness")) and stage == "confirm",  # selection is not attacked
-              "snapshots": spec.get("snapshots") if stage == "confirm" else None}         # nor kept along the way
+    out = Path(args.output_dir or spec.output_dir)
+    robust = spec.model_copy(update={"robustness": spec.robustness and stage == "confirm",  # selection is not attacked
+                                     "snapshots": spec.snapshots if stage == "confirm" else []})  # nor kept along the way
     if len(runs) and stage == "select":
         print(f"sweep: selection stage, {len(runs)} runs in {out / 'select'}")
     progress = Progress(runs)
@@ -133,8 +133,8 @@ def main(argv: list[str]) -> int:
     spec = load_sweep(args.sweep)
     if args.report_fd is not None:  # a worker of a launch
         _, runs = stage_runs(spec, args, args.stage)
-        robustness = bool(spec.get("robustness")) and args.stage != "select"
-        snapshots = spec.get("snapshots", []) if args.stage != "select" else []
+        robustness = spec.robustness and args.stage != "select"
+        snapshots = spec.snapshots if args.stage != "select" else []
         return report_to(args.report_fd, lambda report: run_all(runs, robustness, report, snapshots))
     stage, runs = stage_runs(spec, args)
     if args.dry_run:
@@ -152,6 +152,6 @@ def main(argv: list[str]) -> int:
             print("sweep: the selection is incomplete; the confirmation waits for it", file=sys.stderr)
             return max(code, 1)
     if args.aggregate:
-        done = write_results([args.output_dir or spec.get("output_dir", "runs")], Path(args.aggregate))[0]
+        done = write_results([args.output_dir or spec.output_dir], Path(args.aggregate))[0]
         print(f"sweep: {done} runs aggregated -> {args.aggregate}")
     return code

@@ -2,18 +2,15 @@
 α, correction family, protocol and seeds fixed in a committed file before its runs, and computed from those
 runs alone.
 
-The file is markdown for people with one fenced ``yaml`` block for this module::
+The file is markdown for people with one fenced ``yaml`` block for this module, a ``Plan`` (its keys and what
+each means)::
 
-    protocol: tuned              # the runs' protocol label (runners.results.frame)
-    seeds: [5, 6, 7]             # the pre-registered seeds: no other run enters
-    recipe_seeds: [5, 6, 7]      # the same-recipe runs whose attention ablation decides if a domain can rank
-    alpha: 0.05                  # two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested
+    protocol: tuned
+    seeds: {first: 5, count: 7}
+    recipe_seeds: [5, 6, 7]
+    alpha: 0.05
     hypotheses:
-      - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard}
-        # a hypothesis may add target: 0.01, the difference worth detecting in its metric's units (quest power),
-        # and seeds of its own (a list, or {first: 200, count: 20}), which the plan's seeds must hold
-
-A list of seeds may be written as a run ``{first: 200, count: 120}``.
+      - {id: H1-vision, claim: ..., domain: vision, metric: acc, variant: quest, against: standard, target: 0.01}
 
 A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
 *contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
@@ -34,14 +31,18 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, WrapValidator, field_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, FileError, parse_yaml, read_text
 from common.records import read_record
 from common.schema import MAX_SEED
+from common.typed import Model, first_problem
 from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
@@ -50,8 +51,93 @@ MAX_PLAN_SEEDS = 10_000  # seeds a plan may list: far beyond any study's runs
 FIELDS = {"id", "claim", "domain", "metric", "variant", "against"}
 
 
-def read_plan(path: Path) -> dict:
-    """The plan in ``path``'s first fenced yaml block, read as data (``common.files``) and checked; a
+def _said(phrase: str) -> WrapValidator:
+    """Any problem with a key's value said as what the key takes (``{key}`` and earlier keys filled in)."""
+    def check(value, handler, info: ValidationInfo):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("said", phrase, {"key": info.field_name, **info.data}) from None
+    return WrapValidator(check)
+
+
+class SeedRun(Model):
+    """Seeds written as a run: ``{first: 200, count: 120}`` is 200, 201, ..., 319."""
+
+    first: Annotated[int, Field(ge=0)]
+    """The first seed."""
+    count: Annotated[int, Field(gt=0, le=MAX_PLAN_SEEDS)]
+    """How many seeds: bounded before their list is made."""
+
+
+def _seed_list(seeds: list[int] | SeedRun) -> list[int]:
+    """A run of seeds as its list, whose last must be a run's seed too."""
+    if isinstance(seeds, SeedRun):
+        seeds = list(range(seeds.first, seeds.first + seeds.count))
+        if seeds[-1] > MAX_SEED:
+            raise ValueError("past the last seed")  # said as the key's phrase
+    return seeds
+
+
+Seeds = Annotated[Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(min_length=1, max_length=MAX_PLAN_SEEDS)]
+                  | SeedRun, AfterValidator(_seed_list),
+                  _said(f"{{key}} must be a list of 1 to {MAX_PLAN_SEEDS} seeds from 0 to {MAX_SEED}, or {{first: <seed>, count: <n>}}")]
+Text = Annotated[str, _said(f"{', '.join(sorted(FIELDS))} must be strings")]
+
+
+class Hypothesis(Model):
+    """One claim of a plan: ``variant`` beats ``against`` on ``domain``'s ``metric``, in pairs by seed."""
+
+    id: Text
+    """Its name in the tables: one claim in a plan, one contrast in every plan that holds it."""
+    claim: Text
+    """The claim in words."""
+    domain: Text
+    """The domain whose runs test it."""
+    metric: Text
+    """A test metric of the domain's records, without ``test/`` (``acc``, ``miou_corrupt``)."""
+    variant: Text
+    """The variant claimed better."""
+    against: Text
+    """The variant it is compared with."""
+    target: Annotated[Annotated[float, Field(gt=0)] | None, _said("target must be a positive number in {metric}'s units")] = None
+    """The difference worth detecting, in the metric's units (``quest power``)."""
+    seeds: Seeds | None = None
+    """The seeds this claim is tested on, all among the plan's (default: the plan's)."""
+
+
+class Plan(Model):
+    """A pre-registered analysis plan: the first fenced yaml block of its markdown file."""
+
+    protocol: Annotated[str, _said("protocol must be a protocol label (a string)")]
+    """The runs' protocol label (``runners.results.frame``)."""
+    seeds: Seeds
+    """The pre-registered seeds: no other run enters."""
+    recipe_seeds: Seeds
+    """The same-recipe runs whose attention ablation decides whether a domain can rank variants."""
+    alpha: Annotated[float, Field(gt=0, lt=1), _said("alpha must be a number between 0 and 1")]
+    """The level of the two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested."""
+    hypotheses: list[Hypothesis]
+    """The claims: at least one, each id once."""
+
+    @field_validator("hypotheses")
+    @classmethod
+    def _claims(cls, hypotheses: list[Hypothesis], info: ValidationInfo) -> list[Hypothesis]:
+        """At least one, each id once, each on the plan's seeds or some of them."""
+        if not hypotheses:
+            raise PydanticCustomError("rule", "the plan lists no hypotheses")
+        ids = [h.id for h in hypotheses]
+        if twice := sorted({i for i in ids if ids.count(i) > 1}):
+            raise PydanticCustomError("rule", f"hypothesis id {', '.join(twice)} is used more than once")
+        seeds = info.data.get("seeds", [])  # [] where they are wrong, which is said first
+        for h in hypotheses:
+            if outside := sorted(set(h.seeds or seeds) - set(seeds)):
+                raise PydanticCustomError("rule", f"hypothesis {h.id}: seeds {outside} are not among the plan's seeds")
+        return [h if h.seeds else h.model_copy(update={"seeds": seeds}) for h in hypotheses]
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan in ``path``'s first fenced yaml block, read as data (``common.files``) and validated as a ``Plan``; a
     ``ConfigError`` names what is missing or out of range."""
     found = PLAN.search(read_text(path, "analysis plan", MAX_DOCUMENT_BYTES))
     if not found:
@@ -62,49 +148,28 @@ def read_plan(path: Path) -> dict:
         raise ConfigError(f"{path}: the plan is not valid YAML ({err.reason})") from None
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: the plan is a mapping of protocol, seeds, recipe_seeds, alpha and hypotheses")
-    missing = {"protocol", "seeds", "recipe_seeds", "alpha", "hypotheses"} - set(plan)
-    if missing:
-        raise ConfigError(f"{path}: the plan lacks {', '.join(sorted(missing))}")
-    if not isinstance(plan["hypotheses"], list) or not all(isinstance(h, dict) for h in plan["hypotheses"]):
-        raise ConfigError(f"{path}: hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))})")
-    if not plan["hypotheses"]:
-        raise ConfigError(f"{path}: the plan lists no hypotheses")
-    if isinstance(plan["alpha"], bool) or not isinstance(plan["alpha"], (int, float)) or not 0 < plan["alpha"] < 1:
-        raise ConfigError(f"{path}: alpha must be a number between 0 and 1, got {plan['alpha']!r}")
-    if not isinstance(plan["protocol"], str):
-        raise ConfigError(f"{path}: protocol must be a protocol label (a string), got {plan['protocol']!r}")
-    plan["seeds"], plan["recipe_seeds"] = (_seed_list(plan[key], f"{path}: {key}") for key in ("seeds", "recipe_seeds"))
-    ids = [h.get("id") for h in plan["hypotheses"]]
-    if twice := sorted({str(i) for i in ids if ids.count(i) > 1}):
-        raise ConfigError(f"{path}: hypothesis id {', '.join(twice)} is used more than once")
-    for hypothesis in plan["hypotheses"]:
-        if lacking := FIELDS - set(hypothesis):
-            raise ConfigError(f"{path}: hypothesis {hypothesis.get('id', '?')} lacks {', '.join(sorted(lacking))}")
-        if not all(isinstance(hypothesis[field], str) for field in FIELDS):
-            raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: {', '.join(sorted(FIELDS))} must be strings")
-        target = hypothesis.get("target")  # optional: the difference worth detecting (quest power)
-        if "target" in hypothesis and (isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0):
-            raise ConfigError(f"{path}: hypothesis {hypothesis['id']}: target must be a positive number "
-                              f"in {hypothesis['metric']}'s units, got {target!r}")
-        where = f"{path}: hypothesis {hypothesis['id']}: seeds"
-        hypothesis["seeds"] = _seed_list(hypothesis.get("seeds", plan["seeds"]), where)
-        if outside := sorted(set(hypothesis["seeds"]) - set(plan["seeds"])):
-            raise ConfigError(f"{where} {outside} are not among the plan's seeds")
-    return plan
+    try:
+        return Plan.model_validate(plan)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {_problem(plan, err)}") from None
 
 
-def _seed_list(value, where: str) -> list[int]:
-    """Seeds as a plan writes them: a list of integers, or ``{first: a, count: n}`` for a, a+1, ..., a+n-1; each
-    a run's seed, at most ``MAX_PLAN_SEEDS`` of them (a count is checked before its list is made)."""
-    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
-    if isinstance(value, dict) and set(value) == {"first", "count"}:
-        value = list(range(value["first"], value["first"] + value["count"])) if all(map(whole, value.values())) and (
-            0 < value["count"] <= MAX_PLAN_SEEDS) else None
-    if not isinstance(value, list) or not all(whole(v) and 0 <= v <= MAX_SEED for v in value) or not (
-            0 < len(value) <= MAX_PLAN_SEEDS):
-        raise ConfigError(f"{where} must be a list of 1 to {MAX_PLAN_SEEDS} seeds from 0 to {MAX_SEED}, or "
-                          "{first: <seed>, count: <n>}")
-    return value
+def _problem(plan: dict, err: ValidationError) -> str:
+    """The first problem in the plan's words: what is wrong with which key (of which hypothesis), and the value."""
+    errors = err.errors(include_url=False)
+    _, reason, value = first_problem(err)
+    loc, kind = errors[0]["loc"], errors[0]["type"]
+    within = f"hypothesis {plan['hypotheses'][loc[1]].get('id', '?')}" if len(loc) > 2 else ""
+    if kind in ("missing", "extra_forbidden"):  # every key of its mapping at once
+        keys = ", ".join(sorted(str(e["loc"][-1]) for e in errors if e["type"] == kind and e["loc"][:-1] == loc[:-1]))
+        return f"{within or 'the plan'} {'lacks' if kind == 'missing' else 'has unknown key(s)'} {keys}"
+    if kind == "rule":
+        return reason
+    if kind == "said":
+        return f"{within + ': ' if within else ''}{reason}, got {value!r}"
+    if loc[0] == "hypotheses" and len(loc) < 3:  # the list, or an item of it, of another type
+        return f"hypotheses must be a list of mappings ({', '.join(sorted(FIELDS))}), got {value!r}"
+    return f"{within or 'the plan'}: {loc[-1]} {reason}, got {value!r}"
 
 
 def seed_text(seeds: list[int]) -> str:
@@ -114,7 +179,7 @@ def seed_text(seeds: list[int]) -> str:
     return str(seeds)
 
 
-def read_plans(paths: Sequence[Path]) -> list[dict]:
+def read_plans(paths: Sequence[Path]) -> list[Plan]:
     """Each plan (``read_plan``). A hypothesis id two plans share must name the same contrast in both: their
     columns stand side by side as one claim tested twice."""
     if twice := sorted({str(p) for p in paths if list(paths).count(p) > 1}):
@@ -122,78 +187,78 @@ def read_plans(paths: Sequence[Path]) -> list[dict]:
     plans = [read_plan(path) for path in paths]
     first = {}
     for path, plan in zip(paths, plans):
-        for h in plan["hypotheses"]:
-            contrast = f"{h['variant']} − {h['against']} on {h['domain']}'s {h['metric']}"
-            where, tested = first.setdefault(h["id"], (path, contrast))
+        for h in plan.hypotheses:
+            contrast = f"{h.variant} − {h.against} on {h.domain}'s {h.metric}"
+            where, tested = first.setdefault(h.id, (path, contrast))
             if tested != contrast:
-                raise ConfigError(f"{path}: hypothesis {h['id']} tests {contrast}, but {tested} in {where}")
+                raise ConfigError(f"{path}: hypothesis {h.id} tests {contrast}, but {tested} in {where}")
     return plans
 
 
-def holm_first_step(plan: dict) -> float:
+def holm_first_step(plan: Plan) -> float:
     """α over the plan's hypotheses: Holm's first step, the level a claim is sure to be tested at whatever the
     others do."""
-    return plan["alpha"] / len(plan["hypotheses"])
+    return plan.alpha / len(plan.hypotheses)
 
 
-def mde_level(plan: dict) -> float:
+def mde_level(plan: Plan) -> float:
     """The level a plan's minimum detectable effects are computed at, as each plan registers it: a plan with
     targets is sized at Holm's first step (``quest power``) and judges "powered" there; one without, at α."""
-    targeted = any("target" in h for h in plan["hypotheses"])
-    return holm_first_step(plan) if targeted else plan["alpha"]
+    targeted = any(h.target is not None for h in plan.hypotheses)
+    return holm_first_step(plan) if targeted else plan.alpha
 
 
-def claim_differences(runs: pd.DataFrame, h: dict, seeds: list[int]) -> tuple[pd.Series, int]:
+def claim_differences(runs: pd.DataFrame, h: Hypothesis, seeds: list[int]) -> tuple[pd.Series, int]:
     """Per seed, the variant's metric less its comparator's (signed so that positive favours the variant), and
     how many seeds lost a pair to a run that did not finish ok."""
-    wanted = runs[(runs["domain"] == h["domain"]) & runs["seed"].isin(seeds)]
+    wanted = runs[(runs["domain"] == h.domain) & runs["seed"].isin(seeds)]
     sides = {}
     dropped = set()
     for side in ("variant", "against"):
-        arm = wanted[wanted["variant"] == h[side]]
+        arm = wanted[wanted["variant"] == getattr(h, side)]
         dropped |= set(arm.loc[arm["status"] != "ok", "seed"])
         ok = arm[arm["status"] == "ok"]
-        sides[side] = ok.set_index("seed")[h["metric"]] if h["metric"] in ok else pd.Series(dtype=float)
+        sides[side] = ok.set_index("seed")[h.metric] if h.metric in ok else pd.Series(dtype=float)
     pairs = pd.concat(sides, axis=1).dropna()
-    sign = -1.0 if len(wanted) and direction(wanted, h["metric"]) == "min" else 1.0
+    sign = -1.0 if len(wanted) and direction(wanted, h.metric) == "min" else 1.0
     return sign * (pairs["variant"] - pairs["against"]), len(dropped)
 
 
-def _seeds_run(runs: pd.DataFrame, h: dict, seeds: list[int]) -> int:
+def _seeds_run(runs: pd.DataFrame, h: Hypothesis, seeds: list[int]) -> int:
     """How many of the plan's seeds have a run of both sides of ``h``'s contrast, finished or not."""
-    wanted = runs[(runs["domain"] == h["domain"]) & runs["seed"].isin(seeds)]
-    variant, against = (set(wanted.loc[wanted["variant"] == h[side], "seed"]) for side in ("variant", "against"))
+    wanted = runs[(runs["domain"] == h.domain) & runs["seed"].isin(seeds)]
+    variant, against = (set(wanted.loc[wanted["variant"] == getattr(h, side), "seed"]) for side in ("variant", "against"))
     return len(variant & against)
 
 
-def tests(runs: pd.DataFrame, plan: dict) -> pd.DataFrame:
+def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """One row per hypothesis: the seeds run, n, the difference (positive favours the claimed variant), its 95%
     interval, p, Holm p over the family, minimum detectable effect at ``mde_level``, the target (NaN where none), and
     the verdict."""
-    confirm = runs[runs["protocol"] == plan["protocol"]]
-    recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan["recipe_seeds"])]
+    confirm = runs[runs["protocol"] == plan.protocol]
+    recipe = runs[(runs["protocol"] == "same recipe") & runs["seed"].isin(plan.recipe_seeds)]
     rows = []
-    for h in plan["hypotheses"]:
-        diff, dropped = claim_differences(confirm, h, h["seeds"])
-        domain_recipe = recipe[recipe["domain"] == h["domain"]]
+    for h in plan.hypotheses:
+        diff, dropped = claim_differences(confirm, h, h.seeds)
+        domain_recipe = recipe[recipe["domain"] == h.domain]
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
-        rows.append({"id": h["id"], "claim": h["claim"], "domain": h["domain"], "metric": h["metric"],
-                     "contrast": f"{h['variant']} − {h['against']}", "n": len(diff), "dropped": dropped,
+        rows.append({"id": h.id, "claim": h.claim, "domain": h.domain, "metric": h.metric,
+                     "contrast": f"{h.variant} − {h.against}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
-                     "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": h.get("target", np.nan),
-                     "seeds": _seeds_run(confirm, h, h["seeds"]), "planned": len(h["seeds"]),
+                     "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": np.nan if h.target is None else h.target,
+                     "seeds": _seeds_run(confirm, h, h.seeds), "planned": len(h.seeds),
                      "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
     family = table["ranks"] & table["p"].notna()
     table["p_holm"] = np.nan
     if family.any():
         table.loc[family, "p_holm"] = holm(table.loc[family, "p"]).values
-    table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan["alpha"])
+    table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan.alpha)
                         for _, row in table.iterrows()]
     return table
 
 
-def setting_change(runs: pd.DataFrame, h: dict, protocol: str, setting: str, seeds: list[int]) -> pd.Series:
+def setting_change(runs: pd.DataFrame, h: Hypothesis, protocol: str, setting: str, seeds: list[int]) -> pd.Series:
     """Per seed run under both, how much a contrast (``h``: domain, metric, variant, against; signed so that positive
     favours the variant) moves from ``protocol``'s runs to ``setting``'s ("tuned" to "tuned, PyTorch init"): the
     difference of the two paired differences, whose paired t-test over seeds asks whether the setting changes it."""
@@ -202,7 +267,7 @@ def setting_change(runs: pd.DataFrame, h: dict, protocol: str, setting: str, see
     return (second - first).dropna()
 
 
-def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -> pd.DataFrame:
+def under_second_settings(runs: pd.DataFrame, plan: Plan, table: pd.DataFrame) -> pd.DataFrame:
     """Exploratory: per second setting of the plan's protocol (a sweep's ``label``, "tuned, PyTorch init") and per
     hypothesis on its domain's primary metric (the accuracy claims, which the plan's init check names), the same
     paired test on that setting's runs at the plan's seeds, Holm over the hypotheses re-tested in the domain
@@ -210,17 +275,17 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
     (``setting_change``, uncorrected). Empty where no such setting ran at the plan's seeds (a replication at
     seeds of its own, labelled as a setting of the same protocol, is another plan's runs, not a second setting)."""
     rows = []
-    for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan['protocol']}, ")):
-        setting = runs[(runs["protocol"] == protocol) & runs["seed"].isin(plan["seeds"])]
+    for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan.protocol}, ")):
+        setting = runs[(runs["protocol"] == protocol) & runs["seed"].isin(plan.seeds)]
         for domain, in_domain in setting.groupby("domain"):
             primary = in_domain["primary_metric"].iloc[0]
             found = []
-            for h, (_, confirmed) in zip(plan["hypotheses"], table.iterrows()):
-                if h["domain"] != domain or h["metric"] != primary or not confirmed["ranks"]:
+            for h, (_, confirmed) in zip(plan.hypotheses, table.iterrows()):
+                if h.domain != domain or h.metric != primary or not confirmed["ranks"]:
                     continue
-                diff, _ = claim_differences(in_domain, h, h["seeds"])
-                change = setting_change(runs, h, plan["protocol"], protocol, h["seeds"])
-                found.append({"id": h["id"], "setting": second_setting(protocol), "n": len(diff),
+                diff, _ = claim_differences(in_domain, h, h.seeds)
+                change = setting_change(runs, h, plan.protocol, protocol, h.seeds)
+                found.append({"id": h.id, "setting": second_setting(protocol), "n": len(diff),
                               "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
                               "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
                               "confirmed_diff": confirmed["diff"], "change": change.mean() if len(change) else np.nan,
@@ -235,7 +300,7 @@ def under_second_settings(runs: pd.DataFrame, plan: dict, table: pd.DataFrame) -
     if not rows:
         return pd.DataFrame()
     found = pd.concat(rows, ignore_index=True)
-    found["verdict"] = [_verdict(row, plan["alpha"]) for _, row in found.iterrows()]
+    found["verdict"] = [_verdict(row, plan.alpha) for _, row in found.iterrows()]
     return found
 
 
@@ -282,14 +347,14 @@ def provenance(path: Path, runs: pd.DataFrame) -> str:
 class Confirmation:
     """One plan's tests on its own runs: its protocol at its seeds, its Holm family."""
     path: Path
-    plan: dict
+    plan: Plan
     table: pd.DataFrame  # tests()
     used: pd.DataFrame  # the runs it reads
     second: pd.DataFrame  # under_second_settings()
 
     @property
     def planned(self) -> int:
-        return len(self.plan["seeds"])
+        return len(self.plan.seeds)
 
     @property
     def progress(self) -> str:
@@ -310,7 +375,7 @@ def confirm(runs: pd.DataFrame, paths: Sequence[Path]) -> list[Confirmation]:
     found = []
     for path, plan in zip(paths, read_plans(paths)):
         table = tests(runs, plan)
-        used = runs[(runs["protocol"] == plan["protocol"]) & runs["seed"].isin(plan["seeds"])]
+        used = runs[(runs["protocol"] == plan.protocol) & runs["seed"].isin(plan.seeds)]
         found.append(Confirmation(path, plan, table, used, under_second_settings(runs, plan, table)))
     return found
 
@@ -343,17 +408,17 @@ def _described(c: Confirmation) -> str:
     partial = (f" Runs so far: {c.progress}; the tests use the seeds present and are not the registered analysis "
                f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
     own = " (some claims on a part of them, as the plan says)" if (c.table["planned"] < c.planned).any() else ""
-    return (f"Pre-registered in `{c.path}`: {c.plan['protocol']} protocol, seeds {seed_text(c.plan['seeds'])} only{own}, two-sided "
-            f"paired t-tests by seed, α = {c.plan['alpha']}, Holm's correction over the {tested} hypotheses tested; "
+    return (f"Pre-registered in `{c.path}`: {c.plan.protocol} protocol, seeds {seed_text(c.plan.seeds)} only{own}, two-sided "
+            f"paired t-tests by seed, α = {c.plan.alpha}, Holm's correction over the {tested} hypotheses tested; "
             f"MDEs at 80% power and {_level_text(c.plan)}. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
 
 
-def _level_text(plan: dict) -> str:
+def _level_text(plan: Plan) -> str:
     level = mde_level(plan)
-    if level == plan["alpha"]:
+    if level == plan.alpha:
         return f"α = {level:g}"
-    return f"Holm's first step α/{len(plan['hypotheses'])} = {level:.2g}, the level the plan was sized at"
+    return f"Holm's first step α/{len(plan.hypotheses)} = {level:.2g}, the level the plan was sized at"
 
 
 def _verdict_counts(c: Confirmation) -> str:

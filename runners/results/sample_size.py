@@ -20,7 +20,7 @@ from statsmodels.stats.power import TTestPower
 
 from common.errors import ConfigError
 from common.records import read_record
-from runners.results.confirmatory import claim_differences, holm_first_step, read_plan
+from runners.results.confirmatory import Hypothesis, claim_differences, holm_first_step, read_plan
 from runners.results.stats import POWER, detectable
 
 HOUR_S = 3600.0
@@ -57,15 +57,15 @@ def seeds_needed(sd: float, target: float, alpha: float) -> int:
     return n
 
 
-def pilot_sd(runs: pd.DataFrame, claim: dict) -> tuple[float, int]:
+def pilot_sd(runs: pd.DataFrame, claim: Hypothesis) -> tuple[float, int]:
     """The standard deviation of the claim's paired differences over the pilot ``runs`` (one protocol), and how
     many pairs it rests on. A ``ConfigError`` where fewer than two pairs, or no spread, leave nothing to plan from."""
     diff, _ = claim_differences(runs, claim, sorted(runs["seed"].unique()))
-    where = f"{claim['variant']} − {claim['against']} on {claim['metric']} in {claim['domain']}"
+    where = f"{claim.variant} − {claim.against} on {claim.metric} in {claim.domain}"
     if len(diff) < 2:
-        raise ConfigError(f"claim {claim['id']}: {len(diff)} pilot pair(s) of {where}; at least 2 are needed")
+        raise ConfigError(f"claim {claim.id}: {len(diff)} pilot pair(s) of {where}; at least 2 are needed")
     if not diff.std() > 0:
-        raise ConfigError(f"claim {claim['id']}: the pilot differences of {where} do not vary; no power to plan from")
+        raise ConfigError(f"claim {claim.id}: the pilot differences of {where} do not vary; no power to plan from")
     return float(diff.std()), len(diff)
 
 
@@ -81,30 +81,30 @@ def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> t
     (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.frame.load_runs``), of which those of
     ``protocol`` (default: the plan's own; a replication plans from the first study's protocol) are read."""
     plan = read_plan(path)
-    protocol = protocol or plan["protocol"]
+    protocol = protocol or plan.protocol
     pilot = runs[runs["protocol"] == protocol]
     if pilot.empty:
         raise ConfigError(f"no pilot run of protocol {protocol!r}; the runs have {', '.join(map(repr, runs['protocol'].unique()))}")
-    levels = {"holm": holm_first_step(plan), "alpha": plan["alpha"]}
+    levels = {"holm": holm_first_step(plan), "alpha": plan.alpha}
     claims = []
-    for claim in plan["hypotheses"]:
+    for claim in plan.hypotheses:
         sd, pairs = pilot_sd(pilot, claim)
-        row = {"id": claim["id"], "domain": claim["domain"], "metric": claim["metric"],
-               "contrast": f"{claim['variant']} − {claim['against']}", "pairs": pairs, "sd": sd,
-               "target": claim.get("target", np.nan),
-               "seed_hours": seed_hours(pilot, claim["domain"], {claim["variant"], claim["against"]})}
+        row = {"id": claim.id, "domain": claim.domain, "metric": claim.metric,
+               "contrast": f"{claim.variant} − {claim.against}", "pairs": pairs, "sd": sd,
+               "target": np.nan if claim.target is None else claim.target,
+               "seed_hours": seed_hours(pilot, claim.domain, {claim.variant, claim.against})}
         for level, alpha in levels.items():
-            n = seeds_needed(sd, claim["target"], alpha) if "target" in claim else len(claim["seeds"])
+            n = seeds_needed(sd, claim.target, alpha) if claim.target is not None else len(claim.seeds)
             row |= {f"n_{level}": n, f"mde_{level}": mde(sd, n, alpha), f"hours_{level}": n * row["seed_hours"]}
         claims.append(row)
     claims = pd.DataFrame(claims)
     domains = []  # one row per variant of a domain: a claim's seeds train both its variants, shared with other claims
     for domain in claims["domain"].unique():
-        claimed = [(h, row) for h, (_, row) in zip(plan["hypotheses"], claims.iterrows()) if h["domain"] == domain]
-        for variant in dict.fromkeys(v for h, _ in claimed for v in (h["variant"], h["against"])):
+        claimed = [(h, row) for h, (_, row) in zip(plan.hypotheses, claims.iterrows()) if h.domain == domain]
+        for variant in dict.fromkeys(v for h, _ in claimed for v in (h.variant, h.against)):
             row = {"domain": domain, "variants": variant, "seed_hours": seed_hours(pilot, domain, {variant})}
             for level in levels:
-                n = max(int(claim[f"n_{level}"]) for h, claim in claimed if variant in (h["variant"], h["against"]))
+                n = max(int(claim[f"n_{level}"]) for h, claim in claimed if variant in (h.variant, h.against))
                 row |= {f"n_{level}": n, f"hours_{level}": n * row["seed_hours"]}
             domains.append(row)
-    return claims, pd.DataFrame(domains), {"alpha": plan["alpha"], "family": len(plan["hypotheses"]), **levels}
+    return claims, pd.DataFrame(domains), {"alpha": plan.alpha, "family": len(plan.hypotheses), **levels}

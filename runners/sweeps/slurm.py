@@ -2,15 +2,41 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-from common.errors import ConfigError
+from pydantic import Field
+
 from common.optional import require
+from common.typed import Model
 from runners.sweeps.workers import run_all
 
-# sweep YAML `slurm:` keys -> submitit AutoExecutor parameters
-SLURM_KEYS = {"partition": "slurm_partition", "time_min": "timeout_min", "gpus_per_task": "gpus_per_node",
-              "cpus_per_task": "cpus_per_task", "mem_gb": "mem_gb", "array_parallelism": "slurm_array_parallelism",
-              "nodes": "nodes", "tasks_per_node": "tasks_per_node"}
+if TYPE_CHECKING:
+    from runners.sweeps.spec import Sweep
+
+Count = Annotated[int, Field(gt=0)]
+
+
+class Slurm(Model):
+    """A sweep's ``slurm:`` section: the job array's resources, each passed to submitit under its alias if set."""
+
+    partition: str | None = Field(None, serialization_alias="slurm_partition")
+    """The SLURM partition."""
+    time_min: Count | None = Field(None, serialization_alias="timeout_min")
+    """Each task's time limit, in minutes."""
+    gpus_per_task: Annotated[int, Field(ge=0)] | None = Field(None, serialization_alias="gpus_per_node")
+    """GPUs for each array task."""
+    cpus_per_task: Count | None = None
+    """CPU cores for each process."""
+    mem_gb: Count | None = None
+    """Memory for each node, in GB."""
+    array_parallelism: Count | None = Field(None, serialization_alias="slurm_array_parallelism")
+    """How many of the array's tasks run at once."""
+    nodes: Count | None = None
+    """Nodes for each array task."""
+    tasks_per_node: Count | None = None
+    """Processes on each node."""
+    additional: dict[str, Any] = {}
+    """Any other sbatch option, passed on as submitit's ``slurm_<key>``."""
 
 
 class SweepJob:
@@ -29,23 +55,17 @@ class SweepJob:
         return submitit.helpers.DelayedSubmission(self, args)
 
 
-def launch_slurm(runs: list[list[str]], spec: dict, folder: str | Path, cluster: str | None = None):
+def launch_slurm(runs: list[list[str]], spec: Sweep, folder: str | Path, cluster: str | None = None):
     """Submit the sweep as one job array through submitit; ``cluster="debug"`` runs it in process."""
     submitit = require("submitit", extra="slurm")
 
-    settings = dict(spec.get("slurm") or {})
-    extra = settings.pop("additional", {}) or {}
-    unknown = set(settings) - set(SLURM_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown slurm key(s) {', '.join(sorted(unknown))}; "
-                          f"valid: additional, {', '.join(SLURM_KEYS)}")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    executor.update_parameters(name="quest-sweep", **{SLURM_KEYS[k]: v for k, v in settings.items()},
-                               **{f"slurm_{k}": v for k, v in extra.items()})
-    return executor.map_array(SweepJob(bool(spec.get("robustness")), spec.get("snapshots") or []), runs)
+    executor.update_parameters(name="quest-sweep", **spec.slurm.model_dump(by_alias=True, exclude_none=True, exclude={"additional"}),
+                               **{f"slurm_{k}": v for k, v in spec.slurm.additional.items()})
+    return executor.map_array(SweepJob(spec.robustness, spec.snapshots), runs)
 
 
-def submit_slurm(runs: list[list[str]], spec: dict, folder: Path) -> None:
+def submit_slurm(runs: list[list[str]], spec: Sweep, folder: Path) -> None:
     if not runs:
         print("sweep: nothing to submit, every run is recorded or invalid")
         return

@@ -1,26 +1,152 @@
-"""A sweep file: read and checked key by key, then expanded into the ``quest train`` arguments of its runs."""
+"""A sweep file: read as data, validated as a ``Sweep`` (every key typed, documented and checked with the others),
+then expanded into the ``quest train`` arguments of its runs."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Annotated, Literal
 
-from common.attention import VARIANTS
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, WrapValidator, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from common.attention import ABLATIONS, VARIANTS
 from common.errors import ConfigError
 from common.files import MiB, read_yaml
 from common.registry import domain_names
 from common.schema import MAX_SEED
+from common.typed import Model, first_problem
 from runners.config import CONFIG_DIR, refuse_interpolation
-from runners.sweeps.tuning import Tuning, check_select, unique_runs
-
-SWEEP_KEYS = {"domains", "variants", "ablations", "seeds", "preset", "output_dir", "overrides", "domain_overrides", "grid",
-              "slurm", "robustness", "select", "snapshots"}
+from runners.sweeps.slurm import Slurm
+from runners.sweeps.tuning import Tuning, unique_runs
 
 
-def load_sweep(path: str | Path) -> dict:
-    """The sweep file at ``path`` (or named in ``configs/sweep/``), checked key by key: anything it cannot
-    mean is a one-line ``ConfigError`` naming the file and the key. It is read as data (``common.files``), and its
-    values stay data (no ``${...}``)."""
+def _said(phrase: str) -> WrapValidator:
+    """Any problem with a key's value said as what the key takes, rather than as the part pydantic found wrong."""
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("said", phrase) from None
+    return WrapValidator(check)
+
+
+def _known(kind: str, names: Callable[[], Collection[str]]) -> AfterValidator:
+    """Names each of which ``names()`` holds; ``all`` is every one."""
+    def check(value: list[str] | str) -> list[str]:
+        known = list(names())
+        if value == "all":
+            return known
+        if unknown := [name for name in value if name not in known]:
+            raise PydanticCustomError("unknown", f"has unknown {kind} {', '.join(unknown)}; choose from {', '.join(known)}")
+        return value
+    return AfterValidator(check)
+
+
+Name = Annotated[str, Field(min_length=1)]
+Names = Annotated[list[Name], Field(min_length=1)]
+Seeds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(min_length=1)]
+SEEDS = f"must be a non-empty list of seeds from 0 to {MAX_SEED}"
+Override = Annotated[str, Field(pattern=r"^[^=]+=")]
+
+
+class Select(Model):
+    """A sweep's ``select:`` section, its tuned protocol (``runners.sweeps.tuning``): each variant's settings chosen
+    on selection runs, or another sweep's choices taken (``use``)."""
+
+    variants: Annotated[list[Name], _known("variant", VARIANTS.keys)] = []
+    """The variants tuned (default: the sweep's); one the sweep does not run is chosen for, never confirmed."""
+    domains: Annotated[list[Name], _known("domain", domain_names)] = []
+    """The domains tuned (default: the sweep's)."""
+    seeds: Annotated[Seeds, _said(SEEDS)] = []
+    """The selection seeds: never the seeds of a comparison."""
+    scale: Annotated[dict[Name, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]], Field(min_length=1),
+                     _said("must map config keys to non-empty lists of positive multiples")] = {}
+    """Per config key, the multiples of each domain's recipe value tried (rounded to 3 significant digits)."""
+    extend: Annotated[int, Field(ge=0)] = 0
+    """How often a choice at an edge of its grid adds the next multiple that way (one key only)."""
+    confirm_seeds: Annotated[Seeds | None, _said(SEEDS)] = None
+    """The tuned runs' seeds (default: the sweep's)."""
+    use: Name | None = None
+    """Instead of selecting: another sweep's output folder, whose choices (selection.json) this one takes."""
+    label: str | None = None
+    """Added to the protocols' names (``tuned, PyTorch init``), so that this sweep's tables stay apart."""
+    recipe: bool = True
+    """Whether the sweep's own one-recipe runs are made beside the tuned ones."""
+    rule: Annotated[Literal["best", "curve"], _said("must be best or curve")] = "best"
+    """best: the best grid value; curve: the vertex of a parabola in log(value) through it and its neighbours."""
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> Select:
+        if self.use is not None and (own := {"scale", "seeds", "extend"} & self.model_fields_set):
+            raise PydanticCustomError("rule", f"use takes another sweep's choices: {', '.join(sorted(own))} belong to that sweep")
+        if self.use is None and not (self.seeds and self.scale):
+            raise PydanticCustomError("rule", "needs seeds and scale to select, or use: another sweep's choices")
+        if len(self.scale) > 1 and self.extend:
+            raise PydanticCustomError("rule", "extend must be 0 where more than one key is scaled")
+        if len(self.scale) > 1 and self.rule != "best":
+            raise PydanticCustomError("rule", "rule must be best where more than one key is scaled")
+        return self
+
+
+class Sweep(Model):
+    """A sweep file: every run of its domains × variants (and ablations) × seeds × ``grid`` cells, each a ``quest
+    train`` of its preset and overrides; with ``select:``, the tuned protocol's runs too."""
+
+    domains: Annotated[Names | Literal["all"], _said("must be a non-empty list of names or all"),
+                       _known("domain", domain_names)] = Field(default_factory=domain_names)
+    """The domains run (``all``, the default: every known one)."""
+    variants: Annotated[Names | Literal["all"], _said("must be a non-empty list of names or all"),
+                        _known("variant", VARIANTS.keys)] = Field(default_factory=lambda: list(VARIANTS))
+    """The attention variants compared (``all``, the default: every one, ablations left out)."""
+    ablations: Annotated[Names, _said("must be a non-empty list of names"), _known("ablation", ABLATIONS.keys)] = []
+    """Ablations run beside the variants (``uniform``), never compared with them."""
+    seeds: Annotated[Seeds, _said(SEEDS)] = [0]
+    """The seeds of every run."""
+    preset: Annotated[Name | None, _said("must be a preset name")] = None
+    """The preset of every run (default: the config's)."""
+    output_dir: Annotated[Name, _said("must be a folder")] = "runs"
+    """Where the runs go (``--output-dir`` overrides it)."""
+    overrides: Annotated[list[Override], _said("must be a list of key=value strings")] = []
+    """Config overrides for every run."""
+    domain_overrides: Annotated[dict[Name, list[Override]], _said("must map domain names to lists of key=value strings")] = {}
+    """Config overrides for the runs of one domain, after ``overrides``."""
+    grid: Annotated[dict[Name, Annotated[list[str | int | float | bool], Field(min_length=1)]],
+                    _said("must map config keys to non-empty lists of values")] = {}
+    """Config values swept in every combination, each cell a run of every domain, variant and seed."""
+    slurm: Slurm = Slurm()
+    """``--launcher slurm``'s settings (``runners.sweeps.slurm``)."""
+    robustness: Annotated[bool, _said("must be true or false")] = False
+    """Whether the finished classifier runs are attacked (those whose domain has a robustness section)."""
+    select: Select | None = None
+    """The tuned protocol (``Select``); none without this section."""
+    snapshots: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=1),
+                         _said("must be a list of fractions of training in (0, 1]")] = []
+    """Fractions of training at which each run keeps its weights and tests them."""
+
+    @field_validator("domain_overrides")
+    @classmethod
+    def _domains_run(cls, overrides: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+        if stray := sorted(set(overrides) - set(info.data.get("domains", overrides))):  # a typo would apply nowhere
+            raise PydanticCustomError("rule", f"names {', '.join(stray)}, which the sweep does not run")
+        return overrides
+
+    @field_validator("select")
+    @classmethod
+    def _apart(cls, select: Select | None, info: ValidationInfo) -> Select | None:
+        if select is None:
+            return select
+        if both := sorted(set(select.scale) & set(info.data.get("grid", {}))):  # the choice would override every cell
+            raise PydanticCustomError("rule", f"scales {', '.join(both)}, which the grid varies")
+        if shared := sorted(set(select.seeds) & {*info.data.get("seeds", ()), *(select.confirm_seeds or ())}):
+            raise PydanticCustomError("rule", f"selection seeds {shared} are also seeds of the comparison")
+        return select
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """The sweep file at ``path`` (or named in ``configs/sweep/``) as a ``Sweep``: anything it cannot mean is a
+    one-line ``ConfigError`` naming the file and the key. It is read as data (``common.files``), and its values stay
+    data (no ``${...}``)."""
     path = Path(path)
     if not path.exists() and (CONFIG_DIR / "sweep" / f"{path}.yaml").exists():
         path = CONFIG_DIR / "sweep" / f"{path}.yaml"
@@ -28,113 +154,67 @@ def load_sweep(path: str | Path) -> dict:
         raise ConfigError(f"sweep file {path} does not exist")
     spec = read_yaml(path, "sweep file", MiB)
     if not isinstance(spec, dict) or not spec:
-        raise ConfigError(f"{path}: a sweep file is a mapping of sweep keys ({', '.join(sorted(SWEEP_KEYS))}); "
+        raise ConfigError(f"{path}: a sweep file is a mapping of sweep keys ({', '.join(sorted(Sweep.model_fields))}); "
                           f"this one is {'empty' if not spec else f'a {type(spec).__name__}'}")
     for key, value in spec.items():
         refuse_interpolation(value, f"{path}: {key}")
-    unknown = set(spec) - SWEEP_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"valid: {', '.join(sorted(SWEEP_KEYS))}")
-    for key, value in spec.items():
-        problem = SWEEP_CHECKS[key](value)
-        if problem:
-            raise ConfigError(f"{path}: {key}: {problem}, got {value!r}")
-    return spec
+    try:
+        return Sweep.model_validate(spec)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {_problem(err)}") from None
 
 
-def _names(value) -> str | None:
-    if value == "all":
-        return None
-    return _strings(value)
+def _problem(err: ValidationError) -> str:
+    """The first problem in one line: the sweep key, the key within its section (``select``, ``slurm``), what is wrong
+    and the value."""
+    errors = err.errors(include_url=False)
+    key, reason, value = first_problem(err)
+    head, _, within = key.partition(".")
+    if errors[0]["type"] == "extra_forbidden":  # every unknown key of the section at once
+        section = errors[0]["loc"][:-1]
+        unknown = [str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == section]
+        return f"{head + ': ' if within else ''}unknown key(s) {', '.join(unknown)}"
+    return f"{head}: {within + ' ' if within else ''}{reason}, got {value!r}"
 
 
-def _strings(value) -> str | None:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        return "must be a non-empty list of names" + (" or all" if value != "all" else "")
-    return None
-
-
-def _overrides(value) -> str | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
-        return "must be a list of key=value strings"
-    return None
-
-
-SWEEP_CHECKS: dict[str, Callable] = {  # each key's check: what is wrong with its value, or None
-    "domains": _names,
-    "variants": _names,
-    "ablations": lambda v: None if v is None else _strings(v),
-    "seeds": lambda v: None if isinstance(v, list) and v and all(isinstance(s, int) and not isinstance(s, bool)
-                                                                  and 0 <= s <= MAX_SEED for s in v)
-    else f"must be a non-empty list of seeds from 0 to {MAX_SEED}",
-    "preset": lambda v: None if isinstance(v, str) and v else "must be a preset name",
-    "output_dir": lambda v: None if isinstance(v, str) and v else "must be a folder",
-    "overrides": lambda v: None if v is None else _overrides(v),
-    "domain_overrides": lambda v: None if v is None or (isinstance(v, dict) and not any(map(_overrides, v.values())))
-    else "must map domain names to lists of key=value strings",
-    "grid": lambda v: None if v is None or (isinstance(v, dict) and all(isinstance(x, list) and x for x in v.values()))
-    else "must map config keys to non-empty lists of values",
-    "slurm": lambda v: None if v is None or isinstance(v, dict) else "must be a mapping of slurm settings",
-    "robustness": lambda v: None if isinstance(v, bool) else "must be true or false",
-    "select": check_select,
-    "snapshots": lambda v: None if isinstance(v, list) and v and all(
-        isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in v)
-    else "must be a list of fractions of training in (0, 1]",
-}
-
-
-def _domains(spec: dict) -> list[str]:
-    domains = spec.get("domains", "all")
-    return domain_names() if domains == "all" else list(domains)
-
-
-def _variants(spec: dict) -> list[str]:
-    variants = spec.get("variants", "all")
-    return list(VARIANTS) if variants == "all" else list(variants)
-
-
-def run_args(spec: dict, domain: str, variant: str, seed: int, out: str | Path, settings: dict | None = None,
+def run_args(spec: Sweep, domain: str, variant: str, seed: int, out: str | Path, settings: dict | None = None,
              extra: list[str] = ()) -> list[str]:
     """One run's ``quest train`` arguments: the sweep's preset and overrides, then ``settings`` and ``extra``."""
     args = [f"domain={domain}", f"attention={variant}", f"seed={seed}", f"output_dir={out}"]
-    if "preset" in spec:
-        args.append(f"preset={spec['preset']}")
-    args += list(spec.get("overrides") or [])
-    args += list((spec.get("domain_overrides") or {}).get(domain, []))
+    if spec.preset is not None:
+        args.append(f"preset={spec.preset}")
+    args += spec.overrides + spec.domain_overrides.get(domain, [])
     return args + [f"{k}={v}" for k, v in (settings or {}).items()] + list(extra)
 
 
-def expand(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+def expand(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
     """Every run of the sweep's grid as ``quest train`` arguments, seed by seed: a sweep stopped early has
     covered every domain and variant at the first seeds rather than a few domains at all seeds. (A ``select:``
     section adds its own runs: ``tuning``.)"""
-    variants = _variants(spec) + list(spec.get("ablations") or [])
-    out = output_dir or spec.get("output_dir", "runs")
+    out = output_dir or spec.output_dir
     return [run_args(spec, domain, variant, seed, out, combo, extra)
-            for seed, domain, combo, variant in itertools.product(spec.get("seeds", [0]), _domains(spec), _combos(spec),
-                                                                  variants)]
+            for seed, domain, combo, variant in itertools.product(spec.seeds, spec.domains, _combos(spec),
+                                                                  spec.variants + spec.ablations)]
 
 
-def _combos(spec: dict) -> list[dict]:
-    grid = spec.get("grid") or {}
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())] or [{}]
+def _combos(spec: Sweep) -> list[dict]:
+    return [dict(zip(spec.grid, values)) for values in itertools.product(*spec.grid.values())] or [{}]
 
 
-def tuning(spec: dict, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
+def tuning(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
     """The sweep's tuned protocol (``runners.sweeps.tuning``), None without a ``select:`` section."""
-    if "select" not in spec:
+    if spec.select is None:
         return None
-    out = Path(output_dir or spec.get("output_dir", "runs"))
+    out = Path(output_dir or spec.output_dir)
     return Tuning(spec, out, lambda domain, variant, seed, where, combo=None: run_args(spec, domain, variant, seed,
                                                                                        where, combo, extra),
-                  _domains(spec), _variants(spec), _combos(spec))
+                  _combos(spec))
 
 
-def confirmation(spec: dict, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+def confirmation(spec: Sweep, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
     """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
     each seed the sweep's own runs (unless ``select: {recipe: false}``), then each tuned variant at its choice;
     each run made once."""
-    own = expand(spec, output_dir, extra) if spec["select"].get("recipe", True) else []
+    own = expand(spec, output_dir, extra) if spec.select.recipe else []
     runs = own + tuning(spec, output_dir, extra).tuned_runs(selection)
     return unique_runs(sorted(runs, key=lambda args: int(next(a for a in args if a.startswith("seed="))[5:])))

@@ -1,22 +1,12 @@
-"""The tuned protocol of a sweep file (its ``select:`` section): each variant's settings chosen on validation
-runs at selection seeds, then every variant trained and tested at its own choice on the confirmation seeds,
-beside the sweep's one-recipe runs.
+"""The tuned protocol of a sweep file (its ``select:`` section, ``runners.sweeps.spec.Select``): each variant's
+settings chosen on validation runs at selection seeds, then every variant trained and tested at its own choice on
+the confirmation seeds, beside the sweep's one-recipe runs.
 
     select:
-      variants: [standard, quest]        # the variants tuned (default: the sweep's); one not among the sweep's
-                                         # variants is chosen for, never confirmed (its choice kept for a `use:`)
-      domains: [vision]                  # default: the sweep's
-      seeds: [100, 101]                  # selection seeds: never the seeds of a comparison
-      scale: {optim.lr: [0.333, 1, 3]}   # multiples of each domain's recipe value, rounded to 3 significant digits
-      extend: 1                          # a choice at an edge of its grid adds the next multiple that way, so
-                                         # often at most (one key only)
-      confirm_seeds: [5, 6, 7]           # the tuned runs' seeds (default: the sweep's)
-      use: runs/other                    # instead of selecting: another sweep's choices (its selection.json),
-                                         # for the same domains and variants under, say, another init
-      label: PyTorch init                # added to the protocols' names, so this sweep's tables stay apart
-      recipe: false                      # the tuned runs only (default true: the sweep's own runs beside them)
-      rule: curve                        # best (default): the best grid value; curve: the vertex of a parabola
-                                         # in log(value) through the best and its neighbours (one key only)
+      seeds: [100, 101]
+      scale: {optim.lr: [0.333, 1, 3]}
+      extend: 1
+      confirm_seeds: [5, 6, 7]
 
 A sweep ``grid:`` applies to the tuned runs too (each choice in every cell); selection runs at the recipe.
 
@@ -36,76 +26,40 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from common.attention import VARIANTS
 from common.errors import ConfigError
 from common.records import RunRecord, read_records
 from runners.config import compose, run_directory
 from runners.runs.margins import Grid, Margin, bucket, margin
 from runners.runs.selection import SELECTION_FILE, candidates, leaves, read_selection
 
-SELECT_KEYS = {"variants", "domains", "seeds", "scale", "extend", "confirm_seeds", "use", "label", "recipe", "rule"}
-RULES = ("best", "curve")
 Recorded = list[tuple[RunRecord, dict[str, object]]]  # selection runs' records, each with its settings (``leaves``)
 
-
-def check_select(value) -> str | None:
-    """What is wrong with a sweep file's ``select:`` section, or None."""
-    if not isinstance(value, dict):
-        return "must be a mapping of " + ", ".join(sorted(SELECT_KEYS))
-    if unknown := set(value) - SELECT_KEYS:
-        return f"unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SELECT_KEYS))}"
-    if "use" in value:
-        if not isinstance(value["use"], str) or not value["use"]:
-            return "use must be the output folder of a sweep whose selection is done"
-        if set(value) & {"scale", "seeds", "extend"}:
-            return "use takes another sweep's choices: scale, seeds and extend belong to that sweep"
-        value = {"seeds": [0], "scale": {"x": [1]}, **value}  # the rest is checked as for a selection
-    scale = value.get("scale")
-    if not isinstance(scale, dict) or not scale or not all(
-            isinstance(v, list) and v and all(isinstance(f, (int, float)) and f > 0 for f in v) for v in scale.values()):
-        return "scale must map config keys to non-empty lists of positive multiples"
-    for key in ("seeds", "confirm_seeds"):
-        seeds = value.get(key, [0] if key == "confirm_seeds" else None)
-        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-            return f"{key} must be a non-empty list of seeds >= 0"
-    extend = value.get("extend", 0)
-    if not isinstance(extend, int) or extend < 0 or (extend and len(scale) > 1):
-        return "extend must be a count >= 0, and 0 where more than one key is scaled"
-    if value.get("rule", "best") not in RULES or (value.get("rule") == "curve" and len(scale) > 1):
-        return f"rule must be one of {', '.join(RULES)}, and best where more than one key is scaled"
-    if not isinstance(value.get("label", ""), str):
-        return "label must be a short text"
-    if not isinstance(value.get("recipe", True), bool):
-        return "recipe must be true (the sweep's own runs too) or false (the tuned runs only)"
-    for key in ("variants", "domains"):
-        names = value.get(key, [])
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            return f"{key} must be a list of names"
-    return None
+if TYPE_CHECKING:
+    from runners.sweeps.spec import Sweep
 
 
 class Tuning:
     """The selection and confirmation runs of a sweep with a ``select:`` section. ``base(domain, variant,
     seed, out)`` gives a run's ``quest train`` arguments as the sweep makes them (``runners.sweeps.spec``)."""
 
-    def __init__(self, spec: dict, out: Path, base: Callable[..., list[str]], domains: list[str], variants: list[str],
-                 combos: list[dict] = ({},)):
-        select = spec["select"]
-        self.out, self.base, self.use = out, base, select.get("use")
-        self.label = select.get("label")  # what sets this sweep's tables apart from another's (say, its init)
-        self.domains = list(select.get("domains") or domains)
-        self.variants = list(select.get("variants") or [v for v in variants if v in VARIANTS])
-        self.confirmed = [v for v in self.variants if v in variants]  # the tuned variants the sweep also runs
+    def __init__(self, spec: Sweep, out: Path, base: Callable[..., list[str]], combos: list[dict] = ({},)):
+        select = spec.select
+        self.out, self.base, self.use = out, base, select.use
+        self.label = select.label  # what sets this sweep's tables apart from another's (say, its init)
+        self.domains = select.domains or spec.domains
+        self.variants = select.variants or spec.variants
+        self.confirmed = [v for v in self.variants if v in spec.variants]  # the tuned variants the sweep also runs
         self.combos = list(combos)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
-        self.seeds = select.get("seeds", [])
-        self.recipe_seeds = spec.get("seeds", [0]) if select.get("recipe", True) else []
-        self.confirm_seeds = select.get("confirm_seeds") or spec.get("seeds", [0])  # also where recipe: false
-        self.scale = {key: sorted(map(float, factors)) for key, factors in select.get("scale", {}).items()}
-        self.extend = select.get("extend", 0)
-        self.rule = select.get("rule", "best")
+        self.seeds = select.seeds
+        self.recipe_seeds = spec.seeds if select.recipe else []
+        self.confirm_seeds = select.confirm_seeds or spec.seeds  # also where recipe: false
+        self.scale = {key: sorted(factors) for key, factors in select.scale.items()}
+        self.extend = select.extend
+        self.rule = select.rule
         self._recipe: dict[str, dict[str, float]] = {}
 
     @property
@@ -134,7 +88,7 @@ class Tuning:
         """The multiples tried for one domain and variant, extended at each edge its choice came to sit on; and
         whether every one of their runs is recorded."""
         grid = {key: list(factors) for key, factors in self.scale.items()}
-        for _ in range(self.extend):  # one key (check_select)
+        for _ in range(self.extend):  # one key (Select)
             scores = self._scores(domain, variant, grid, records)
             if scores is None:
                 return grid, False
