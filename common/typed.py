@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, WrapValidator
+from pydantic_core import PydanticCustomError
 
 BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 LIMITS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
@@ -54,3 +55,14 @@ def first_problem(err: ValidationError) -> tuple[str, str, Any]:
     """The first problem of a failed validation: its dotted key, what is wrong, and the value given there."""
     error = err.errors(include_url=False)[0]
     return location(error), reason(error), error.get("input")
+
+
+def said(phrase: str) -> WrapValidator:
+    """A field whose every problem is said as what it takes (``phrase``: ``{key}`` and the keys validated before
+    it may be filled in), rather than as the part pydantic found wrong."""
+    def check(value, handler, info: ValidationInfo):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("said", phrase, {"key": info.field_name, **(info.data or {})}) from None
+    return WrapValidator(check)

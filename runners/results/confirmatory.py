@@ -35,30 +35,20 @@ from typing import Annotated
 
 import numpy as np
 import pandas as pd
-from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, WrapValidator, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, FileError, parse_yaml, read_text
 from common.records import read_record
 from common.schema import MAX_SEED
-from common.typed import Model, first_problem
+from common.typed import Model, first_problem, said
 from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
 PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 MAX_PLAN_SEEDS = 10_000  # seeds a plan may list: far beyond any study's runs
 FIELDS = {"id", "claim", "domain", "metric", "variant", "against"}
-
-
-def _said(phrase: str) -> WrapValidator:
-    """Any problem with a key's value said as what the key takes (``{key}`` and earlier keys filled in)."""
-    def check(value, handler, info: ValidationInfo):
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("said", phrase, {"key": info.field_name, **info.data}) from None
-    return WrapValidator(check)
 
 
 class SeedRun(Model):
@@ -81,8 +71,8 @@ def _seed_list(seeds: list[int] | SeedRun) -> list[int]:
 
 Seeds = Annotated[Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(min_length=1, max_length=MAX_PLAN_SEEDS)]
                   | SeedRun, AfterValidator(_seed_list),
-                  _said(f"{{key}} must be a list of 1 to {MAX_PLAN_SEEDS} seeds from 0 to {MAX_SEED}, or {{first: <seed>, count: <n>}}")]
-Text = Annotated[str, _said(f"{', '.join(sorted(FIELDS))} must be strings")]
+                  said(f"{{key}} must be a list of 1 to {MAX_PLAN_SEEDS} seeds from 0 to {MAX_SEED}, or {{first: <seed>, count: <n>}}")]
+Text = Annotated[str, said(f"{', '.join(sorted(FIELDS))} must be strings")]
 
 
 class Hypothesis(Model):
@@ -100,7 +90,7 @@ class Hypothesis(Model):
     """The variant claimed better."""
     against: Text
     """The variant it is compared with."""
-    target: Annotated[Annotated[float, Field(gt=0)] | None, _said("target must be a positive number in {metric}'s units")] = None
+    target: Annotated[Annotated[float, Field(gt=0)] | None, said("target must be a positive number in {metric}'s units")] = None
     """The difference worth detecting, in the metric's units (``quest power``)."""
     seeds: Seeds | None = None
     """The seeds this claim is tested on, all among the plan's (default: the plan's)."""
@@ -109,13 +99,13 @@ class Hypothesis(Model):
 class Plan(Model):
     """A pre-registered analysis plan: the first fenced yaml block of its markdown file."""
 
-    protocol: Annotated[str, _said("protocol must be a protocol label (a string)")]
+    protocol: Annotated[str, said("protocol must be a protocol label (a string)")]
     """The runs' protocol label (``runners.results.frame``)."""
     seeds: Seeds
     """The pre-registered seeds: no other run enters."""
     recipe_seeds: Seeds
     """The same-recipe runs whose attention ablation decides whether a domain can rank variants."""
-    alpha: Annotated[float, Field(gt=0, lt=1), _said("alpha must be a number between 0 and 1")]
+    alpha: Annotated[float, Field(gt=0, lt=1), said("alpha must be a number between 0 and 1")]
     """The level of the two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested."""
     hypotheses: list[Hypothesis]
     """The claims: at least one, each id once."""

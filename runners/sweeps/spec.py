@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, WrapValidator, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from common.attention import ABLATIONS, VARIANTS
@@ -15,20 +15,10 @@ from common.errors import ConfigError
 from common.files import MiB, read_yaml
 from common.registry import domain_names
 from common.schema import MAX_SEED
-from common.typed import Model, first_problem
+from common.typed import Model, first_problem, said
 from runners.config import CONFIG_DIR, refuse_interpolation
 from runners.sweeps.slurm import Slurm
 from runners.sweeps.tuning import Tuning, unique_runs
-
-
-def _said(phrase: str) -> WrapValidator:
-    """Any problem with a key's value said as what the key takes, rather than as the part pydantic found wrong."""
-    def check(value, handler):
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("said", phrase) from None
-    return WrapValidator(check)
 
 
 def _known(kind: str, names: Callable[[], Collection[str]]) -> AfterValidator:
@@ -58,14 +48,14 @@ class Select(Model):
     """The variants tuned (default: the sweep's); one the sweep does not run is chosen for, never confirmed."""
     domains: Annotated[list[Name], _known("domain", domain_names)] = []
     """The domains tuned (default: the sweep's)."""
-    seeds: Annotated[Seeds, _said(SEEDS)] = []
+    seeds: Annotated[Seeds, said(SEEDS)] = []
     """The selection seeds: never the seeds of a comparison."""
     scale: Annotated[dict[Name, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]], Field(min_length=1),
-                     _said("must map config keys to non-empty lists of positive multiples")] = {}
+                     said("must map config keys to non-empty lists of positive multiples")] = {}
     """Per config key, the multiples of each domain's recipe value tried (rounded to 3 significant digits)."""
     extend: Annotated[int, Field(ge=0)] = 0
     """How often a choice at an edge of its grid adds the next multiple that way (one key only)."""
-    confirm_seeds: Annotated[Seeds | None, _said(SEEDS)] = None
+    confirm_seeds: Annotated[Seeds | None, said(SEEDS)] = None
     """The tuned runs' seeds (default: the sweep's)."""
     use: Name | None = None
     """Instead of selecting: another sweep's output folder, whose choices (selection.json) this one takes."""
@@ -73,7 +63,7 @@ class Select(Model):
     """Added to the protocols' names (``tuned, PyTorch init``), so that this sweep's tables stay apart."""
     recipe: bool = True
     """Whether the sweep's own one-recipe runs are made beside the tuned ones."""
-    rule: Annotated[Literal["best", "curve"], _said("must be best or curve")] = "best"
+    rule: Annotated[Literal["best", "curve"], said("must be best or curve")] = "best"
     """best: the best grid value; curve: the vertex of a parabola in log(value) through it and its neighbours."""
 
     @model_validator(mode="after")
@@ -93,35 +83,35 @@ class Sweep(Model):
     """A sweep file: every run of its domains × variants (and ablations) × seeds × ``grid`` cells, each a ``quest
     train`` of its preset and overrides; with ``select:``, the tuned protocol's runs too."""
 
-    domains: Annotated[Names | Literal["all"], _said("must be a non-empty list of names or all"),
+    domains: Annotated[Names | Literal["all"], said("must be a non-empty list of names or all"),
                        _known("domain", domain_names)] = Field(default_factory=domain_names)
     """The domains run (``all``, the default: every known one)."""
-    variants: Annotated[Names | Literal["all"], _said("must be a non-empty list of names or all"),
+    variants: Annotated[Names | Literal["all"], said("must be a non-empty list of names or all"),
                         _known("variant", VARIANTS.keys)] = Field(default_factory=lambda: list(VARIANTS))
     """The attention variants compared (``all``, the default: every one, ablations left out)."""
-    ablations: Annotated[Names, _said("must be a non-empty list of names"), _known("ablation", ABLATIONS.keys)] = []
+    ablations: Annotated[Names, said("must be a non-empty list of names"), _known("ablation", ABLATIONS.keys)] = []
     """Ablations run beside the variants (``uniform``), never compared with them."""
-    seeds: Annotated[Seeds, _said(SEEDS)] = [0]
+    seeds: Annotated[Seeds, said(SEEDS)] = [0]
     """The seeds of every run."""
-    preset: Annotated[Name | None, _said("must be a preset name")] = None
+    preset: Annotated[Name | None, said("must be a preset name")] = None
     """The preset of every run (default: the config's)."""
-    output_dir: Annotated[Name, _said("must be a folder")] = "runs"
+    output_dir: Annotated[Name, said("must be a folder")] = "runs"
     """Where the runs go (``--output-dir`` overrides it)."""
-    overrides: Annotated[list[Override], _said("must be a list of key=value strings")] = []
+    overrides: Annotated[list[Override], said("must be a list of key=value strings")] = []
     """Config overrides for every run."""
-    domain_overrides: Annotated[dict[Name, list[Override]], _said("must map domain names to lists of key=value strings")] = {}
+    domain_overrides: Annotated[dict[Name, list[Override]], said("must map domain names to lists of key=value strings")] = {}
     """Config overrides for the runs of one domain, after ``overrides``."""
     grid: Annotated[dict[Name, Annotated[list[str | int | float | bool], Field(min_length=1)]],
-                    _said("must map config keys to non-empty lists of values")] = {}
+                    said("must map config keys to non-empty lists of values")] = {}
     """Config values swept in every combination, each cell a run of every domain, variant and seed."""
     slurm: Slurm = Slurm()
     """``--launcher slurm``'s settings (``runners.sweeps.slurm``)."""
-    robustness: Annotated[bool, _said("must be true or false")] = False
+    robustness: Annotated[bool, said("must be true or false")] = False
     """Whether the finished classifier runs are attacked (those whose domain has a robustness section)."""
     select: Select | None = None
     """The tuned protocol (``Select``); none without this section."""
     snapshots: Annotated[list[Annotated[float, Field(gt=0, le=1)]], Field(min_length=1),
-                         _said("must be a list of fractions of training in (0, 1]")] = []
+                         said("must be a list of fractions of training in (0, 1]")] = []
     """Fractions of training at which each run keeps its weights and tests them."""
 
     @field_validator("domain_overrides")
