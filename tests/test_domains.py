@@ -191,3 +191,21 @@ def test_a_new_domain_is_one_package(tmp_path, monkeypatch, cache_dir):
         assert cli(["train", "domain=majority", "data.dataset=other", f"output_dir={tmp_path}"]) == 2
     finally:
         registry.unregister_domain("majority")
+
+
+def test_a_variant_added_in_one_place_is_seen_everywhere(monkeypatch, cache_dir, tmp_path):
+    """A variant is one ``Variant`` entry in ``VARIANTS`` (docs/guides/add-a-variant.md): the config check, a sweep's
+    expansion and every domain's contract take it, none of them edited for it."""
+    from common.attention import Variant
+    from runners.sweeps.spec import expand, load_sweep
+
+    added = Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold="HeadGain")
+    monkeypatch.setitem(VARIANTS, added.name, added)
+    assert compose(["domain=timeseries", f"attention={added.name}"]).attention.variant == added.name
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("domains: [timeseries]\nvariants: all\nseeds: [0, 1]\n")
+    assert sum(f"attention={added.name}" in run for run in expand(load_sweep(sweep))) == 2
+    sweep.write_text(f"domains: [timeseries]\nvariants: [{added.name}, standard]\n")
+    assert load_sweep(sweep).variants == [added.name, "standard"]
+    for domain in DOMAINS:
+        check_contract(domain, added.name, cache_dir)
