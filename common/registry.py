@@ -11,8 +11,9 @@ package scanned by ``discover`` (the project's ``domains/``), from the ``quest.d
 (an entry point names a module that registers on import), or from code that calls ``register_domain``.
 
 A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
-``data.py`` (datamodule and loaders) and ``model.py`` (network and task), with its config in
-``configs/domain/<name>.yaml`` (or passed as ``config=``).
+``config.py`` (its typed config: a ``common.schema.RunConfig`` subclass, pydantic only), ``data.py`` (datamodule
+and loaders) and ``model.py`` (network and task), with its presets in ``configs/domain/<name>.yaml``. A plugin may
+instead pass its whole config, presets included, as a dict or YAML file: it is typed from its defaults.
 """
 from __future__ import annotations
 
