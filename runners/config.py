@@ -104,9 +104,9 @@ def type_name(annotation: Any) -> str:
         if option is type(None):
             names.append("null")
         elif origin is tuple:
-            names.append(f"list of {len(args)} {args[0].__name__}")
+            names.append(f"list of {len(args)} {type_name(args[0])}")
         elif origin is list:
-            names.append(f"list of {args[0].__name__}" if args else "list")
+            names.append(f"list of {type_name(args[0])}" if args else "list")
         elif origin is typing.Literal:
             names.append("one of " + ", ".join(map(str, args)))
         else:

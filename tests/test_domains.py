@@ -120,8 +120,8 @@ PLUGIN = {
 
             from common.task import ClassificationTask
 
-            net = MajorityNet(cfg.data["vocab"], attn_layer=cfg.attn_layer, **cfg.model)
-            return MajorityData(cfg.data, cfg.seed), ClassificationTask(net, cfg.data["vocab"], cfg.optim, **cfg.task)
+            net = MajorityNet(cfg.data.vocab, attn_layer=cfg.attn_layer, **dict(cfg.model))
+            return MajorityData(cfg.data, cfg.seed), ClassificationTask(net, cfg.data.vocab, cfg.optim, **dict(cfg.task))
     ''',
     "data.py": '''
         import torch
@@ -136,15 +136,15 @@ PLUGIN = {
         def random_tokens(data, seed):
             """Sequences of tokens labelled by their most frequent token."""
             g = torch.Generator().manual_seed(seed)
-            tokens = torch.randint(data["vocab"], (3 * data["size"], data["length"]), generator=g)
-            labels = torch.nn.functional.one_hot(tokens, data["vocab"]).sum(1).argmax(-1)
+            tokens = torch.randint(data.vocab, (3 * data.size, data.length), generator=g)
+            labels = torch.nn.functional.one_hot(tokens, data.vocab).sum(1).argmax(-1)
             return {s: TensorDataset(tokens[i::3], labels[i::3]) for i, s in enumerate(SPLITS)}
 
 
         class MajorityData(SplitDataModule):
             def __init__(self, data, seed):
-                super().__init__(data["batch_size"])
-                self.datasets = load(DATASETS[data["dataset"]])(data, seed)
+                super().__init__(data.batch_size)
+                self.datasets = load(DATASETS[data.dataset])(data, seed)
     ''',
     "model.py": '''
         from torch import nn

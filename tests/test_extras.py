@@ -38,6 +38,7 @@ def test_a_domain_without_its_extra_says_which_to_install(domain, module, extra,
 def test_autoattack_without_the_vision_extra_is_refused_before_any_attack(monkeypatch):
     from common.errors import ConfigError
     from common.perturbations import evaluate_robustness
+    from common.schema import Robustness
 
     hide(monkeypatch, "pyautoattack")
     attacked = []
@@ -47,7 +48,7 @@ def test_autoattack_without_the_vision_extra_is_refused_before_any_attack(monkey
            "corruptions": [], "severities": [1], "autoattack": {"max_samples": 2, "version": "standard"},
            "max_samples": None, "seed": 0}
     with pytest.raises(ConfigError, match=r"pyautoattack .*quest-study\[vision\]"):
-        evaluate_robustness(model, [(torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))], cfg)
+        evaluate_robustness(model, [(torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))], Robustness.model_validate(cfg))
     assert not attacked
 
 

@@ -313,7 +313,7 @@ def test_quest_train_trains_and_quest_generate_samples_a_transformers_architectu
     assert capsys.readouterr().out.startswith("def ")
 
 
-@pytest.mark.parametrize("override,message", [("model.arch=bert", "unknown model.arch 'bert'"),
+@pytest.mark.parametrize("override,message", [("model.arch=bert", "unknown model.arch='bert'"),
                                               ("model.dropout=0.1", "model.arch=llama has no residual dropout"),
                                               ("model.init=torch", "model.init=torch is for model.arch=gpt")])
 def test_a_transformers_architecture_refuses_what_it_cannot_take_in_one_line(override, message, run_args, capsys):
