@@ -1,19 +1,19 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
 A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus its primary metric
-(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, its datasets and
-any commands of its own. The datasets are one mapping from dataset name to loader, which the domain's
-datamodule reads and the config check takes its valid ``data.dataset`` names from; a loader may be named
-by its dotted path (``"domains.vision.data:mnist_splits"``, imported on first use by ``load``), so that
-naming the datasets (``quest list``, the config check) loads no data code. A command is ``quest <name>``
-run by the ``main(argv)`` of the module it names (``"domains.language.generate"``). Domains come from a
-package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains`` entry-point group
-(an entry point names a module that registers on import), or from code that calls ``register_domain``.
+(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, the names of its
+datasets and any commands of its own. The config check takes the valid ``data.dataset`` values from those names,
+so naming them (``quest list``, the config check) loads no data code; the domain's datamodule maps each name to
+its loader itself. A command is ``quest <name>`` run by the ``main(argv)`` of the module it names
+(``"domains.language.generate"``). Domains come from a package scanned by ``discover`` (the project's
+``domains/``), from the ``quest.domains`` entry-point group (an entry point names a module that registers on
+import), or from code that calls ``register_domain``.
 
 A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
 ``config.py`` (its typed config: a ``common.schema.RunConfig`` subclass, pydantic only), ``data.py`` (datamodule
-and loaders) and ``model.py`` (network and task), with its presets in ``configs/domain/<name>.yaml``. A plugin may
-instead pass its whole config, presets included, as a dict or YAML file: it is typed from its defaults.
+and loaders, ``LOADERS``) and ``model.py`` (network and task), with its presets in ``configs/domain/<name>.yaml``.
+A plugin may instead pass its whole config, presets included, as a dict or YAML file: it is typed from its
+defaults.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import copy
 import importlib
 import logging
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -59,7 +59,7 @@ class Domain:
     build: Callable[[BuildConfig], tuple[Any, Any]]
     metric: str
     mode: str  # "min" or "max"
-    datasets: Mapping[str, Callable | str]  # dataset name -> loader, or its "module:attribute"
+    datasets: tuple[str, ...]  # the valid data.dataset values
     config: type[RunConfig] | dict | Path | None  # the typed config, or a default config to type; None: the YAML file
     presets: Path | None  # a typed config's presets; None: configs/domain/<name>.yaml
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
@@ -74,21 +74,34 @@ _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []
 
 
-def register_domain(name: str, *, metric: str, mode: str, datasets: Mapping[str, Callable | str],
+def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[str],
                     config: type[RunConfig] | dict | str | Path | None = None, presets: str | Path | None = None,
                     commands: Mapping[str, str] | None = None):
-    """Decorator for a domain's build function; ``datasets`` maps each dataset name to its loader (or the
-    loader's ``"module:attribute"``), ``commands`` each command the domain adds to its module. ``config`` is the
-    domain's ``RunConfig`` subclass, whose presets are in the YAML file ``presets`` (left out,
-    ``configs/domain/<name>.yaml``), or its default config with presets as a dict or YAML file, typed from its
-    defaults (``common.schema.typed_like``)."""
+    """Register the decorated function as the build function of the domain ``name``.
+
+    Args:
+        name: The domain's name (``domain=<name>``).
+        metric: Its primary metric, logged as ``val/<metric>``: what checkpoints, selection and tables go by.
+        mode: ``"min"`` or ``"max"``: which way ``metric`` is better.
+        datasets: The names ``data.dataset`` may take; the domain's datamodule maps each to its loader.
+        config: The domain's ``RunConfig`` subclass; or its default config with presets, as a dict or a YAML
+            file, typed from its defaults (``common.schema.typed_like``). None: ``configs/domain/<name>.yaml``.
+        presets: The YAML file of a ``RunConfig`` subclass's presets. None: ``configs/domain/<name>.yaml``.
+        commands: ``quest <command>`` -> the module whose ``main(argv)`` runs it.
+
+    Returns:
+        The decorator, which registers the build function and returns it unchanged.
+
+    Raises:
+        ValueError: ``mode`` is neither, or ``datasets`` names none.
+    """
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
-    if not isinstance(datasets, Mapping) or not datasets:
-        raise ValueError(f"domain {name!r}: datasets must map each dataset name to its loader")
+    if isinstance(datasets, str) or not datasets:
+        raise ValueError(f"domain {name!r}: datasets must list the names data.dataset may take")
 
     def decorate(build):
-        _DOMAINS[name] = Domain(name, build, metric, mode, dict(datasets),
+        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets),
                                 Path(config) if isinstance(config, str) else config,
                                 Path(presets) if presets else None, dict(commands or {}))
         return build
@@ -136,14 +149,6 @@ def get_domain(name: str) -> Domain:
     if name not in _DOMAINS:
         raise KeyError(f"unknown domain {name!r}; choose from {', '.join(domain_names()) or '(none)'}")
     return _DOMAINS[name]
-
-
-def load(target: Callable | str) -> Callable:
-    """A loader given as itself or as ``"module:attribute"`` (imported now)."""
-    if callable(target):
-        return target
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def domain_commands() -> dict[str, str]:

@@ -76,7 +76,7 @@ def toy_domain():
     """A domain registered from the test itself: the plugin contract, no project file touched (its config a dict,
     typed from its defaults)."""
 
-    @register_domain("toy", metric="mse", mode="min", datasets={"random": ToyData}, config=TOY_CONFIG)
+    @register_domain("toy", metric="mse", mode="min", datasets=["random"], config=TOY_CONFIG)
     def build(cfg):
         return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **dict(cfg.task))
 

@@ -4,6 +4,7 @@ asked for, a training batch gives a finite loss, and the backward pass reaches t
 finite gradients. Then one `quest train` smoke run per domain, and a throw-away domain written into a
 temporary folder goes through both, with no file of the project touched. Naming the domains' datasets
 loads none of their data or model code."""
+import importlib
 import math
 import subprocess
 import sys
@@ -103,16 +104,21 @@ def test_naming_the_datasets_imports_no_torch():
     assert out.returncode == 0, out.stderr
 
 
+
+@pytest.mark.parametrize("domain", [name for name in DOMAINS if name in registry.package_domains()])
+def test_every_named_dataset_has_its_loader(domain):
+    """The names a domain registers (what the config check accepts) are exactly those its datamodule loads."""
+    data = importlib.import_module(f"{registry.package_domains()[domain]}.data")
+    assert set(data.LOADERS) == set(get_domain(domain).datasets)
+    assert all(callable(loader) for loader in data.LOADERS.values())
+
 PLUGIN = {
     "__init__.py": '''
         from pathlib import Path
 
         from common.registry import register_domain
 
-        DATASETS = {"random": "plugins.majority.data:random_tokens"}
-
-
-        @register_domain("majority", metric="acc", mode="max", datasets=DATASETS,
+        @register_domain("majority", metric="acc", mode="max", datasets=["random"],
                          config=Path(__file__).with_name("majority.yaml"))
         def build(cfg):
             from .data import MajorityData
@@ -128,9 +134,6 @@ PLUGIN = {
         from torch.utils.data import TensorDataset
 
         from common.data import SPLITS, SplitDataModule
-        from common.registry import load
-
-        from . import DATASETS
 
 
         def random_tokens(data, seed):
@@ -144,7 +147,7 @@ PLUGIN = {
         class MajorityData(SplitDataModule):
             def __init__(self, data, seed):
                 super().__init__(data.batch_size)
-                self.datasets = load(DATASETS[data.dataset])(data, seed)
+                self.datasets = {"random": random_tokens}[data.dataset](data, seed)
     ''',
     "model.py": '''
         from torch import nn
@@ -187,7 +190,7 @@ def test_a_new_domain_is_one_package(tmp_path, monkeypatch, cache_dir):
         for variant in VARIANTS:
             check_contract("majority", variant, cache_dir)
         check_smoke_run("majority", tmp_path / "runs", cache_dir)
-        assert get_domain("majority").datasets.keys() == {"random"}
+        assert get_domain("majority").datasets == ("random",)
         assert cli(["train", "domain=majority", "data.dataset=other", f"output_dir={tmp_path}"]) == 2
     finally:
         registry.unregister_domain("majority")

@@ -10,10 +10,7 @@ from .config import GraphConfig
 log = logging.getLogger(__name__)
 DENSE_NODES = 10_000  # beyond this many nodes in a graph, dense attention's N² logits per head hurt
 # dataset name -> loader: the molecules of molecules.py, the PyG-format data of stored.py
-DATASETS = {"qm9": "domains.graph.molecules:qm9_splits", "qm9_atoms": "domains.graph.molecules:qm9_atom_splits",
-            "csv": "domains.graph.molecules:csv_splits", "zinc": "domains.graph.stored:zinc_splits",
-            "pyg": "domains.graph.stored:pyg_splits",
-            **dict.fromkeys(("cora", "citeseer", "pubmed"), "domains.graph.stored:planetoid_splits")}
+DATASETS = ("qm9", "qm9_atoms", "csv", "zinc", "pyg", "cora", "citeseer", "pubmed")  # their loaders: data.LOADERS
 
 
 @register_domain("graph", metric="mae", mode="min", datasets=DATASETS, config=GraphConfig,

@@ -1,6 +1,6 @@
 """The graph domain's datasets and datamodule.
 
-The package's ``DATASETS`` maps each dataset name to its loader: the molecules of ``molecules.py`` (qm9,
+``LOADERS`` (at the end) maps each dataset name to its loader: the molecules of ``molecules.py`` (qm9,
 the embedded default; qm9_atoms, the embedded node-level default; csv) and the PyG-format data of
 ``stored.py`` (zinc; the Planetoid graphs cora, citeseer, pubmed; pyg). ``GraphDataModule`` adds
 random-walk structural encodings ``pe`` [N, rwse_steps] to every graph, caches the result under
@@ -20,11 +20,11 @@ from torch_geometric.loader import DataLoader
 from torch_geometric.utils import degree
 
 from common.data import SPLITS, DataError, SplitDataModule, cached, short_hash
-from common.registry import load
 
-from . import DATASETS
 from .config import Data as DataConfig
+from .molecules import csv_splits, qm9_atom_splits, qm9_splits
 from .splits import LoadedGraphs
+from .stored import planetoid_splits, pyg_splits, zinc_splits
 
 CACHE_FORMAT = 3  # bump when what the cache holds changes, so old files are not read as new ones
 
@@ -118,7 +118,7 @@ class GraphDataModule(SplitDataModule):
         self.describe_split(*stored["split"])
 
     def _build(self) -> dict:
-        loaded = load(DATASETS[self.cfg.dataset])(self.cfg)
+        loaded = LOADERS[self.cfg.dataset](self.cfg)
         for split in SPLITS:
             if not (loaded.masks[split].any() if loaded.masks else loaded.graphs[split]):
                 raise DataError(f"{self.cfg.dataset}: the {split} split is empty "
@@ -216,3 +216,8 @@ def class_names(graphs: dict[str, list[Data]], named: list[str]) -> list[str]:
     if int(labels.min()) < 0:
         raise DataError(f"class labels must be >= 0, found {int(labels.min())}")
     return named or [str(c) for c in range(int(labels.max()) + 1)]
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"qm9": qm9_splits, "qm9_atoms": qm9_atom_splits, "csv": csv_splits, "zinc": zinc_splits, "pyg": pyg_splits,
+           **dict.fromkeys(("cora", "citeseer", "pubmed"), planetoid_splits)}

@@ -6,9 +6,7 @@ from common.registry import BuildConfig, register_domain
 from .config import LanguageConfig
 
 # dataset name -> loader of its corpus (corpus.py)
-DATASETS = {"stdlib": "domains.language.corpus:stdlib", "text": "domains.language.corpus:text",
-            "enwik8": "domains.language.corpus:standard_split", "text8": "domains.language.corpus:standard_split",
-            "wikitext103": "domains.language.corpus:wikitext103"}
+DATASETS = ("stdlib", "text", "enwik8", "text8", "wikitext103")  # their loaders: data.LOADERS
 
 
 @register_domain("language", metric="loss", mode="min", datasets=DATASETS, config=LanguageConfig,

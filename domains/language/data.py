@@ -1,4 +1,4 @@
-"""Language-model data: a corpus (the loader of ``corpus.py`` that the package's ``DATASETS`` names) cut
+"""Language-model data: a corpus (the loader of ``corpus.py`` that ``LOADERS`` names) cut
 to its byte caps, tokenised, and served as windows of ``context + 1`` tokens (inputs and next-token
 targets).
 
@@ -21,11 +21,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from common.data import SPLITS, DataError, SplitDataModule
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
-from .corpus import Document
+from .corpus import Document, standard_split, stdlib, text, wikitext103
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +134,7 @@ class LanguageDataModule(SplitDataModule):
 
     def __init__(self, data: Data):
         super().__init__(data.batch_size, eval_batch_size=data.eval_batch_size, num_workers=data.num_workers)
-        corpus = load(DATASETS[data.dataset])(data)
+        corpus = LOADERS[data.dataset](data)
         documents = corpus.splits
         caps = {"train": data.max_train_bytes, "val": data.max_eval_bytes, "test": data.max_eval_bytes}
         parts = {s: read_capped(documents[s], caps[s]) for s in SPLITS}
@@ -158,3 +156,7 @@ def _describe(documents: list[Document]) -> str:
         return "no documents"
     more = len(documents) - 1
     return str(documents[0].path) + (f" and {more} more file{'s' * (more > 1)}" if more else "")
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"stdlib": stdlib, "text": text, "enwik8": standard_split, "text8": standard_split, "wikitext103": wikitext103}

@@ -3,8 +3,7 @@ from common.registry import BuildConfig, register_domain
 
 from .config import PointcloudConfig
 
-DATASETS = {"shapes": "domains.pointcloud.data:shapes_splits", "modelnet": "domains.pointcloud.data:modelnet_splits",
-            "folder": "domains.pointcloud.data:folder_splits"}
+DATASETS = ("shapes", "modelnet", "folder")  # their loaders: data.LOADERS
 
 
 @register_domain("pointcloud", metric="acc", mode="max", datasets=DATASETS, config=PointcloudConfig)

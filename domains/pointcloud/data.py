@@ -1,7 +1,7 @@
 """Point-cloud classification data: generated shapes (default), ModelNet10/40 in its original
 ``<class>/{train,test}/*.off`` layout, or any class-per-folder tree of meshes or point files, all read
 and sampled with open3d, normalised to the unit sphere and cached as [M, num_points, 3] tensors.
-The package's ``DATASETS`` maps each dataset name to its loader. Training batches are augmented on the
+``LOADERS`` (at the end) maps each dataset name to its loader. Training batches are augmented on the
 device (scale/shift, jitter, point dropout); jitter and dropout are also the task's test-time
 perturbations.
 
@@ -42,9 +42,7 @@ from common.data import (
 )
 from common.files import regular_file
 from common.optional import require
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
 from .shapes import SHAPES, generate_shapes
 
@@ -317,7 +315,7 @@ class PointCloudDataModule(SplitDataModule):
     def __init__(self, data: Data, cache_dir: str | Path):
         super().__init__(data.batch_size, num_workers=data.num_workers)
         self.augment = data.augment
-        self.datasets, self.classes, split = load(DATASETS[data.dataset])(data, Path(cache_dir))
+        self.datasets, self.classes, split = LOADERS[data.dataset](data, Path(cache_dir))
         self.describe_split(*split)
 
     def augment_batch(self, batch):
@@ -327,3 +325,7 @@ class PointCloudDataModule(SplitDataModule):
         points = jitter(points, aug.jitter_sigma, aug.jitter_clip)
         ratio = aug.dropout_max * torch.rand(points.shape[0], device=points.device)
         return drop_points(points, ratio), labels
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"shapes": shapes_splits, "modelnet": modelnet_splits, "folder": folder_splits}

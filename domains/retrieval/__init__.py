@@ -4,7 +4,7 @@ from common.registry import BuildConfig, register_domain
 
 from .config import RetrievalConfig
 
-DATASETS = {"generated": "domains.retrieval.data:generated"}
+DATASETS = ("generated",)  # their loaders: data.LOADERS
 
 
 @register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS, config=RetrievalConfig,

@@ -33,9 +33,7 @@ from scipy.stats import ortho_group
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from common.data import SPLITS, SplitDataModule
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
 
 
@@ -95,7 +93,7 @@ def generated(data: Data, seed: int) -> dict[str, TensorDataset]:
 
 
 class RetrievalDataModule(SplitDataModule):
-    """The ``data.dataset`` of the package's ``DATASETS``; every split is biased with probability p_bias,
+    """The ``data.dataset`` of ``LOADERS``; every split is biased with probability p_bias,
     and the task's metrics separate biased from unbiased samples.
 
     The training order comes from a generator of the sampler's own, seeded by the run seed, rather than
@@ -112,7 +110,7 @@ class RetrievalDataModule(SplitDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
-            self.datasets = load(DATASETS[self.data.dataset])(self.data, self.seed)
+            self.datasets = LOADERS[self.data.dataset](self.data, self.seed)
 
     def train_dataloader(self) -> DataLoader:
         self.loader("train")  # the shared checks (an empty split is an error)
@@ -150,3 +148,7 @@ def direction_oracles(data: Data, n: int = 20000, seed: int = 0) -> dict[str, fl
     return {"answer_kappa": data.answer_kappa, "chance": 1 / data.num_tokens,
             "largest_norm_acc": (keys.norm(dim=-1).argmax(1) == answer).float().mean().item(),
             "direction_acc": (directional.argmin(1) == answer).float().mean().item()}
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"generated": generated}

@@ -7,8 +7,7 @@ from common.registry import BuildConfig, register_domain
 from .config import SegmentationConfig
 
 # dataset name -> its source class (data.py)
-DATASETS = {"digits": "domains.segmentation.data:DigitScenes", "ade20k": "domains.segmentation.data:ADE20K",
-            "folder": "domains.segmentation.data:FolderPairs"}
+DATASETS = ("digits", "ade20k", "folder")  # their loaders: data.LOADERS
 
 
 @register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS, config=SegmentationConfig)

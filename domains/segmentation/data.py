@@ -7,7 +7,7 @@ testannot}/``) are used as shipped; a single images + masks folder pair is split
 ``data.split_seed``, at random or grouped by ``data.group_pattern`` (e.g. the video a frame comes from).
 Before training, a sample of each split's masks is checked against ``num_classes`` and the ignore index.
 
-The package's ``DATASETS`` maps each ``data.dataset`` name to its source: a class that knows the class
+``LOADERS`` (at the end) maps each ``data.dataset`` name to its source: a class that knows the class
 names at once (the model is built from them) and reads or generates the data only at ``setup``. Stored samples are
 ``(image uint8 [3, H, W], mask long [H, W])``; labels run over 0..num_classes-1 and ``ignore_index``
 marks pixels that count nowhere (the padding of crops and batches included). Batches are float images
@@ -44,9 +44,7 @@ from common.data import (
     split_names,
 )
 from common.files import MAX_DOCUMENT_BYTES, read_text
-from common.registry import load
 
-from . import DATASETS
 from .augment import DeviceAugment
 from .config import Data
 
@@ -408,7 +406,7 @@ class ADE20K(FolderPairs):
 # ---------------------------------------------------------------- the data module
 
 class SegmentationDataModule(SplitDataModule):
-    """``data.dataset`` names one of the package's ``DATASETS``; ``num_classes``, ``ignore_index``
+    """``data.dataset`` names one of ``LOADERS``; ``num_classes``, ``ignore_index``
     and ``class_names`` are known before ``setup`` so the model can be built first. The data, and so the
     split, depend on ``data`` alone."""
 
@@ -416,7 +414,7 @@ class SegmentationDataModule(SplitDataModule):
         super().__init__(data.batch_size, num_workers=data.num_workers, collate_fn=PadCollate(data.ignore_index))
         self.data, self.ignore_index = data, data.ignore_index
         self.device_augment = DeviceAugment(data) if data.augment_on == "device" else None
-        self.source = load(DATASETS[data.dataset])(data, Path(cache_dir))
+        self.source = LOADERS[data.dataset](data, Path(cache_dir))
         self.class_names = self.source.class_names
 
     def train_dataloader(self):
@@ -439,3 +437,7 @@ class SegmentationDataModule(SplitDataModule):
         transforms = {"train": train, "val": evaluate, "test": evaluate}
         self.datasets, split = self.source.load(transforms)
         self.describe_split(*split)
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}

@@ -4,8 +4,7 @@ from common.registry import BuildConfig, register_domain
 
 from .config import SpeechConfig
 
-DATASETS = {"espeak": "domains.speech.data:espeak_splits",
-            "speech_commands": "domains.speech.data:speech_commands_splits", "folder": "domains.speech.data:folder_splits"}
+DATASETS = ("espeak", "speech_commands", "folder")  # their loaders: data.LOADERS
 
 
 def network(cfg: BuildConfig, num_classes: int):

@@ -1,5 +1,5 @@
 """Keyword audio: spoken words synthesised with eSpeak NG (the offline default), Speech Commands v2, or any
-class-per-folder tree of audio files. The package's ``DATASETS`` maps each dataset name to its loader,
+class-per-folder tree of audio files. ``LOADERS`` (at the end) maps each dataset name to its loader,
 which lists the (file, label) items of every split; every source gives (waveform, label) items at one
 sample rate, and batches are ``((waveforms [B, S], lengths [B]), labels [B])`` with zero padding.
 
@@ -41,9 +41,7 @@ from common.data import (
 )
 from common.files import regular_file
 from common.optional import require
-from common.registry import load
 
-from . import DATASETS
 from .config import Data, Espeak
 from .synth import SynthesisError, Utterance, synthesise
 
@@ -292,7 +290,7 @@ class SpeechDataModule(SplitDataModule):
 
     def __init__(self, data: Data, cache_dir: str | Path):
         super().__init__(data.batch_size, num_workers=data.num_workers, collate_fn=collate)
-        split, by_name, self.classes = load(DATASETS[data.dataset])(data, Path(cache_dir))
+        split, by_name, self.classes = LOADERS[data.dataset](data, Path(cache_dir))
         max_samples = int(round(data.clip_seconds * data.sample_rate))
         usable = {member for member, (path, _) in by_name.items() if readable(path)}
         members = {}
@@ -303,3 +301,7 @@ class SpeechDataModule(SplitDataModule):
             items = [by_name[member] for member in members[name]]
             self.datasets[name] = AudioClips(items, data.sample_rate, max_samples)
         self.describe_split(split.source, split.rule, members)
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"espeak": espeak_splits, "speech_commands": speech_commands_splits, "folder": folder_splits}

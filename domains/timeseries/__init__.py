@@ -5,9 +5,7 @@ from common.registry import BuildConfig, register_domain
 from .config import TimeseriesConfig
 
 # dataset name -> reader of its variables (data.py): the embedded series, or the CSV of that name
-DATASETS = {"vic_elec": "domains.timeseries.data:load_vic_elec",
-            **dict.fromkeys(("ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv"),
-                            "domains.timeseries.data:load_csv")}
+DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv")  # their loaders: data.LOADERS
 
 
 @register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS, config=TimeseriesConfig)

@@ -6,7 +6,7 @@ Splits are cut in time order and never depend on the training seed. A CSV with a
 otherwise the splits follow the reference code of the long-horizon benchmarks (Informer/Autoformer/
 PatchTST): ETT uses fixed 12/4/4-month borders, every other series a 70/10/20 split by rows. The val
 and test splits start ``seq_len`` rows before their border, so their first window's look-back reaches
-back across the border while every one of their targets lies beyond it. The package's ``DATASETS`` maps
+back across the border while every one of their targets lies beyond it. ``LOADERS`` (at the end) maps
 each dataset name to the function that reads its variables.
 """
 from __future__ import annotations
@@ -21,9 +21,7 @@ from torch.utils.data import Dataset
 
 from common.data import SPLITS, DataError, SplitDataModule, check_finite, check_fractions, read_csv, require_path
 from common.optional import require
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
 
 StandardScaler = require("sklearn.preprocessing", extra="timeseries").StandardScaler
@@ -174,7 +172,7 @@ class ForecastDataModule(SplitDataModule):
 
     def _make_splits(self) -> dict[str, Tensor]:
         cfg = self.cfg
-        variables, source, labels = load(DATASETS[cfg.dataset])(cfg)
+        variables, source, labels = LOADERS[cfg.dataset](cfg)
         values = variables.to_numpy(dtype=np.float64)
         borders = self._borders(len(values), source, labels)
         need = cfg.seq_len + cfg.pred_len
@@ -215,3 +213,8 @@ class ForecastDataModule(SplitDataModule):
         # Load now, so bad data fails before training starts. Evaluation keeps every window (no
         # drop_last): dropping the last partial batch, as older forecasting code did, scores a subset.
         self.datasets = {split: self.windows(split) for split in SPLITS}
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"vic_elec": load_vic_elec, **dict.fromkeys(("ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity",
+                                                       "exchange_rate", "csv"), load_csv)}

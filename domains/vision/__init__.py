@@ -6,8 +6,7 @@ from common.registry import BuildConfig, register_domain
 
 from .config import VisionConfig
 
-DATASETS = {"mnist": "domains.vision.data:mnist_splits", "elpv": "domains.vision.data:elpv_splits",
-            "imagefolder": "domains.vision.data:imagefolder_splits"}
+DATASETS = ("mnist", "elpv", "imagefolder")  # their loaders: data.LOADERS
 
 
 @register_domain("vision", metric="acc", mode="max", datasets=DATASETS, config=VisionConfig,

@@ -46,9 +46,7 @@ from common.data import (
     split_names,
 )
 from common.optional import require
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
 from .config import RandAugment as RandAugmentSettings
 
@@ -223,7 +221,7 @@ class VisionDataModule(SplitDataModule):
     def __init__(self, data: Data, cache_dir: Path, seed: int = 0):
         super().__init__(data.batch_size, eval_batch_size=data.eval_batch_size, num_workers=data.num_workers)
         self.repeats, self.seed = data.augment.repeats, seed
-        self.datasets, self.classes, split = load(DATASETS[data.dataset])(data, Path(cache_dir))
+        self.datasets, self.classes, split = LOADERS[data.dataset](data, Path(cache_dir))
         self.describe_split(*split)
 
     def train_dataloader(self) -> DataLoader:
@@ -234,3 +232,7 @@ class VisionDataModule(SplitDataModule):
         ranks = {"num_replicas": self.trainer.world_size, "rank": self.trainer.global_rank} if self.trainer else {}
         return self.loader("train", RepeatedAugmentationSampler(self.datasets["train"], self.repeats, seed=self.seed,
                                                                 **ranks))
+
+
+# data.dataset -> its loader (the package's DATASETS names them)
+LOADERS = {"mnist": mnist_splits, "elpv": elpv_splits, "imagefolder": imagefolder_splits}

@@ -3,9 +3,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from common.data import SPLITS, SplitDataModule
-from common.registry import load
 
-from . import DATASETS
 from .config import Data
 
 
@@ -28,8 +26,11 @@ class CountingData(SplitDataModule):
 
     def __init__(self, data: Data):
         super().__init__(data.batch_size)
-        self.datasets = load(DATASETS[data.dataset])(data)
+        self.datasets = LOADERS[data.dataset](data)
         self.classes = [str(count) for count in range(data.length + 1)]  # 0 to length zeros
         rule = f"generated per split: seed 3 x split_seed {data.split_seed} + 0, 1, 2 for train, val, test"
         self.describe_split("generated", rule, {split: range(len(self.datasets[split])) for split in SPLITS},
                             drawn_from=data.split_seed)
+
+
+LOADERS = {"generated": generated}  # data.dataset -> its loader
