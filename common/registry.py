@@ -55,6 +55,8 @@ class BuildConfig:
 
 @dataclass(frozen=True)
 class Domain:
+    """A registered domain: what ``register_domain`` was given (its Args say what each field is)."""
+
     name: str
     build: Callable[[BuildConfig], tuple[Any, Any]]
     metric: str
@@ -65,8 +67,15 @@ class Domain:
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
     def primary_of(self, task) -> tuple[str, str]:
-        """(metric, mode) a run of this domain is judged on: its task's, where the task names one (graph: values
-        or classes), else the domain's."""
+        """The primary metric a run of this domain is judged on.
+
+        Args:
+            task: The run's ``common.task.Task``.
+
+        Returns:
+            (metric, ``"min"`` | ``"max"``): the task's ``primary``, where it names one (graph: values or classes),
+            else the domain's.
+        """
         return task.primary or (self.metric, self.mode)
 
 
@@ -110,17 +119,30 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
 
 
 def unregister_domain(name: str) -> None:
+    """Forget the registered domain ``name`` (a plugin's test cleaning up); an unknown name is no error.
+
+    Args:
+        name: The domain's name.
+    """
     _DOMAINS.pop(name, None)
 
 
 def discover(package: str) -> None:
-    """Make the sub-packages of ``package`` (one per domain) known without importing them yet."""
+    """Make the sub-packages of ``package`` (one per domain) known without importing them yet.
+
+    Args:
+        package: An importable package's dotted name (the project's: ``"domains"``).
+    """
     if package not in _PACKAGES:
         _PACKAGES.append(package)
 
 
 def package_domains() -> dict[str, str]:
-    """Domain name -> module of the packages under every discovered package, found without importing them."""
+    """The domain packages under every discovered package, found without importing them.
+
+    Returns:
+        Domain name -> its package's dotted name.
+    """
     found = {}
     for package in _PACKAGES:
         module = importlib.import_module(package)
@@ -135,11 +157,26 @@ def _entry_points() -> dict[str, Any]:
 
 
 def domain_names() -> list[str]:
+    """Every domain known: registered, in a discovered package or behind an entry point.
+
+    Returns:
+        Their names, sorted.
+    """
     return sorted(set(_DOMAINS) | set(package_domains()) | set(_entry_points()))
 
 
 def get_domain(name: str) -> Domain:
-    """The domain called ``name``, importing its module on first use."""
+    """The domain called ``name``, importing its module on first use.
+
+    Args:
+        name: The domain's name.
+
+    Returns:
+        Its registration.
+
+    Raises:
+        KeyError: No domain is called ``name`` (the message lists those that are).
+    """
     if name not in _DOMAINS:
         modules = package_domains()
         if name in modules:
@@ -152,7 +189,11 @@ def get_domain(name: str) -> Domain:
 
 
 def domain_commands() -> dict[str, str]:
-    """Every command the domains add -> the module that runs it (imports each domain's registration)."""
+    """The commands every domain adds (importing each domain's registration; one that fails is skipped, logged).
+
+    Returns:
+        ``quest <command>`` -> the module whose ``main(argv)`` runs it.
+    """
     found = {}
     for name in domain_names():
         try:
@@ -163,12 +204,29 @@ def domain_commands() -> dict[str, str]:
 
 
 def typed_config(cfg: DictConfig) -> RunConfig:
-    """A composed config read as its domain's ``RunConfig``."""
+    """A composed config read as its domain's ``RunConfig``.
+
+    Args:
+        cfg: A run's composed config (``runners.config.compose``).
+
+    Returns:
+        The domain's ``RunConfig`` of it.
+
+    Raises:
+        ConfigError: A key or value the domain's config does not take (one line).
+    """
     return section(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True), "")
 
 
 def build_config(cfg: DictConfig) -> BuildConfig:
-    """The typed sections of a run's config that its domain's build function takes."""
+    """The typed sections of a run's config that its domain's build function takes.
+
+    Args:
+        cfg: A run's composed config.
+
+    Returns:
+        Its ``BuildConfig``, with the attention layer factory of its variant.
+    """
     typed = typed_config(cfg)
     from common.attention import attention_layer  # torch: only once a run is built
 
@@ -179,7 +237,17 @@ def build_config(cfg: DictConfig) -> BuildConfig:
 
 
 def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
-    """The typed config of the domain ``name`` and its presets (preset name -> its settings)."""
+    """The typed config of a domain and its presets.
+
+    Args:
+        name: The domain's name.
+
+    Returns:
+        Its ``RunConfig`` subclass, and preset name -> the settings the preset changes.
+
+    Raises:
+        ConfigError: An unknown domain, or a presets file that is missing, not YAML or holds more than presets.
+    """
     try:
         domain = get_domain(name)
     except KeyError as err:
