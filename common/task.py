@@ -28,7 +28,6 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
 from common.metrics import MajorityClassAccuracy
-from common.notes import MetricNotes
 from common.schema import SCHEDULES, Optim
 
 # ``lamb``: timm's Lamb (You et al. 2020), DeiT-III's optimiser: Adam's bias-corrected step plus weight decay,
@@ -57,11 +56,15 @@ def perturbation_generator(seed: int, batch_idx: int, condition: str, device: to
 
 
 class Task(pl.LightningModule):
-    """``primary`` (metric, "min" | "max") overrides the domain's registered primary metric, for a domain
-    whose tasks differ in kind (graph: regression or classification).
+    """The home of a run's metrics: their names and how they are computed (``metrics``), and what its record notes
+    of them beside their values: which way each is better (``directions``), what each trivial baseline predicts
+    (``baselines``) and which a summary shows (``summary_metrics``), read from what each torchmetrics metric says
+    of itself (``higher_is_better``, a baseline's ``description``); a task that logs other test metrics adds
+    theirs. The metric a run is judged on is the domain's registered one (known before anything is built, so
+    that a run killed before its task exists is still recorded by it); ``primary`` (metric, "min" | "max")
+    overrides it for a domain whose tasks differ in kind (graph: regression or classification).
 
-    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names. ``notes``: what
-    the run's record notes of the test metrics (``common.notes``).
+    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names.
 
     Args:
         net: The domain's network; ``forward`` calls it on a batch's inputs.
@@ -74,7 +77,6 @@ class Task(pl.LightningModule):
     """
 
     primary: tuple[str, str] | None = None
-    notes: type[MetricNotes] = MetricNotes
 
     def __init__(self, net: nn.Module, optim: Optim, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
@@ -305,6 +307,50 @@ class Task(pl.LightningModule):
             self.log(f"test/{name}", value)
         for metric in self.perturbed_metrics.values():
             metric.reset()
+
+    def directions(self) -> dict[str, str]:
+        """Which way each test metric is better: the loss, what each torchmetrics metric says of itself
+        (``higher_is_better``; one that says nothing is left out), and each perturbed score the headline's way.
+
+        Returns:
+            Logged name less ``test/`` -> ``"min"`` | ``"max"``.
+        """
+        found = {"loss": "min"}
+        for name, metric in self.test_metrics.items(keep_base=True):
+            if metric.higher_is_better is not None:
+                found[name] = "max" if metric.higher_is_better else "min"
+        if self.headline in found:
+            found.update(dict.fromkeys(self.perturbed_names, found[self.headline]))
+        return found
+
+    def baselines(self) -> dict[str, str]:
+        """What each trivial baseline among the test metrics predicts (its ``description``).
+
+        Returns:
+            Metric name -> the description.
+        """
+        return {name: metric.description for name, metric in self.test_metrics.items(keep_base=True)
+                if hasattr(metric, "description")}
+
+    def summary_metrics(self, primary: str) -> list[str]:
+        """The test metrics a run's summary line shows; per-class and per-condition scores stay in the record.
+
+        Args:
+            primary: The run's primary metric.
+
+        Returns:
+            The primary metric, its trivial baseline where the task has one, then ``robustness_summary``.
+        """
+        baseline = f"{primary}_baseline"
+        return [primary, *([baseline] if baseline in self.baselines() else []), *self.robustness_summary()]
+
+    def robustness_summary(self) -> list[str]:
+        """The perturbed scores that summarise robustness.
+
+        Returns:
+            By default each one logged (a condition each), sorted.
+        """
+        return sorted(self.perturbed_names)
 
     def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
         """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``.

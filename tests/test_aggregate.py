@@ -335,9 +335,8 @@ def test_each_task_says_which_way_its_test_metrics_go(domain):
     expected = {"language": {"loss": "min", "bpb": "min", "ppl": "min", "loss_baseline": "min"},
                 "timeseries": {"mse": "min", "mae": "min", "mse_baseline": "min", "mae_baseline": "min"},
                 "vision": {"acc": "max", "macc": "max", "acc_baseline": "max"}}[domain]
-    notes = task.notes(task)
-    assert expected.items() <= notes.directions().items()
-    assert all(name in notes.directions() and said for name, said in notes.baselines().items())
+    assert expected.items() <= task.directions().items()
+    assert all(name in task.directions() and said for name, said in task.baselines().items())
 
 
 def test_power_and_untestable_differences():

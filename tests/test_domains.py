@@ -36,6 +36,8 @@ def check_contract(domain: str, variant: str, cache_dir, *overrides: str) -> Non
     torch.manual_seed(0)
     datamodule, task = get_domain(domain).build(build_config(cfg))
     assert isinstance(task, Task)
+    metric, mode = get_domain(domain).primary_of(task)  # the run is judged on a metric its task logs, its way
+    assert task.directions().get(metric) == mode, (metric, mode, task.directions())
     attention = [m for m in task.modules() if isinstance(m, (MultiheadAttention, EdgeMultiheadAttention))]
     assert attention and {m.variant.name for m in attention} == {variant}
 

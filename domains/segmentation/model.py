@@ -22,7 +22,6 @@ from common.blocks import AttentionFactory, Encoder
 from common.checkpoint import load_encoder, load_run
 from common.errors import ConfigError
 from common.metrics import MajorityClassIoU
-from common.notes import MetricNotes
 from common.perturbations import check_corruption, corrupt
 from common.task import Optim, Task
 
@@ -167,16 +166,6 @@ def corruption_conditions(corruptions: list[str], severities: list[int]) -> dict
             for name in corruptions for severity in severities}
 
 
-class SegmentationNotes(MetricNotes):
-    """Per-class IoUs are better higher; robustness is summarised by the mIoU over every corruption."""
-
-    def robustness_summary(self) -> list[str]:
-        return [f"{self.task.headline}_corrupt"] if self.task.perturbations else []
-
-    def directions(self) -> dict[str, str]:
-        return super().directions() | {f"iou_{name}": "max" for name in self.task.class_names}
-
-
 class SegmentationTask(Task):
     """Cross-entropy training on crops; sliding-window evaluation logging ``miou`` (primary), ``acc``
     (pixel accuracy) and, at test, per-class IoU (``iou_<class name>``) plus the mIoU under each
@@ -225,7 +214,12 @@ class SegmentationTask(Task):
         summary.update({f"{self.headline}_{name}": torch.stack(group).mean() for name, group in by_corruption.items()})
         return summary
 
-    notes = SegmentationNotes
+    def directions(self) -> dict[str, str]:
+        return super().directions() | {f"iou_{name}": "max" for name in self.class_names}
+
+    def robustness_summary(self) -> list[str]:
+        """Robustness summarised by the mIoU over every corruption."""
+        return [f"{self.headline}_corrupt"] if self.perturbations else []
 
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()

@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, Metric, MetricCollection
 
 from common.blocks import AttentionFactory, Encoder
-from common.notes import MetricNotes
 from common.task import Optim, Task
 
 
@@ -93,17 +92,6 @@ def error_metrics() -> dict[str, Metric]:
     return {"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}
 
 
-class ForecastNotes(MetricNotes):
-    """The persistence baseline's errors, logged beside the task's metrics, are better lower."""
-
-    def directions(self) -> dict[str, str]:
-        return super().directions() | {f"{name}_baseline": "min" for name in error_metrics()}
-
-    def baselines(self) -> dict[str, str]:
-        return {f"{name}_baseline": "the last observed value over the whole horizon (persistence)"
-                for name in error_metrics()}
-
-
 class ForecastTask(Task):
     """MSE training on ``(x, y)`` windows; logs ``mse`` and ``mae`` on the standardised scale (the field's
     convention), and on the test split also a persistence baseline (the last observed value repeated over
@@ -116,7 +104,12 @@ class ForecastTask(Task):
     def loss(self, forecast: Tensor, y: Tensor, stage: str) -> Tensor:
         return F.mse_loss(forecast, y)
 
-    notes = ForecastNotes
+    def directions(self) -> dict[str, str]:
+        return super().directions() | {f"{name}_baseline": "min" for name in error_metrics()}
+
+    def baselines(self) -> dict[str, str]:
+        return {f"{name}_baseline": "the last observed value over the whole horizon (persistence)"
+                for name in error_metrics()}
 
     def test_step(self, batch, batch_idx):
         super().test_step(batch, batch_idx)

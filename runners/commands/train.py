@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
 
 
 def summary(record: RunRecord, run_dir: Path) -> str:
-    """Two lines: the run's status and headline test metrics (``common.notes.MetricNotes.headline``: the primary
+    """Two lines: the run's status and headline test metrics (``common.task.Task.summary_metrics``: the primary
     one, its baseline, the robustness summary), then where its record is."""
     metrics = record.metrics
     shown = [f"test {name} {metrics[f'test/{name}']:.4g}" for name in record.headline or [] if f"test/{name}" in metrics]

@@ -92,14 +92,13 @@ def read_log(record: RunRecord, metrics_csv: Path, train_losses: dict[str, float
 
 def settle(record: RunRecord, task, divergence: dict | None, metrics: dict[str, float]) -> None:
     """A trained run's outcome in its record: diverged (``divergence``), else its test ``metrics``; and what the
-    task's notes say of its metrics (``common.notes``)."""
+    task says of its metrics (``common.task.Task.directions``, ``baselines``, ``summary_metrics``)."""
     if divergence is not None:
         record.status, record.divergence = "diverged", divergence
     else:
         record.metrics = metrics
-    notes = task.notes(task)
-    record.directions, record.baselines = notes.directions(), notes.baselines()
-    record.headline = notes.headline(record.primary_metric)
+    record.directions, record.baselines = task.directions(), task.baselines()
+    record.headline = task.summary_metrics(record.primary_metric)
 
 
 def validation_losses(metrics_csv: Path) -> dict[str, float]:
