@@ -175,6 +175,24 @@ class RunRecord(Model):
     snapshots: list[Snapshot] | None = None
     curve: list[CurvePoint] | None = None  # the snapshots tested, in their order
 
+    def setting(self, key: str, default: Any = None) -> Any:
+        """One value of the run's config by its dotted key (``"optim.lr"``), ``default`` where the run's config
+        lacks it (a record from before the key existed).
+
+        Args:
+            key: Section and field, dot-separated.
+            default: What a config without the key gives.
+
+        Returns:
+            The value as the record holds it.
+        """
+        value: Any = self.config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return default
+            value = value[part]
+        return value
+
     def fail(self, error: str) -> None:
         """The run failed: ``error`` is the one line saying why."""
         self.status, self.error = "failed", error

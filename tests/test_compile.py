@@ -84,7 +84,7 @@ def test_quest_train_compiles_into_the_same_run(run_args, tmp_path):
     (eager,) = (tmp_path / "runs").rglob("record.json")
     assert compiled.parent.name == eager.parent.name
     compiled, eager = map(read_record, (compiled, eager))
-    assert compiled.config["compile"] == {"enabled": True, "mode": "default"}
+    assert compiled.setting("compile") == {"enabled": True, "mode": "default"}
     assert compiled.probes and compiled.probes.keys() == eager.probes.keys()  # probe steps ran (eagerly)
     for name, value in eager.metrics.items():
         assert compiled.metrics[name] == pytest.approx(value, rel=1e-3, abs=1e-4), name

@@ -43,7 +43,7 @@ def write_sweep(tmp_path, variants, seeds, lrs, extra=()) -> str:
 
 def records(root) -> dict[tuple, RunRecord]:
     found = (read_record(p) for p in find_records(root))
-    return {(r.variant, r.seed, r.config["optim"]["lr"]): r for r in found}
+    return {(r.variant, r.seed, r.setting("optim.lr")): r for r in found}
 
 
 def test_each_run_gets_the_record_quest_train_gives_it(tmp_path):

@@ -307,7 +307,7 @@ def test_quest_train_trains_and_quest_generate_samples_a_transformers_architectu
     assert f"ok: language/{variant} seed 0" in capsys.readouterr().out
     (path,) = find_records(run_args[0].split("=", 1)[1])
     record = read_record(path)
-    assert record.config["model"]["arch"] == arch and record.status == "ok"
+    assert record.setting("model.arch") == arch and record.status == "ok"
     assert set(record.probes) == set(probes.STATS) and all(v == v for v in record.probes.values())  # finite
     assert cli(["generate", str(path.parent), "--prompt", "def ", "--max-new-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("def ")

@@ -222,6 +222,14 @@ def test_records_round_trip_and_reject_malformed(tmp_path):
         read_record(tmp_path / "elsewhere")
 
 
+def test_a_record_reads_its_config_by_dotted_key():
+    record = RunRecord(**record_json("quest", 0, {"mse": 1.0}))
+    record.config = {"optim": {"lr": 0.003}, "data": {"answer_kappa": None}}
+    assert record.setting("optim.lr") == 0.003 and record.setting("optim") == {"lr": 0.003}
+    assert record.setting("data.answer_kappa", 1.0) is None  # held, though null: not the default
+    assert record.setting("data.p_bias.deeper", "absent") == "absent" and record.setting("model.dim") is None
+
+
 def test_slurm_launcher_runs_the_array_through_submitit(toy_domain, tmp_path):
     spec = Sweep.model_validate({
         "domains": ["toy"], "variants": ["quest"], "seeds": [0, 1], "preset": "demo", "output_dir": str(tmp_path),

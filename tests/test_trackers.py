@@ -105,7 +105,7 @@ def test_an_offline_mlflow_run_holds_the_config_headline_and_record(toy_domain, 
     assert run.info.status == "FINISHED" and run.info.run_name == f"toy/quest/{run_dir.name}"
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     assert tags["quest.run_dir"] == str(run_dir) and tags["quest.status"] == "ok" and tags["quest.primary_metric"] == "mse"
-    assert params["optim.lr"] == str(saved.config["optim"]["lr"]) and params["seed"] == "0"
+    assert params["optim.lr"] == str(saved.setting("optim.lr")) and params["seed"] == "0"
     assert params["logging.mlflow.experiment"] == "quest-test"
     assert saved.metrics and all(metrics[key] == value for key, value in saved.metrics.items())
     assert metrics["best_val"] == saved.best_val.value and metrics["wall_time_s"] == saved.wall_time_s
@@ -125,7 +125,7 @@ def test_an_offline_wandb_run_holds_the_config_headline_and_record(toy_domain, r
     saved = read_record(run_dir)
     run = wandb_run(tmp_path)
     assert run["name"] == f"toy/quest/{run_dir.name}" and run["exit_code"] == 0
-    assert run["config"]["optim.lr"] == saved.config["optim"]["lr"] and run["config"]["seed"] == 0
+    assert run["config"]["optim.lr"] == saved.setting("optim.lr") and run["config"]["seed"] == 0
     summary = run["summary"]
     assert summary["status"] == "ok" and summary["primary_metric"] == "mse"
     assert saved.metrics and all(summary[key] == value for key, value in saved.metrics.items())

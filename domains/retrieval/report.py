@@ -60,14 +60,12 @@ def load(root: str | Path) -> pd.DataFrame:
             continue  # quest aggregate lists broken records; here they are simply not counted
         if record.domain != "retrieval":
             continue
-        config, metrics = record.config, record.metrics
-        data = config["data"]
+        setting, metrics = record.setting, record.metrics
         rows.append({"variant": record.variant, "seed": record.seed, "status": record.status,
-                     "lr": config["optim"]["lr"], "wd": config["optim"]["weight_decay"],
-                     "hidden": config["model"]["hidden"], "p_bias": data["p_bias"], "bias_norm": data["bias_norm"],
-                     "num_tokens": data["num_tokens"], "key_dim": data["key_dim"],
-                     "kappa": data.get("answer_kappa", 1.0),  # records from before the key: the isotropic task
-                     **{key: config["model"].get(key) for key in ("form", "qk_input", "qk_bias")},
+                     "lr": setting("optim.lr"), "wd": setting("optim.weight_decay"), "hidden": setting("model.hidden"),
+                     **{key: setting(f"data.{key}") for key in ("p_bias", "bias_norm", "num_tokens", "key_dim")},
+                     "kappa": setting("data.answer_kappa", 1.0),  # records from before the key: the isotropic task
+                     **{key: setting(f"model.{key}") for key in ("form", "qk_input", "qk_bias")},
                      "acc": metrics.get("test/acc", math.nan), "acc_biased": metrics.get("test/acc_biased", math.nan),
                      "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent)})
     if not rows:

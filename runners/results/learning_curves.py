@@ -26,7 +26,7 @@ def curve_points(*roots: str | Path) -> pd.DataFrame:
         if rec.status != "ok":
             continue
         for point in rec.curve or []:
-            row = {"domain": rec.domain, "width": rec.config.get("model", {}).get("dim"), "variant": rec.variant,
+            row = {"domain": rec.domain, "width": rec.setting("model.dim"), "variant": rec.variant,
                    "seed": rec.seed, "step": point.step, "fraction": point.fraction,
                    "primary": rec.primary_metric, "mode": rec.mode}
             row.update({k.removeprefix("test/"): v for k, v in point.metrics.items()})
@@ -47,7 +47,7 @@ def probe_points(*roots: str | Path) -> pd.DataFrame:
         if rec.status != "ok" or not rec.curve or trajectory is None:
             continue
         for i, step in enumerate(trajectory.step):
-            row = {"domain": rec.domain, "width": rec.config.get("model", {}).get("dim"), "variant": rec.variant,
+            row = {"domain": rec.domain, "width": rec.setting("model.dim"), "variant": rec.variant,
                    "seed": rec.seed, "step": step}
             for stat in PROBES:
                 values = [layer[stat][i] for layer in trajectory.layers.values() if stat in layer]

@@ -29,7 +29,7 @@ def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
             continue
         final = losses.get("val_final", np.nan)
         rows.append({**{k: getattr(rec, k) for k in ("domain", "dataset", "preset", "variant", "seed", "status")},
-                     "lr": float(rec.config["optim"]["lr"]), "initial": losses["train_first"], "final": final,
+                     "lr": float(rec.setting("optim.lr")), "initial": losses["train_first"], "final": final,
                      "diverged_step": rec.divergence.step if rec.divergence else None, "trajectory": rec.trajectory or UNPROBED})
     if not rows:
         raise FileNotFoundError(f"no records of trained runs under {', '.join(map(str, roots))}")
