@@ -46,8 +46,8 @@ class PatchReport:
 
     Args:
         variant: The variant's name.
-        replaced: Module name -> what it was before conversion. Default empty.
-        skipped: Module name -> why it was left alone. Default empty.
+        replaced: Module name -> what it was before conversion.
+        skipped: Module name -> why it was left alone.
     """
 
     variant: str
@@ -76,11 +76,8 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
         """Convert ``module`` in place: its class becomes this one, its parameters stay.
 
         Args:
-            module: The ``nn.MultiheadAttention`` to convert; ``replace_attention`` checks that it has one
-                embedding size for q/k/v, no ``add_bias_kv`` and no ``add_zero_attn``.
-            variant: The variant's name.
-            **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
-                ``l2norm_kernel``); the fold goes to ``in_proj_weight``'s device and dtype.
+            module: The ``nn.MultiheadAttention`` to convert; ``replace_attention`` checks that it can be.
+            **attention_kwargs: As ``replace_attention``'s; the fold goes to ``in_proj_weight``'s device and dtype.
 
         Returns:
             ``module`` itself, now a ``PatchedMultiheadAttention``.
@@ -98,25 +95,8 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False):
-        """torch's signature and defaults, unbatched [tokens, dim] inputs included.
-
-        Args:
-            query: ``(batch, q_len, dim)`` (``(q_len, batch, dim)`` when not ``batch_first``), or unbatched
-                ``(q_len, dim)``.
-            key: ``(batch, k_len, dim)``, laid out as ``query``.
-            value: ``(batch, k_len, dim)``, laid out as ``query``.
-            key_padding_mask: ``(batch, k_len)`` (``(k_len,)`` unbatched): boolean, True = padding, or additive.
-                None: no padding.
-            need_weights: Also return the attention probabilities. Default True, as torch's.
-            attn_mask: torch's mask, ``(q_len, k_len)`` or ``(batch * heads, q_len, k_len)``: boolean, True =
-                blocked, or additive. None: none.
-            average_attn_weights: Average the returned weights over heads. Default True.
-            is_causal: Apply a causal mask. Default False.
-
-        Returns:
-            ``(output, weights)`` as ``MultiheadAttention.forward`` returns them; unbatched input gives
-                unbatched output ``(q_len, dim)`` and weights without the batch dimension.
-        """
+        """torch's signature, defaults and mask conventions; unbatched ``(q_len, dim)`` inputs give unbatched output and
+        weights without the batch dimension."""
         if query.dim() == 2:
             dim = 0 if self.batch_first else 1
             padding = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
@@ -128,14 +108,9 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
 
 
 class PatchedTimmAttention(nn.Module):
-    """timm's ViT ``Attention`` with its scores computed by ``common.attention``: timm's own qkv, q_norm,
-    k_norm, norm, gate, proj and dropouts are kept (and so are its state-dict names). Made only by
-    ``from_timm``, which converts an existing module in place.
-
-    Attributes:
-        qk: The variant's fold (``common.attention.QKFold``), holding its learnable scales if any.
-        probe: The module's stability probe, off until enabled.
-    """
+    """timm's ViT ``Attention`` with its scores computed by ``common.attention``: timm's own qkv, q_norm, k_norm, norm,
+    gate, proj and dropouts are kept (and so are its state-dict names). Made only by ``from_timm``, which converts an
+    existing module in place. ``qk`` and ``probe``: as ``PatchedMultiheadAttention``'s."""
 
     @classmethod
     def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> PatchedTimmAttention:
@@ -143,9 +118,7 @@ class PatchedTimmAttention(nn.Module):
 
         Args:
             module: A ``timm.layers.Attention`` (not checked here; ``replace_attention`` picks them).
-            variant: The variant's name.
-            **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
-                ``l2norm_kernel``); the fold goes to ``qkv.weight``'s device and dtype.
+            **attention_kwargs: As ``replace_attention``'s; the fold goes to ``qkv.weight``'s device and dtype.
 
         Returns:
             ``module`` itself, now a ``PatchedTimmAttention``.
@@ -161,17 +134,8 @@ class PatchedTimmAttention(nn.Module):
         return self.qk.variant
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """timm's signature: ``attn_mask`` has SDPA meaning (boolean True = attend, or additive).
-
-        Args:
-            x: Tokens, ``(batch, tokens, dim)``.
-            attn_mask: Boolean (True = attend) or additive, broadcasting to ``(batch, heads, tokens, tokens)``.
-                None: none.
-            is_causal: Apply a causal mask. Default False.
-
-        Returns:
-            The output, ``(batch, tokens, dim)``.
-        """
+        """timm's signature, ``x`` ``(batch, tokens, dim)`` to the same shape; ``attn_mask`` has SDPA meaning (boolean
+        True = attend, or additive), broadcasting to ``(batch, heads, tokens, tokens)``."""
         batch, tokens, _ = x.shape
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -214,10 +178,8 @@ def _transformers_integration():
 
 
 def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwargs) -> PatchReport:
-    """Convert every supported attention module of ``model`` to ``variant`` in place and report what was
-    done. ``attention_kwargs`` go to the variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``; without
-    ``seq_len`` a QK-norm gain starts at sqrt(head_dim), not log2(L² − L)). Masks keep torch's conventions
-    (``key_padding_mask``: True = padding).
+    """Convert every supported attention module of ``model`` to ``variant`` in place and report what was done. Masks
+    keep torch's conventions (``key_padding_mask``: True = padding). Logs a warning when nothing could be converted.
 
     With ``variant="standard"`` the model computes what it computed before, to float rounding, but for one case:
     an ``nn.TransformerEncoder`` in eval mode without gradients given a ``src_key_padding_mask``, where torch's
@@ -225,20 +187,15 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
     compute there (the positions a caller masks out). Converted layers never take torch's fused fast path
     (docs/attention.md, "What to know before converting a model").
 
-    Logs a warning when nothing could be converted.
-
     Args:
-        model: The model to convert, in place.
-        variant: The variant's name. Default ``"quest"``.
-        **attention_kwargs: Keyword arguments of the variant's fold (``seq_len``, ``qk_gain_init``, ``eps``,
-            ``l2norm_kernel``).
+        **attention_kwargs: The variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``, ``l2norm_kernel``);
+            without ``seq_len`` a QK-norm gain starts at sqrt(head_dim), not log2(L² − L).
 
     Returns:
-        The ``PatchReport``: the modules converted and those left alone, by name.
+        The modules converted and those left alone, by name.
 
     Raises:
-        ValueError: If ``variant`` is unknown, or is elliptical and ``model`` has no transformers attention
-            layers.
+        ValueError: If ``variant`` is unknown, or is elliptical and ``model`` has no transformers attention layers.
     """
     spec = get_variant(variant)
     hf = _transformers_integration()

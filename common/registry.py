@@ -67,15 +67,8 @@ class Domain:
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
     def primary_of(self, task) -> tuple[str, str]:
-        """The primary metric a run of this domain is judged on.
-
-        Args:
-            task: The run's ``common.task.Task``.
-
-        Returns:
-            (metric, ``"min"`` | ``"max"``): the task's ``primary``, where it names one (graph: values or classes),
-            else the domain's.
-        """
+        """The (metric, ``"min"`` | ``"max"``) a run of this domain is judged on: its ``task``'s ``primary``, where it
+        names one (graph: values or classes), else the domain's."""
         return task.primary or (self.metric, self.mode)
 
 
@@ -90,11 +83,11 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
 
     Args:
         name: The domain's name (``domain=<name>``).
-        metric: Its primary metric, logged as ``val/<metric>``: what checkpoints, selection and tables go by.
+        metric: Its primary metric: what checkpoints, selection and tables go by.
         mode: ``"min"`` or ``"max"``: which way ``metric`` is better.
-        datasets: The names ``data.dataset`` may take; the domain's datamodule maps each to its loader.
-        config: The domain's ``RunConfig`` subclass; or its default config with presets, as a dict or a YAML
-            file, typed from its defaults (``common.schema.typed_like``). None: ``configs/domain/<name>.yaml``.
+        datasets: The names ``data.dataset`` may take.
+        config: Its ``RunConfig`` subclass; or its default config with presets, as a dict or a YAML file, typed from
+            its defaults (``common.schema.typed_like``). None: ``configs/domain/<name>.yaml``.
         presets: The YAML file of a ``RunConfig`` subclass's presets. None: ``configs/domain/<name>.yaml``.
         commands: ``quest <command>`` -> the module whose ``main(argv)`` runs it.
 
@@ -119,20 +112,13 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
 
 
 def unregister_domain(name: str) -> None:
-    """Forget the registered domain ``name`` (a plugin's test cleaning up); an unknown name is no error.
-
-    Args:
-        name: The domain's name.
-    """
+    """Forget the registered domain ``name`` (a plugin's test cleaning up); an unknown name is no error."""
     _DOMAINS.pop(name, None)
 
 
 def discover(package: str) -> None:
-    """Make the sub-packages of ``package`` (one per domain) known without importing them yet.
-
-    Args:
-        package: An importable package's dotted name (the project's: ``"domains"``).
-    """
+    """Make the sub-packages of ``package`` (one per domain) known without importing them yet; ``package`` is an
+    importable package's dotted name (the project's: ``"domains"``)."""
     if package not in _PACKAGES:
         _PACKAGES.append(package)
 
@@ -167,9 +153,6 @@ def domain_names() -> list[str]:
 
 def get_domain(name: str) -> Domain:
     """The domain called ``name``, importing its module on first use.
-
-    Args:
-        name: The domain's name.
 
     Returns:
         Its registration.
@@ -209,9 +192,6 @@ def typed_config(cfg: DictConfig) -> RunConfig:
     Args:
         cfg: A run's composed config (``runners.config.compose``).
 
-    Returns:
-        The domain's ``RunConfig`` of it.
-
     Raises:
         ConfigError: A key or value the domain's config does not take (one line).
     """
@@ -219,13 +199,10 @@ def typed_config(cfg: DictConfig) -> RunConfig:
 
 
 def build_config(cfg: DictConfig) -> BuildConfig:
-    """The typed sections of a run's config that its domain's build function takes.
-
-    Args:
-        cfg: A run's composed config.
+    """The ``BuildConfig`` of a run's composed config ``cfg``: what its domain's build function takes.
 
     Returns:
-        Its ``BuildConfig``, with the attention layer factory of its variant.
+        Its typed sections, with the attention layer factory of its variant.
     """
     typed = typed_config(cfg)
     from common.attention import attention_layer  # torch: only once a run is built
@@ -237,10 +214,7 @@ def build_config(cfg: DictConfig) -> BuildConfig:
 
 
 def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
-    """The typed config of a domain and its presets.
-
-    Args:
-        name: The domain's name.
+    """The typed config of the domain ``name`` and its presets.
 
     Returns:
         Its ``RunConfig`` subclass, and preset name -> the settings the preset changes.

@@ -40,17 +40,8 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch
 
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
-    """The generator of one condition's noise on one test batch: a function of (seed, batch, condition).
-
-    Args:
-        seed: The run's seed.
-        batch_idx: Index of the test batch.
-        condition: Name of the perturbation condition.
-        device: Device of the generator (the batch's).
-
-    Returns:
-        A ``torch.Generator`` seeded with the CRC-32 of ``"<seed>/<batch_idx>/<condition>"``.
-    """
+    """The generator of ``condition``'s noise on test batch ``batch_idx`` (on ``device``, the batch's): seeded with the
+    CRC-32 of ``"<seed>/<batch_idx>/<condition>"``, so a function of (seed, batch, condition) alone."""
     key = zlib.crc32(f"{seed}/{batch_idx}/{condition}".encode())
     return torch.Generator(device).manual_seed(key)
 
@@ -64,24 +55,19 @@ class Task(pl.LightningModule):
     that a run killed before its task exists is still recorded by it); ``primary`` (metric, "min" | "max")
     overrides it for a domain whose tasks differ in kind (graph: regression or classification).
 
-    ``optim``: the run's ``Optim``. Weight decay applies to the parameters ``decayed()`` names.
-
     Args:
         net: The domain's network; ``forward`` calls it on a batch's inputs.
-        optim: The run's ``Optim`` config section.
-        metrics: Name -> torchmetrics metric, the headline first; cloned per stage and logged as
-            ``<stage>/<name>``.
-        perturbations: Test-time condition name -> its settings (handed to ``perturb``). None: no perturbed
-            evaluation.
-        seed: The run's seed, from which each condition's noise is drawn. Default 0.
+        optim: The run's ``Optim`` section; weight decay applies to the parameters ``decayed()`` names.
+        metrics: Name -> torchmetrics metric, the headline first (a dict keeps its order; a ``MetricCollection``
+            would sort the names); cloned per stage and logged as ``<stage>/<name>``.
+        perturbations: Test-time condition name -> its settings (handed to ``perturb``). None: no perturbed evaluation.
+        seed: The run's seed, from which each condition's noise is drawn.
     """
 
     primary: tuple[str, str] | None = None
 
     def __init__(self, net: nn.Module, optim: Optim, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
-        """``metrics``: name -> torchmetrics metric, the headline first (a dict keeps its order; a
-        MetricCollection would sort the names)."""
         super().__init__()
         self.net = net
         self.optim = optim
@@ -102,14 +88,7 @@ class Task(pl.LightningModule):
 
     # --- what a domain's task defines -------------------------------------------------------------
     def unpack(self, batch) -> tuple:
-        """(inputs, target) of a batch.
-
-        Args:
-            batch: One batch as the data loader gives it.
-
-        Returns:
-            ``(inputs, target)``; by default the batch itself, taken to be that pair.
-        """
+        """(inputs, target) of a batch as the data loader gives it; by default the batch itself, taken as that pair."""
         return batch
 
     def loss(self, output, target, stage: str) -> Tensor:
@@ -129,15 +108,8 @@ class Task(pl.LightningModule):
         raise NotImplementedError
 
     def predictions(self, output, target):
-        """(predictions, target) as the metrics take them.
-
-        Args:
-            output: What ``forward`` returned for the batch's inputs.
-            target: The batch's target, as ``unpack`` gives it.
-
-        Returns:
-            ``(predictions, target)``; by default the output detached, and the target unchanged.
-        """
+        """(predictions, target) as the metrics take them, from ``forward``'s output and ``unpack``'s target; by
+        default the output detached and the target unchanged."""
         return output.detach(), target
 
     def perturb(self, inputs, condition: str, settings, generator: torch.Generator):
@@ -159,25 +131,14 @@ class Task(pl.LightningModule):
 
     # --- shared by every domain -------------------------------------------------------------------
     def forward(self, inputs):
-        """The network on a batch's inputs.
-
-        Args:
-            inputs: A batch's inputs, as ``unpack`` gives them.
-
-        Returns:
-            ``net(inputs)``.
-        """
+        """``net(inputs)``: the network on a batch's inputs, as ``unpack`` gives them."""
         return self.net(inputs)
 
     def compile_training(self, **options) -> None:
         """Run training steps' ``forward`` (and so its backward) through ``torch.compile(**options)``. Only
         training steps: evaluation, test-time perturbations and attacks keep the eager model, so what is measured
         after training is computed as in an eager run; probe steps run eagerly too (``ProbeCallback``), since a
-        probe's explicit logits are no part of the step being sped up.
-
-        Args:
-            **options: Keyword arguments of ``torch.compile`` (``mode``, ``backend``, ...).
-        """
+        probe's explicit logits are no part of the step being sped up."""
         self.compiled_forward = torch.compile(self.forward, **options)
 
     def step(self, batch, stage: str) -> Tensor:
@@ -223,13 +184,7 @@ class Task(pl.LightningModule):
         self.logged_steps = self.trainer.global_step  # a resumed or repeated fit starts where its trainer is
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        """Lightning hook: send the last optimiser step's training loss to the loggers when it is due.
-
-        Args:
-            outputs: The training step's output (not read).
-            batch: The batch (not read).
-            batch_idx: The batch's index (not read).
-        """
+        """Lightning hook: send the last optimiser step's training loss to the loggers when it is due."""
         # The training loss goes to the loggers as a per-step self.log would send it (the loss of every
         # log_every_n_steps-th optimiser step, and of a step that stops training), but straight: self.log costs
         # about 0.6 ms a call on CPU (``quest bench --model``), a twentieth of a short step.
@@ -253,15 +208,8 @@ class Task(pl.LightningModule):
         self.train_metrics.reset()
 
     def training_step(self, batch, batch_idx):
-        """Lightning's training step; a non-finite loss on any rank marks the run diverged.
-
-        Args:
-            batch: One training batch.
-            batch_idx: Its index in the epoch.
-
-        Returns:
-            The loss, or None (no backward) when it is not finite on some rank.
-        """
+        """Lightning's training step: the loss, or None (no backward) when it is not finite on some rank, which marks
+        the run diverged."""
         loss = self.step(batch, "train")
         # Every rank must agree, or DDP would wait forever on the rank that skipped its backward.
         bad = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
@@ -271,21 +219,11 @@ class Task(pl.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        """Lightning's validation step: loss and metrics of one batch, logged.
-
-        Args:
-            batch: One validation batch.
-            batch_idx: Its index.
-        """
+        """Lightning's validation step: loss and metrics of one batch, logged."""
         self.step(batch, "val")
 
     def test_step(self, batch, batch_idx):
-        """Lightning's test step: the batch as given, then under each test-time condition.
-
-        Args:
-            batch: One test batch.
-            batch_idx: Its index, which with the seed and condition seeds the condition's noise.
-        """
+        """Lightning's test step: the batch as given, then under each test-time condition."""
         self.step(batch, "test")
         if not self.perturbations:
             return
@@ -324,51 +262,28 @@ class Task(pl.LightningModule):
         return found
 
     def baselines(self) -> dict[str, str]:
-        """What each trivial baseline among the test metrics predicts (its ``description``).
-
-        Returns:
-            Metric name -> the description.
-        """
+        """Metric name -> what its trivial baseline predicts (its ``description``), for each such test metric."""
         return {name: metric.description for name, metric in self.test_metrics.items(keep_base=True)
                 if hasattr(metric, "description")}
 
     def summary_metrics(self, primary: str) -> list[str]:
-        """The test metrics a run's summary line shows; per-class and per-condition scores stay in the record.
-
-        Args:
-            primary: The run's primary metric.
-
-        Returns:
-            The primary metric, its trivial baseline where the task has one, then ``robustness_summary``.
-        """
+        """The test metrics a run's summary line shows: ``primary``, its trivial baseline where the task has one, then
+        ``robustness_summary``; per-class and per-condition scores stay in the record."""
         baseline = f"{primary}_baseline"
         return [primary, *([baseline] if baseline in self.baselines() else []), *self.robustness_summary()]
 
     def robustness_summary(self) -> list[str]:
-        """The perturbed scores that summarise robustness.
-
-        Returns:
-            By default each one logged (a condition each), sorted.
-        """
+        """The perturbed scores that summarise robustness; by default each one logged (a condition each), sorted."""
         return sorted(self.perturbed_names)
 
     def summarize_perturbed(self, scores: dict[str, Tensor]) -> dict[str, Tensor]:
-        """What is logged of the per-condition scores; by default each as ``<metric>_<condition>``.
-
-        Args:
-            scores: Condition name -> the headline metric computed under it.
-
-        Returns:
-            Name -> value, each logged as ``test/<name>``.
-        """
+        """What is logged of ``scores`` (condition -> the headline metric under it): name -> value, each logged as
+        ``test/<name>``; by default each score as ``<metric>_<condition>``."""
         return {f"{self.headline}_{condition}": score for condition, score in scores.items()}
 
     def mark_diverged(self, reason: str) -> None:
-        """End training now and remember why; the runner records ``status: diverged``.
-
-        Args:
-            reason: Why, recorded with the global step; only the first call's reason is kept.
-        """
+        """End training now and remember why (``reason``, with the global step; only the first call's is kept); the
+        runner records ``status: diverged``."""
         if self.divergence is None:
             self.divergence = {"step": int(self.global_step), "reason": reason}
         self.trainer.should_stop = True
@@ -385,11 +300,8 @@ class Task(pl.LightningModule):
         return {name for name, p in self.named_parameters() if p.requires_grad and p.dim() > 1 and name not in exempt}
 
     def configure_optimizers(self):
-        """Lightning hook: ``build_optimizer`` over the trainable parameters, for the trainer's estimated steps.
-
-        Returns:
-            ``{"optimizer": ..., "lr_scheduler": {"scheduler": ..., "interval": "step"}}``.
-        """
+        """Lightning hook: ``build_optimizer`` over the trainable parameters for the trainer's estimated steps, the
+        schedule stepped every optimiser step."""
         total = max(1, int(self.trainer.estimated_stepping_batches))
         trained = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         optimizer, schedule = build_optimizer(trained, self.decayed(), self.optim, total)
@@ -397,20 +309,9 @@ class Task(pl.LightningModule):
 
 
 def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
-    """The optimiser and per-step schedule of a run of ``total`` steps over its ``trained`` (name, parameter)
-    pairs: weight decay on the ``decayed`` names, none on the rest (``quest ensemble``'s vectorised AdamW
-    keeps these groups and this schedule).
-
-    Args:
-        trained: ``(name, parameter)`` pairs of the parameters to train.
-        decayed: Names of those that take weight decay.
-        optim: The run's ``Optim`` config section: optimiser, learning rate, decay and schedule.
-        total: Number of optimiser steps in the run.
-
-    Returns:
-        ``(optimizer, scheduler)``: the optimiser over two groups (decayed, not decayed) and a ``LambdaLR``
-            stepped once per optimiser step.
-    """
+    """``(optimizer, scheduler)`` of a run of ``total`` optimiser steps over its ``trained`` (name, parameter) pairs:
+    two groups, weight decay on the ``decayed`` names and none on the rest, and a ``LambdaLR`` stepped once per
+    optimiser step (``quest ensemble``'s vectorised AdamW keeps these groups and this schedule)."""
     groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
     if optim.name == "sgd":
@@ -422,43 +323,17 @@ def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim:
 
 
 def lr_schedule(optim: Optim, total: int):
-    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` steps.
-
-    Args:
-        optim: The run's ``Optim`` config section.
-        total: Number of optimiser steps in the run.
-
-    Returns:
-        The multiplier as a function of the step, for ``LambdaLR``.
-
-    Raises:
-        ValueError: If ``optim.schedule`` is not one of ``SCHEDULES``.
-    """
+    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` optimiser steps."""
     return lr_factor(total, optim.schedule, warmup=optim.warmup_steps, min_ratio=optim.min_lr_ratio,
                      cooldown=optim.cooldown_steps, power=optim.poly_power)
 
 
 def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 0.0, cooldown: int = 0,
               power: float = 0.9):
-    """The learning-rate multiplier per step: linear warm-up to 1 over ``warmup`` steps; then ``schedule``
-    down to ``min_ratio`` by step ``total - cooldown`` — ``cosine``, ``poly`` (``(1 - progress) ** power``,
-    Segmenter's schedule) or ``constant`` (stays at 1); then ``min_ratio`` for the last ``cooldown`` steps
-    (DeiT's cool-down epochs).
-
-    Args:
-        total: Number of optimiser steps in the run.
-        schedule: ``"cosine"``, ``"poly"`` or ``"constant"`` (``SCHEDULES``).
-        warmup: Steps of linear warm-up. Default 0.
-        min_ratio: Where the schedule ends, as a fraction of the base rate. Default 0.0.
-        cooldown: The last steps held at ``min_ratio``. Default 0.
-        power: The exponent of ``poly``. Default 0.9.
-
-    Returns:
-        The multiplier as a function of the 0-based step, for ``LambdaLR``.
-
-    Raises:
-        ValueError: If ``schedule`` is not one of ``SCHEDULES``.
-    """
+    """The learning-rate multiplier per 0-based step, for ``LambdaLR``: linear warm-up to 1 over ``warmup`` steps; then
+    ``schedule`` down to ``min_ratio`` (a fraction of the base rate) by step ``total - cooldown`` — ``cosine``,
+    ``poly`` (``(1 - progress) ** power``, Segmenter's schedule) or ``constant`` (stays at 1); then ``min_ratio``
+    for the last ``cooldown`` steps (DeiT's cool-down epochs). A ``schedule`` not in ``SCHEDULES`` is a ValueError."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     decay_end = max(warmup + 1, total - cooldown)
@@ -476,31 +351,21 @@ def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 
 
 
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
-    """``acc`` (overall, the headline), ``macc`` (mean per-class accuracy) and ``acc_baseline`` (always the
-    most frequent class).
-
-    Args:
-        num_classes: Number of classes.
-
-    Returns:
-        Name -> metric, in that order.
-    """
+    """Name -> metric, in this order: ``acc`` (overall, the headline), ``macc`` (mean per-class accuracy) and
+    ``acc_baseline`` (always the most frequent class)."""
     return {"acc": MulticlassAccuracy(num_classes, average="micro"),
             "macc": MulticlassAccuracy(num_classes, average="macro"),
             "acc_baseline": MajorityClassAccuracy(num_classes)}
 
 
 class ClassificationTask(Task):
-    """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc`` and
-    ``macc``. Label smoothing applies to training only.
+    """Cross-entropy classifier over ``net(inputs)`` for batches ``(inputs, labels)``; logs ``acc`` and ``macc``
+    (``classification_metrics``). ``optim``, ``perturbations`` and ``seed`` are ``Task``'s.
 
     Args:
         net: The network, mapping a batch's inputs to logits ``(batch, num_classes)``.
         num_classes: Number of classes.
-        optim: The run's ``Optim`` config section.
-        label_smoothing: Cross-entropy label smoothing, in training only. Default 0.0.
-        perturbations: Test-time condition name -> its settings. None: no perturbed evaluation.
-        seed: The run's seed, from which each condition's noise is drawn. Default 0.
+        label_smoothing: Cross-entropy label smoothing, in training only.
     """
 
     def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, label_smoothing: float = 0.0,
@@ -510,14 +375,6 @@ class ClassificationTask(Task):
         self.label_smoothing = label_smoothing
 
     def loss(self, logits: Tensor, labels: Tensor, stage: str) -> Tensor:
-        """Cross-entropy, label-smoothed in training only.
-
-        Args:
-            logits: ``(batch, num_classes)``.
-            labels: Class indices, ``(batch,)``.
-            stage: ``"train"``, ``"val"`` or ``"test"``.
-
-        Returns:
-            The mean loss, a scalar.
-        """
+        """Mean cross-entropy of logits ``(batch, num_classes)`` against class indices ``(batch,)``, label-smoothed in
+        training only."""
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)

@@ -10,22 +10,18 @@ from torch import Tensor
 def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Tensor | None = None, eps: float = 1e-6,
                       causal: bool = False) -> Tensor:
     """Elliptical attention's coordinate weights (Nielsen et al. 2024): m_d = mean_n |v^l_nd − v^{l−1}_nd|
-    over the valid tokens of each sample and head, divided by max_d m_d. [B, H, N, D] → [B, H, 1, D].
-    Under ``causal`` the mean runs over each query's prefix only ([B, H, N, D]): a mean over all tokens
-    would let the future steer every past query.
+    over the valid tokens of each sample and head, divided by max_d m_d; computed without gradients.
 
     Args:
         values: This layer's values, ``(batch, heads, length, head_dim)``.
         prev_values: The previous layer's values, same shape.
         key_padding_mask: Boolean ``(batch, length)``, True = padding; padded tokens are left out of the mean.
-            None: every token counts.
-        eps: A row of weights whose largest entry is at most ``eps`` (values that did not move) becomes all
-            ones, the plain metric. Default 1e-6.
-        causal: Average over each query's prefix instead of over every token. Default False.
+        eps: A row whose largest weight is at most ``eps`` (values that did not move) becomes all ones (plain metric).
+        causal: Mean over each query's prefix only: a mean over all tokens would let the future steer every past query.
 
     Returns:
         The weights in [0, 1], the largest of each head_dim row 1: ``(batch, heads, 1, head_dim)``, or
-            ``(batch, heads, length, head_dim)`` under ``causal``. Computed without gradients.
+            ``(batch, heads, length, head_dim)`` under ``causal``.
     """
     delta = (values - prev_values).abs()
     if causal:
@@ -41,19 +37,16 @@ def elliptical_metric(values: Tensor, prev_values: Tensor, key_padding_mask: Ten
 
 @torch.no_grad()
 def edge_elliptical_metric(values: Tensor, prev_values: Tensor, batch: Tensor | None, eps: float = 1e-6) -> Tensor:
-    """The elliptical weights per graph for node-major values [N, H, D], gathered back per node.
-
-    Needs PyG (``torch_geometric``), imported on call.
+    """The elliptical weights per graph, gathered back per node (no gradients); needs PyG, imported on call.
 
     Args:
         values: This layer's values, ``(nodes, heads, head_dim)``.
         prev_values: The previous layer's values, same shape.
         batch: Graph id of each node, ``(nodes,)``. None: all nodes form one graph.
-        eps: A row of weights whose largest entry is at most ``eps`` becomes all ones. Default 1e-6.
+        eps: As for ``elliptical_metric``.
 
     Returns:
-        The weights of each node's graph in [0, 1], the largest of each head_dim row 1: ``(nodes, heads, head_dim)``,
-            or ``(1, heads, head_dim)`` when ``batch`` is None. Computed without gradients.
+        The weights of each node's graph, ``(nodes, heads, head_dim)``; ``(1, heads, head_dim)`` without ``batch``.
     """
     from torch_geometric.utils import scatter
 

@@ -49,13 +49,10 @@ class QKFold(nn.Module):
         variant: The ``Variant`` to fold (``make_fold`` takes a name).
         num_heads: Heads of the layer; sizes a subclass's per-head scales.
         head_dim: Size of each head; sizes a subclass's per-dimension scales.
-        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``); only
-            ``LayerGain`` and ``HeadGain`` read it. Default None.
-        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``; only ``LayerGain`` and
-            ``HeadGain`` read it. Default None.
-        eps: Floor on the L2 norms of q and k. Default 1e-6.
-        l2norm_kernel: How rows are normalised on CPU, one of ``KERNELS``: ``"fused"`` (default) or
-            ``"formula"`` (see ``l2_normalize``).
+        seq_len: Typical sequence length, from which a ``LayerGain`` or ``HeadGain`` gain starts (``qknorm_gain_init``).
+        qk_gain_init: That gain's initial value, in place of the one from ``seq_len``.
+        eps: Floor on the L2 norms of q and k.
+        l2norm_kernel: How rows are normalised on CPU, one of ``KERNELS`` (see ``l2_normalize``).
 
     Raises:
         ValueError: If ``l2norm_kernel`` is not in ``KERNELS``.
@@ -69,43 +66,23 @@ class QKFold(nn.Module):
         self.variant, self.eps, self.fused = variant, eps, l2norm_kernel == "fused"
 
     def logit_gain(self, like: Tensor) -> Tensor | None:
-        """The factor on every logit of a head, shaped to broadcast against ``like``.
-
-        Args:
-            like: q, with heads on dim 1: ``(batch, heads, length, head_dim)`` or ``(nodes, heads, head_dim)``.
-
-        Returns:
-            The per-head gain, ``(gains, 1, 1)`` or ``(gains, 1)`` after ``like``'s layout; None here: no gain.
-        """
+        """The factor on every logit of a head, ``(gains, 1, 1)`` or ``(gains, 1)`` after ``like`` (q); None here."""
         return None
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """The last step of ``forward``: a subclass's rewrite of (q, k) after normalisation and gain.
-
-        Args:
-            q: Queries as normalised (and weighted) so far, heads on dim 1.
-            k: Keys as normalised (and scaled by the gain) so far, heads on dim 1.
-
-        Returns:
-            ``(q, k)``; unchanged here.
-        """
+        """The last step of ``forward``: a subclass's rewrite of (q, k) after normalisation and gain; unchanged here."""
         return q, k
 
     def forward(self, q: Tensor, k: Tensor, metric: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
-        """``metric`` is the elliptical weight m; without it an elliptical variant runs its base
-        variant (the first layer of a stack has no previous values).
+        """Folds (q, k); without ``metric`` (a stack's first layer) an elliptical variant runs its base variant.
 
         Args:
             q: Queries, ``(batch, heads, q_len, head_dim)`` dense or ``(nodes, heads, head_dim)`` on edges.
             k: Keys, ``(batch, heads, k_len, head_dim)`` dense or ``(nodes, heads, head_dim)`` on edges.
-            metric: Elliptical weights m, broadcasting against q: ``(batch, heads, 1, head_dim)``, or
-                ``(batch, heads, q_len, head_dim)`` when causal (``elliptical_metric``); ``(nodes, heads, head_dim)``
-                or ``(1, heads, head_dim)`` on edges (``edge_elliptical_metric``). Ignored by variants that are
-                not elliptical. Default None.
+            metric: Elliptical weights m (``elliptical_metric``, ``edge_elliptical_metric``); elliptical variants only.
 
         Returns:
-            ``(qf, kf, scale)``: q and k folded, shapes unchanged, and the scale to hand SDPA: 1/sqrt(head_dim)
-                for a scaled variant, else 1.0.
+            ``(qf, kf, scale)``: q and k folded, shapes unchanged, and SDPA's scale: 1/sqrt(head_dim) if scaled, else 1.
         """
         spec, gain = self.variant, self.logit_gain(q)
         if spec.elliptical and metric is not None:
@@ -120,46 +97,19 @@ class QKFold(nn.Module):
         return q, k, (q.shape[-1] ** -0.5 if spec.scaled else 1.0)
 
     def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
-        """The logits [..., N, M] written out the slow, literal way, from q and k as the variant leaves them
-        before this fold (weighted by the elliptical metric and L2-normalised as its ``Variant`` says) and before
-        the 1/sqrt(d) scale of a scaled variant; dense layout [B, H, N, D]. Only the tests call it.
-
-        Args:
-            q: Queries, ``(batch, heads, q_len, head_dim)``.
-            k: Keys, ``(batch, heads, k_len, head_dim)``.
-
-        Returns:
-            The logits, ``(batch, heads, q_len, k_len)``; here plain ``q @ kᵀ``.
-        """
+        """The logits [B, H, N, M] written out, from q, k [B, H, N, D] already metric-weighted and L2-normalised as the
+        ``Variant`` says, and before a scaled variant's 1/sqrt(d); here ``q @ kᵀ``. Only the tests call it."""
         return q @ k.transpose(-2, -1)
 
     def extra_repr(self) -> str:
-        """What ``repr`` shows inside the module's parentheses.
-
-        Returns:
-            ``"variant=<name>"``.
-        """
+        """What ``repr`` shows inside the parentheses: ``variant=<name>``."""
         return f"variant={self.variant.name}"
 
 
 class LayerGain(QKFold):
-    """g · q̂·k̂ with one learnable g per layer, started at ``qknorm_gain_init`` (or ``qk_gain_init``).
-
-    The gain is the parameter ``gain``, of shape ``(gains(num_heads),)``.
-
-    Args:
-        variant: The ``Variant`` to fold.
-        num_heads: Heads of the layer.
-        head_dim: Size of each head.
-        seq_len: Typical sequence length, from which the gain starts: ``qknorm_gain_init(seq_len, head_dim)``.
-            Default None: sqrt(head_dim).
-        qk_gain_init: The gain's initial value, in place of the one from ``seq_len``. Default None.
-        eps: Floor on the L2 norms of q and k. Default 1e-6.
-        l2norm_kernel: ``"fused"`` (default) or ``"formula"``, as for ``QKFold``.
-
-    Raises:
-        ValueError: If ``l2norm_kernel`` is not in ``KERNELS``.
-    """
+    """g · q̂·k̂ with one learnable g per layer, the parameter ``gain`` of shape ``(gains(num_heads),)``, started at
+    ``qknorm_gain_init(seq_len, head_dim)`` (sqrt(head_dim) without ``seq_len``) or at ``qk_gain_init``.
+    Arguments as for ``QKFold``."""
 
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
@@ -170,87 +120,32 @@ class LayerGain(QKFold):
 
     @staticmethod
     def gains(num_heads: int) -> int:
-        """How many gains a layer of ``num_heads`` heads learns.
-
-        Args:
-            num_heads: Heads of the layer.
-
-        Returns:
-            1, one gain for the whole layer.
-        """
+        """How many gains a layer of ``num_heads`` heads learns: 1, one for the whole layer."""
         return 1
 
     def logit_gain(self, like: Tensor) -> Tensor:
-        """The learnable gain, shaped to broadcast against ``like``.
-
-        Args:
-            like: q, with heads on dim 1: ``(batch, heads, length, head_dim)`` or ``(nodes, heads, head_dim)``.
-
-        Returns:
-            ``gain`` as ``(gains, 1, 1)`` (dense) or ``(gains, 1)`` (edges).
-        """
+        """The learnable gain, shaped to broadcast against ``like``."""
         return _per_head(self.gain, like)
 
     def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
-        """The logits written out: g · q·kᵀ.
-
-        Args:
-            q: Queries, already normalised, ``(batch, heads, q_len, head_dim)``.
-            k: Keys, already normalised, ``(batch, heads, k_len, head_dim)``.
-
-        Returns:
-            The logits, ``(batch, heads, q_len, k_len)``.
-        """
+        """The logits written out: g · q·kᵀ."""
         return self.gain.view(-1, 1, 1) * (q @ k.transpose(-2, -1))
 
 
 class HeadGain(LayerGain):
-    """g_h · q̂·k̂: one learnable gain per head.
-
-    Args:
-        variant: The ``Variant`` to fold.
-        num_heads: Heads of the layer, and so the number of gains.
-        head_dim: Size of each head.
-        seq_len: Typical sequence length, from which every gain starts, as for ``LayerGain``. Default None.
-        qk_gain_init: The gains' initial value, in place of the one from ``seq_len``. Default None.
-        eps: Floor on the L2 norms of q and k. Default 1e-6.
-        l2norm_kernel: ``"fused"`` (default) or ``"formula"``, as for ``QKFold``.
-
-    Raises:
-        ValueError: If ``l2norm_kernel`` is not in ``KERNELS``.
-    """
+    """g_h · q̂·k̂: one learnable gain per head (``gain`` of shape ``(num_heads,)``), each started as for
+    ``LayerGain``. Arguments as for ``QKFold``."""
 
     @staticmethod
     def gains(num_heads: int) -> int:
-        """How many gains a layer of ``num_heads`` heads learns.
-
-        Args:
-            num_heads: Heads of the layer.
-
-        Returns:
-            ``num_heads``: one gain per head.
-        """
+        """How many gains a layer of ``num_heads`` heads learns: ``num_heads``, one per head."""
         return num_heads
 
 
 class DimScale(QKFold):
     """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos.
     Computed as q̂·((c_q⊙c_k)⊙k̂): the same logits and gradients, one pass over k instead of one over each.
-
-    The scales are the parameters ``q_scale`` and ``k_scale``, each of shape ``(head_dim,)``.
-
-    Args:
-        variant: The ``Variant`` to fold.
-        num_heads: Heads of the layer.
-        head_dim: Size of each head, and so of each scale.
-        seq_len: Not read. Default None.
-        qk_gain_init: Not read. Default None.
-        eps: Floor on the L2 norms of q and k. Default 1e-6.
-        l2norm_kernel: ``"fused"`` (default) or ``"formula"``, as for ``QKFold``.
-
-    Raises:
-        ValueError: If ``l2norm_kernel`` is not in ``KERNELS``.
-    """
+    The scales are the parameters ``q_scale`` and ``k_scale``, each ``(head_dim,)``. Arguments as for ``QKFold``."""
 
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
@@ -260,70 +155,25 @@ class DimScale(QKFold):
         self.k_scale = nn.Parameter(torch.full((head_dim,), head_dim**0.25))
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Both scales applied to k, which gives the logits of applying each to its side.
-
-        Args:
-            q: Normalised queries, heads on dim 1, head_dim last.
-            k: Normalised keys, heads on dim 1, head_dim last.
-
-        Returns:
-            ``(q, (c_q⊙c_k)⊙k)``.
-        """
+        """Both scales applied to k, which gives the logits of applying each to its side: ``(q, (c_q⊙c_k)⊙k)``."""
         return q, k * (self.q_scale * self.k_scale)
 
     def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
-        """The logits written out: (c_q⊙q)·(c_k⊙k)ᵀ.
-
-        Args:
-            q: Queries, already normalised, ``(batch, heads, q_len, head_dim)``.
-            k: Keys, already normalised, ``(batch, heads, k_len, head_dim)``.
-
-        Returns:
-            The logits, ``(batch, heads, q_len, k_len)``.
-        """
+        """The logits written out: (c_q⊙q)·(c_k⊙k)ᵀ."""
         return (self.q_scale * q) @ (self.k_scale * k).transpose(-2, -1)
 
 
 class ZeroQuery(QKFold):
     """Every logit 0: each query takes the plain mean of the values of the keys it may see (padding and
     causality still apply). The architecture and its parameters stay; what attention computes from
-    content goes.
-
-    Args:
-        variant: The ``Variant`` to fold.
-        num_heads: Not read: it learns nothing.
-        head_dim: Not read.
-        seq_len: Not read. Default None.
-        qk_gain_init: Not read. Default None.
-        eps: Floor on the L2 norms of q and k. Default 1e-6.
-        l2norm_kernel: ``"fused"`` (default) or ``"formula"``, as for ``QKFold``.
-
-    Raises:
-        ValueError: If ``l2norm_kernel`` is not in ``KERNELS``.
-    """
+    content goes. Arguments as for ``QKFold``; it learns nothing."""
 
     def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """q replaced by zeros, so every logit is 0.
-
-        Args:
-            q: Queries, heads on dim 1.
-            k: Keys, heads on dim 1.
-
-        Returns:
-            ``(zeros_like(q), k)``.
-        """
+        """q replaced by zeros, so every logit is 0."""
         return torch.zeros_like(q), k
 
     def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
-        """The logits written out: all 0.
-
-        Args:
-            q: Queries, ``(batch, heads, q_len, head_dim)``.
-            k: Keys, ``(batch, heads, k_len, head_dim)``.
-
-        Returns:
-            Zeros of q's dtype, ``(batch, heads, q_len, k_len)``.
-        """
+        """The logits written out: all 0, in q's dtype."""
         return torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
 
 
@@ -333,8 +183,7 @@ FOLDS: dict[str, type[QKFold]] = {fold.__name__: fold for fold in (QKFold, Layer
 
 
 def make_fold(variant: str | Variant, num_heads: int, head_dim: int, **kwargs) -> QKFold:
-    """The fold module of ``variant`` for a layer of ``num_heads`` heads of ``head_dim``: the class its entry
-    names in ``FOLDS``, with ``kwargs`` (``seq_len``, ``qk_gain_init``, ``eps``, ``l2norm_kernel``).
+    """The fold module of ``variant``: the class its entry names in ``FOLDS``.
 
     Args:
         variant: A variant's name or its ``Variant``.
@@ -346,8 +195,7 @@ def make_fold(variant: str | Variant, num_heads: int, head_dim: int, **kwargs) -
         The fold module, a ``QKFold`` or the subclass the variant names.
 
     Raises:
-        ValueError: If ``variant`` is unknown, names a fold that ``FOLDS`` lacks, or ``l2norm_kernel`` is not
-            in ``KERNELS``.
+        ValueError: If ``variant`` is unknown or names no fold in ``FOLDS``, or ``l2norm_kernel`` is not in ``KERNELS``.
     """
     spec = get_variant(variant)
     if spec.fold not in FOLDS:
@@ -357,18 +205,15 @@ def make_fold(variant: str | Variant, num_heads: int, head_dim: int, **kwargs) -
 
 def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None = None,
             metric: Tensor | None = None, eps: float = 1e-6) -> tuple[Tensor, Tensor, float]:
-    """(q, k, scale) such that SDPA with that scale gives the variant's logits. A variant with
-    learnable scales needs its ``fold`` module (``make_fold(name, heads, head_dim)``).
+    """(q, k, scale) such that SDPA with that scale gives the variant's logits.
 
     Args:
         q: Queries, ``(batch, heads, q_len, head_dim)`` (or ``(nodes, heads, head_dim)``).
         k: Keys, ``(batch, heads, k_len, head_dim)`` (or ``(nodes, heads, head_dim)``).
         variant: A variant's name or its ``Variant``.
-        fold: The variant's fold module. None: a fold without learnable scales, built once per (variant, eps).
-        metric: Elliptical weights m broadcasting against q (``QKFold.forward``). None: an elliptical variant
-            runs its base variant.
-        eps: Floor on the L2 norms, for the fold built when ``fold`` is None; a given fold keeps its own.
-            Default 1e-6.
+        fold: The variant's fold module (``make_fold``), needed by learnable variants. None: a cached stateless one.
+        metric: Elliptical weights m, as for ``QKFold.forward``. None: an elliptical variant runs its base variant.
+        eps: Floor on the L2 norms for the fold built when ``fold`` is None; a given fold keeps its own.
 
     Returns:
         ``(qf, kf, scale)``: q and k folded, shapes unchanged, and the scale to hand SDPA.

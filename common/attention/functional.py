@@ -42,8 +42,8 @@ def merge_masks(
     tokens of a cached step) the triangle is written out, since ``is_causal`` would align it top-left.
 
     Args:
-        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
-        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``.
         causal: Whether query i may see only keys up to ``i + k_len - q_len``.
         q_len: Number of queries.
         k_len: Number of keys.
@@ -71,20 +71,11 @@ def merge_masks(
 
 def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int,
                   k_len: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-    """``merge_masks`` with causality always written out, for code that forms the logits itself.
-
-    Args:
-        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
-        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
-        causal: Whether query i may see only keys up to ``i + k_len - q_len``.
-        q_len: Number of queries.
-        k_len: Number of keys.
-        dtype: Floating dtype the bias is cast to (the queries').
-        device: Where the causal triangle is made.
+    """``merge_masks`` with causality always written out, for code that forms the logits itself. Arguments as for
+    ``merge_masks``, ``device`` required.
 
     Returns:
-        The mask as ``merge_masks`` gives it, broadcasting to ``(batch, heads, q_len, k_len)``; None only
-            without padding, bias and causality. A sample whose every key is padding is left unmasked.
+        The mask as ``merge_masks`` gives it; None only without padding, bias and causality.
     """
     mask, _ = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, dtype, device)
     if mask is None and causal:
@@ -106,26 +97,20 @@ def attend(
     metric: Tensor | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Attention of one variant on [batch, heads, tokens, head_dim] tensors.
-
-    ``key_padding_mask`` is boolean [batch, k_tokens], True = padding; ``attn_bias`` is additive and
-    broadcasts to [batch, heads, q_tokens, k_tokens]. Samples whose keys are all padding give zeros.
+    """Attention of one variant on [batch, heads, tokens, head_dim] tensors; all-padding samples give zeros.
 
     Args:
         q: Queries, ``(batch, heads, q_len, head_dim)``.
         k: Keys, ``(batch, heads, k_len, head_dim)``.
         v: Values, ``(batch, heads, k_len, head_dim)``.
-        variant: A variant's name or its ``Variant``. Default ``"quest"``.
-        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
-        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
+        variant: A variant's name or its ``Variant``.
+        key_padding_mask: Boolean ``(batch, k_len)``, True = padding.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``.
         causal: Whether query i may see only keys up to ``i + k_len - q_len``; a single query sees every key.
-            Default False.
-        dropout_p: Dropout on the attention probabilities; pass 0.0 at evaluation. Default 0.0.
-        fold: The variant's fold module (``make_fold``); required by a variant with learnable scales. None: the
-            variant's stateless fold.
-        metric: Elliptical weights m broadcasting against q (``elliptical_metric``). None: an elliptical
-            variant runs its base variant.
-        eps: Floor on the L2 norms of q and k when ``fold`` is None. Default 1e-6.
+        dropout_p: Dropout on the attention probabilities; pass 0.0 at evaluation.
+        fold: The variant's fold module (``make_fold``), needed by learnable variants. None: its stateless fold.
+        metric: Elliptical weights m (``elliptical_metric``). None: an elliptical variant runs its base variant.
+        eps: Floor on the L2 norms of q and k when ``fold`` is None.
 
     Returns:
         The attention output, ``(batch, heads, q_len, head_dim)``.
@@ -151,19 +136,12 @@ def attend_folded(
     probe: probes.Probe | None = None,
     raw_qk: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """SDPA on (q, k) already folded by a ``QKFold``; an enabled ``probe`` records its statistics, with
-    the norms taken from ``raw_qk`` (q, k before folding).
+    """SDPA on (q, k) already folded by a ``QKFold``; ``v`` and the mask and dropout arguments are as for ``attend``.
 
     Args:
         qf: Folded queries, ``(batch, heads, q_len, head_dim)``.
         kf: Folded keys, ``(batch, heads, k_len, head_dim)``.
-        v: Values, ``(batch, heads, k_len, head_dim)``.
         scale: The scale the fold returned, handed to SDPA.
-        key_padding_mask: Boolean ``(batch, k_len)``, True = padding. None: no padding.
-        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``. None: no bias.
-        causal: Whether query i may see only keys up to ``i + k_len - q_len``; a single query sees every key.
-            Default False.
-        dropout_p: Dropout on the attention probabilities; pass 0.0 at evaluation. Default 0.0.
         probe: The layer's stability probe; it records only when enabled. None: nothing is recorded.
         raw_qk: ``(q, k)`` before folding, for the probe's norms. None: the folded ones stand in.
 

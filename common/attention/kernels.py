@@ -95,18 +95,14 @@ KERNELS = ("fused", "formula")  # how the rows are normalised on CPU (the attent
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6, gain: Tensor | None = None, *, fused: bool = True) -> Tensor:
-    """Normalise the last dimension, times ``gain`` (broadcasting against [..., 1]) if given; all-zero
-    (padding) vectors stay zero instead of NaN. ``fused`` takes PyTorch's fused kernels where they run (CPU,
-    outside ``torch.compile`` and ``torch.func`` transforms); else, and with ``fused=False``, the formula
-    runs. The two agree to float rounding, not to the bit (docs/attention.md).
+    """Normalise the last dimension, times ``gain`` if given; all-zero (padding) vectors stay zero instead of
+    NaN. The fused kernels and the formula agree to float rounding, not to the bit (docs/attention.md).
 
     Args:
-        x: Vectors along the last dimension, any shape ``(..., dim)``.
+        x: Vectors along the last dimension, ``(..., dim)``.
         eps: Floor on each row's norm: a row whose norm is at most ``eps`` is divided by ``eps`` instead.
-            Default 1e-6.
         gain: Factor on each normalised row, broadcasting against the row norms ``(..., 1)``; differentiable.
-            None: no factor.
-        fused: Take PyTorch's fused kernels where they run. Default True.
+        fused: Use PyTorch's fused kernels where they run: CPU, outside ``torch.compile`` and ``torch.func`` transforms.
 
     Returns:
         ``gain · x / max(‖x‖, eps)``, same shape and dtype as ``x``.

@@ -23,28 +23,24 @@ class MultiheadAttention(nn.Module):
     """Multi-head attention with a selectable variant; batch-first drop-in for
     ``torch.nn.MultiheadAttention`` (same parameter names, so its state dict loads as is).
 
-    Inside a stack, pass the stack's ``AttentionState`` as ``state``: elliptical variants read the
-    previous layer's values from it, and every layer leaves its own. For causal decoding, pass the
-    layer's ``KVCache`` as ``cache`` and only the new tokens as the query (self-attention, no padding);
-    probes stay off for cached calls.
+    Inside a stack, pass the stack's ``AttentionState`` as ``state``: elliptical variants read the previous layer's
+    values from it, and every layer leaves its own. For causal decoding, pass the layer's ``KVCache`` as ``cache`` and
+    only the new tokens as the query (self-attention, no padding); probes stay off for cached calls.
 
     Args:
         dim: Embedding size, split evenly over the heads.
         num_heads: Number of heads; head_dim = dim // num_heads.
-        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``). Default ``"quest"``.
-        dropout: Dropout on the attention probabilities, in training only. Default 0.0.
-        bias: Whether the input and output projections have biases. Default True.
+        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``).
+        dropout: Dropout on the attention probabilities, in training only.
+        bias: Whether the input and output projections have biases.
         batch_first: Whether inputs and output are ``(batch, length, dim)``; False: ``(length, batch, dim)``.
-            Default True.
-        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``). Default
-            None: the gain starts at sqrt(head_dim).
-        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``. Default None.
-        eps: Floor on the L2 norms of q and k; also the elliptical metric's ``eps``. Default 1e-6.
-        l2norm_kernel: How rows are normalised on CPU: ``"fused"`` (default) or ``"formula"``.
+        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``); None: sqrt(head_dim).
+        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``.
+        eps: Floor on the L2 norms of q and k; also the elliptical metric's ``eps``.
+        l2norm_kernel: How rows are normalised on CPU: ``"fused"`` or ``"formula"`` (``l2_normalize``).
 
     Raises:
-        ValueError: If ``dim`` is not divisible by ``num_heads``, the variant is unknown, or ``l2norm_kernel``
-            is not one of ``KERNELS``.
+        ValueError: If ``dim`` is not divisible by ``num_heads``, or the variant or ``l2norm_kernel`` is unknown.
     """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
@@ -106,24 +102,16 @@ class MultiheadAttention(nn.Module):
             key: ``(batch, k_len, dim)``, laid out as ``query``. None: ``query`` (self-attention).
             value: ``(batch, k_len, dim)``, laid out as ``query``. None: ``key``.
             key_padding_mask: ``(batch, k_len)``: boolean, True = padding, or additive (float, torch style).
-                None: no padding.
-            need_weights: Also return the attention probabilities, formed explicitly. Default False (torch's is
-                True).
-            attn_mask: torch's mask, ``(q_len, k_len)`` or ``(batch * heads, q_len, k_len)``: boolean, True =
-                blocked, or additive. None: none.
-            average_attn_weights: Average the returned weights over heads. Default True.
-            is_causal: Apply a causal mask: query i sees keys up to ``i + k_len - q_len``. Default False.
+            need_weights: Also return the attention probabilities, formed explicitly (torch's default is True).
+            attn_mask: ``(q_len, k_len)`` or ``(batch * heads, q_len, k_len)``, as torch's: True = blocked, or additive.
+            average_attn_weights: Average the returned weights over heads.
+            is_causal: Apply a causal mask: query i sees keys up to ``i + k_len - q_len``.
             attn_bias: Additive bias broadcasting to ``(batch, heads, q_len, k_len)``, added to ``attn_mask``.
-                None: none.
-            state: The stack's ``AttentionState``. None: nothing is exchanged, and an elliptical variant runs its
-                base variant.
-            cache: The layer's ``KVCache``; ``query`` then holds only the new tokens, and ``k_len`` counts the
-                cached ones too. None: no cache.
+            state: The stack's ``AttentionState``. None: an elliptical variant runs its base variant.
+            cache: The layer's ``KVCache``; ``query`` then holds only the new tokens (``k_len`` counts cached ones too).
 
         Returns:
-            ``(output, weights)``: output laid out as ``query``, ``(batch, q_len, dim)``; weights
-                ``(batch, q_len, k_len)``, or ``(batch, heads, q_len, k_len)`` without averaging, None unless
-                ``need_weights``.
+            Output as ``query``; weights ``(batch, q_len, k_len)``, or ``(batch, heads, q_len, k_len)`` unaveraged.
 
         Raises:
             ValueError: If ``cache`` is given without ``is_causal`` or with ``key_padding_mask``.
@@ -185,21 +173,7 @@ class EdgeMultiheadAttention(nn.Module):
     softmax per target (PyG's scatter softmax). Same variants, parameters and ``state`` as the dense
     module; on a fully connected graph the two agree. Needs PyG (``torch_geometric``), which ``forward`` imports.
 
-    Args:
-        dim: Node embedding size, split evenly over the heads.
-        num_heads: Number of heads; head_dim = dim // num_heads.
-        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``). Default ``"quest"``.
-        dropout: Dropout on the attention probabilities, in training only. Default 0.0.
-        bias: Whether the input and output projections have biases. Default True.
-        seq_len: Typical sequence length, from which a QK-norm gain starts (``qknorm_gain_init``). Default
-            None: the gain starts at sqrt(head_dim).
-        qk_gain_init: Initial QK-norm gain, in place of the one from ``seq_len``. Default None.
-        eps: Floor on the L2 norms of q and k; also the elliptical metric's ``eps``. Default 1e-6.
-        l2norm_kernel: How rows are normalised on CPU: ``"fused"`` (default) or ``"formula"``.
-
-    Raises:
-        ValueError: If ``dim`` is not divisible by ``num_heads``, the variant is unknown, or ``l2norm_kernel``
-            is not one of ``KERNELS``.
+    Arguments and errors as for ``MultiheadAttention``, without ``batch_first``; ``dim`` is the node embedding size.
     """
 
     def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
@@ -223,16 +197,14 @@ class EdgeMultiheadAttention(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor, *, batch: Tensor | None = None,
                 edge_bias: Tensor | None = None, state: AttentionState | None = None) -> Tensor:
-        """x [N, dim], edge_index [2, E] (row 0 = source j, row 1 = target i), batch [N] graph ids,
-        edge_bias [E, H] additive. Returns the output [N, dim].
+        """Attention of each target node over its incoming edges, softmax per target.
 
         Args:
             x: Node features, ``(nodes, dim)``.
             edge_index: ``(2, edges)``: row 0 the source j, row 1 the target i of each edge i ← j.
             batch: Graph id of each node, ``(nodes,)``, for the per-graph elliptical metric. None: one graph.
-            edge_bias: Additive logit bias per edge and head, ``(edges, heads)``. None: none.
-            state: The stack's ``AttentionState``. None: nothing is exchanged, and an elliptical variant runs its
-                base variant.
+            edge_bias: Additive logit bias per edge and head, ``(edges, heads)``.
+            state: The stack's ``AttentionState``, as for ``MultiheadAttention.forward``.
 
         Returns:
             The output, ``(nodes, dim)``.
@@ -259,13 +231,11 @@ class EdgeMultiheadAttention(nn.Module):
 def attention_layer(layer: type[nn.Module] = MultiheadAttention, /, **settings) -> partial:
     """``layer`` with a run's attention ``settings`` (``variant``, ``qk_gain_init``, ``l2norm_kernel``) bound: the
     factory a model builds each of its attention layers with, as ``attn_layer(dim, num_heads, dropout=...,
-    seq_len=...)`` (timm's ``attn_layer``). The settings are checked here, against the layer's keyword arguments
-    and the variants, so a misspelt key fails once, where the factory is made, rather than at the last
-    constructor of a stack.
+    seq_len=...)`` (timm's ``attn_layer``). The settings are checked here, so a misspelt key fails once, where the
+    factory is made, rather than at the last constructor of a stack.
 
     Args:
-        layer: The attention module class, called as ``layer(dim, num_heads, **keywords)``. Default
-            ``MultiheadAttention``.
+        layer: The attention module class, called as ``layer(dim, num_heads, **keywords)``.
         **settings: Keyword arguments of ``layer`` to bind, other than ``dim`` and ``num_heads``.
 
     Returns:

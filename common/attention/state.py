@@ -12,26 +12,18 @@ from common.attention.elliptical import _unit_max
 
 @dataclass
 class AttentionState:
-    """What each attention layer of a stack leaves for the next: its values ([B, H, N, D] dense,
-    [N, H, D] on edges, detached), from which elliptical variants compute their metric. A stack makes
-    one per forward pass and hands it to every layer.
+    """What each attention layer of a stack leaves for the next: its values, from which elliptical variants
+    compute their metric. A stack makes one per forward pass and hands it to every layer.
 
     Args:
-        values: The last layer's values, detached. Default None: no layer has run yet.
+        values: The last layer's values, detached: [B, H, N, D] dense, [N, H, D] on edges. None: no layer has run yet.
     """
 
     values: Tensor | None = field(default=None, repr=False)
 
     def exchange(self, values: Tensor) -> Tensor | None:
-        """The previous layer's values when they match this layer's shape; stores this layer's.
-
-        Args:
-            values: This layer's values, ``(batch, heads, length, head_dim)`` dense or ``(nodes, heads, head_dim)``
-                on edges; stored detached.
-
-        Returns:
-            The previous layer's values (detached), or None when no layer has run yet or their shape differs.
-        """
+        """Stores this layer's values, detached, and returns the previous layer's: None when no layer has run yet
+        or their shape differs."""
         previous = self.values if self.values is not None and self.values.shape == values.shape else None
         self.values = values.detach()
         return previous
@@ -43,11 +35,10 @@ class KVCache:
     ``AttentionState`` of one pass, it lives as long as the sequence being decoded; a stack holds one per
     layer (``common.blocks.Encoder.new_cache``).
 
-    Keys are stored folded: QUEST normalises a key once, as it enters, and a learnable key scale
-    (qknorm_ds) is applied then too, which equals refolding every key at every step because the scales
-    are fixed at inference. Elliptical variants weight a query by the mean of |v^l − v^{l−1}| over its
-    prefix (``elliptical_metric(..., causal=True)``), so the running sum of that difference is all the
-    past they need.
+    Keys are stored folded: QUEST normalises a key once, as it enters, and a learnable key scale (qknorm_ds) is applied
+    then too, which equals refolding every key at every step because the scales are fixed at inference. Elliptical
+    variants weight a query by the mean of |v^l − v^{l−1}| over its prefix (``elliptical_metric(..., causal=True)``), so
+    the running sum of that difference is all the past they need.
 
     Attributes:
         keys: Folded keys so far, ``(batch, heads, past, head_dim)``; None before the first ``append``.
@@ -66,19 +57,8 @@ class KVCache:
 
     @torch.no_grad()
     def metric(self, values: Tensor, prev_values: Tensor, eps: float = 1e-6) -> Tensor:
-        """The causal elliptical metric of the new tokens [B, H, T, D]; call it before ``append``.
-
-        Adds the new tokens to ``delta_sum``, so call it once per step.
-
-        Args:
-            values: This layer's values of the new tokens, ``(batch, heads, new, head_dim)``.
-            prev_values: The previous layer's values of the same tokens, same shape.
-            eps: A row of weights whose largest entry is at most ``eps`` becomes all ones. Default 1e-6.
-
-        Returns:
-            Each new token's weights over its prefix, cached tokens included, ``(batch, heads, new, head_dim)``;
-                in [0, 1], the largest of each head_dim row 1. Computed without gradients.
-        """
+        """The causal elliptical metric of the new tokens [B, H, T, D], prefixes reaching into the cache; it adds them
+        to ``delta_sum``, so call it once per step, before ``append``. Computed without gradients."""
         sums = (values - prev_values).abs().cumsum(-2)
         if self.delta_sum is not None:
             sums = sums + self.delta_sum
@@ -87,15 +67,7 @@ class KVCache:
         return _unit_max(sums / seen[:, None], eps)
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Adds the new tokens' folded keys and values; returns every key and value so far.
-
-        Args:
-            keys: The new tokens' folded keys, ``(batch, heads, new, head_dim)``.
-            values: The new tokens' values, ``(batch, heads, new, head_dim)``.
-
-        Returns:
-            ``(keys, values)`` of every token so far, each ``(batch, heads, past + new, head_dim)``.
-        """
+        """Adds the new tokens' folded keys and values [B, H, T, D]; returns every key and value so far."""
         self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=-2)
         self.values = values if self.values is None else torch.cat([self.values, values], dim=-2)
         return self.keys, self.values

@@ -8,17 +8,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Variant:
-    """One attention variant as data: which of q and k are L2-normalised, whether the 1/sqrt(d) scale stays,
-    whether q is weighted elliptically, and the fold class that owns its learnable scales.
+    """One attention variant as data.
 
     Args:
-        name: The variant's name, its key in ``VARIANTS`` or ``ABLATIONS`` (the ``attention=<name>`` setting).
+        name: Its key in ``VARIANTS`` or ``ABLATIONS`` (the ``attention=<name>`` setting).
         norm_q: Whether q is L2-normalised over head_dim.
         norm_k: Whether k is L2-normalised over head_dim.
         scaled: Whether the logit is divided by sqrt(head_dim).
-        elliptical: Whether q is weighted by the metric m from the previous layer's values. Default False.
-        fold: Name of the class in ``folds.FOLDS`` that folds the variant into (q, k) and owns its learnable
-            scales. Default ``"QKFold"`` (no learnable scales).
+        elliptical: Whether q is weighted by the metric m from the previous layer's values.
+        fold: Name of the class in ``folds.FOLDS`` that folds it into (q, k) and owns its learnable scales, if any.
     """
 
     name: str
@@ -32,9 +30,6 @@ class Variant:
     def learnable(self) -> bool:
         """Whether its fold owns learnable scales (``FOLD_SCALES``): a fold without any, such as the uniform
         ablation's ``ZeroQuery``, runs statelessly wherever a parameter-free variant does.
-
-        Returns:
-            True when ``FOLD_SCALES`` lists at least one scale for the variant's fold.
 
         Raises:
             ValueError: If the variant names a fold that ``FOLD_SCALES`` does not list.
@@ -74,8 +69,7 @@ def get_variant(variant: str | Variant) -> Variant:
     """The ``Variant`` of a name, looked up in ``VARIANTS`` and then ``ABLATIONS``.
 
     Args:
-        variant: A variant's or ablation's name (``"quest"``, ``"uniform"``, ...), or a ``Variant``, which is
-            returned as is.
+        variant: A variant's or ablation's name (``"quest"``, ``"uniform"``, ...), or a ``Variant``, returned as is.
 
     Returns:
         The ``Variant``.
