@@ -77,6 +77,7 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
 
         Args:
             module: The ``nn.MultiheadAttention`` to convert; ``replace_attention`` checks that it can be.
+            variant: The variant's name (``VARIANTS``).
             **attention_kwargs: As ``replace_attention``'s; the fold goes to ``in_proj_weight``'s device and dtype.
 
         Returns:
@@ -118,6 +119,7 @@ class PatchedTimmAttention(nn.Module):
 
         Args:
             module: A ``timm.layers.Attention`` (not checked here; ``replace_attention`` picks them).
+            variant: The variant's name (``VARIANTS``).
             **attention_kwargs: As ``replace_attention``'s; the fold goes to ``qkv.weight``'s device and dtype.
 
         Returns:
@@ -135,7 +137,8 @@ class PatchedTimmAttention(nn.Module):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """timm's signature, ``x`` ``(batch, tokens, dim)`` to the same shape; ``attn_mask`` has SDPA meaning (boolean
-        True = attend, or additive), broadcasting to ``(batch, heads, tokens, tokens)``."""
+        True = attend, or additive), broadcasting to ``(batch, heads, tokens, tokens)``; ``is_causal`` masks each
+        token's later ones."""
         batch, tokens, _ = x.shape
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)

@@ -309,9 +309,10 @@ class Task(pl.LightningModule):
 
 
 def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
-    """``(optimizer, scheduler)`` of a run of ``total`` optimiser steps over its ``trained`` (name, parameter) pairs:
-    two groups, weight decay on the ``decayed`` names and none on the rest, and a ``LambdaLR`` stepped once per
-    optimiser step (``quest ensemble``'s vectorised AdamW keeps these groups and this schedule)."""
+    """``(optimizer, scheduler)`` of a run of ``total`` optimiser steps over its ``trained`` (name, parameter) pairs,
+    as the ``optim`` section sets them: two groups, weight decay on the ``decayed`` names and none on the rest, and a
+    ``LambdaLR`` stepped once per optimiser step (``quest ensemble``'s vectorised AdamW keeps these groups and this
+    schedule)."""
     groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
     if optim.name == "sgd":
@@ -351,8 +352,8 @@ def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 
 
 
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
-    """Name -> metric, in this order: ``acc`` (overall, the headline), ``macc`` (mean per-class accuracy) and
-    ``acc_baseline`` (always the most frequent class)."""
+    """Name -> metric over ``num_classes`` classes, in this order: ``acc`` (overall, the headline), ``macc`` (mean
+    per-class accuracy) and ``acc_baseline`` (always the most frequent class)."""
     return {"acc": MulticlassAccuracy(num_classes, average="micro"),
             "macc": MulticlassAccuracy(num_classes, average="macro"),
             "acc_baseline": MajorityClassAccuracy(num_classes)}
@@ -375,6 +376,6 @@ class ClassificationTask(Task):
         self.label_smoothing = label_smoothing
 
     def loss(self, logits: Tensor, labels: Tensor, stage: str) -> Tensor:
-        """Mean cross-entropy of logits ``(batch, num_classes)`` against class indices ``(batch,)``, label-smoothed in
-        training only."""
+        """Mean cross-entropy of ``logits`` ``(batch, num_classes)`` against ``labels``, class indices ``(batch,)``,
+        label-smoothed only where ``stage`` is ``"train"``."""
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)

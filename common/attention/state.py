@@ -57,8 +57,9 @@ class KVCache:
 
     @torch.no_grad()
     def metric(self, values: Tensor, prev_values: Tensor, eps: float = 1e-6) -> Tensor:
-        """The causal elliptical metric of the new tokens [B, H, T, D], prefixes reaching into the cache; it adds them
-        to ``delta_sum``, so call it once per step, before ``append``. Computed without gradients."""
+        """The causal elliptical metric of the new tokens' ``values`` [B, H, T, D] against ``prev_values`` (the
+        previous layer's), prefixes reaching into the cache, floored at ``eps`` as in ``elliptical_metric``; it adds
+        them to ``delta_sum``, so call it once per step, before ``append``. Computed without gradients."""
         sums = (values - prev_values).abs().cumsum(-2)
         if self.delta_sum is not None:
             sums = sums + self.delta_sum
