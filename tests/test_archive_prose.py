@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN_RECORDS = {"preregistration-2.md": ROOT / "RESULTS" / "records" / "confirm2"}  # each plan's archived runs
+PLAN_RECORDS = {"preregistration-2.md": ROOT / "RESULTS" / "records" / "confirm2",
+                "preregistration-3.md": ROOT / "RESULTS" / "records" / "confirm3"}  # each plan's archived runs
 
 
 def archived(folder: Path) -> int:
