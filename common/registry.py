@@ -2,7 +2,7 @@
 
 A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus its primary metric
 (logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, the names of its
-datasets and any commands of its own. The config check takes the valid ``data.dataset`` values from those names,
+datasets, its typed config and any commands of its own. The config check takes the valid ``data.dataset`` values from those names,
 so naming them (``quest list``, the config check) loads no data code; the domain's datamodule maps each name to
 its loader itself. A command is ``quest <name>`` run by the ``main(argv)`` of the module it names
 (``"domains.language.generate"``). Domains come from a package scanned by ``discover`` (the project's
@@ -12,8 +12,6 @@ import), or from code that calls ``register_domain``.
 A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
 ``config.py`` (its typed config: a ``common.schema.RunConfig`` subclass, pydantic only), ``data.py`` (datamodule
 and loaders, ``LOADERS``) and ``model.py`` (network and task), with its presets in ``configs/domain/<name>.yaml``.
-A plugin may instead pass its whole config, presets included, as a dict or YAML file: it is typed from its
-defaults.
 """
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
-from common.schema import Attention, Optim, RunConfig, section, typed_like
+from common.schema import Attention, Optim, RunConfig, section
 from common.typed import Model
 
 ENTRY_POINT_GROUP = "quest.domains"
@@ -62,8 +60,8 @@ class Domain:
     metric: str
     mode: str  # "min" or "max"
     datasets: tuple[str, ...]  # the valid data.dataset values
-    config: type[RunConfig] | dict | Path | None  # the typed config, or a default config to type; None: the YAML file
-    presets: Path | None  # a typed config's presets; None: configs/domain/<name>.yaml
+    config: type[RunConfig]
+    presets: Path | None  # None: configs/domain/<name>.yaml
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
 
     def primary_of(self, task) -> tuple[str, str]:
@@ -76,9 +74,8 @@ _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []
 
 
-def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[str],
-                    config: type[RunConfig] | dict | str | Path | None = None, presets: str | Path | None = None,
-                    commands: Mapping[str, str] | None = None):
+def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[str], config: type[RunConfig],
+                    presets: str | Path | None = None, commands: Mapping[str, str] | None = None):
     """Register the decorated function as the build function of the domain ``name``.
 
     Args:
@@ -86,25 +83,25 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
         metric: Its primary metric: what checkpoints, selection and tables go by.
         mode: ``"min"`` or ``"max"``: which way ``metric`` is better.
         datasets: The names ``data.dataset`` may take.
-        config: Its ``RunConfig`` subclass; or its default config with presets, as a dict or a YAML file, typed from
-            its defaults (``common.schema.typed_like``). None: ``configs/domain/<name>.yaml``.
-        presets: The YAML file of a ``RunConfig`` subclass's presets. None: ``configs/domain/<name>.yaml``.
+        config: Its ``RunConfig`` subclass: its own sections and its defaults of the shared ones.
+        presets: The YAML file of its presets. None: ``configs/domain/<name>.yaml``.
         commands: ``quest <command>`` -> the module whose ``main(argv)`` runs it.
 
     Returns:
         The decorator, which registers the build function and returns it unchanged.
 
     Raises:
-        ValueError: ``mode`` is neither, or ``datasets`` names none.
+        ValueError: ``mode`` is neither, ``datasets`` names none, or ``config`` is not a ``RunConfig`` subclass.
     """
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
     if isinstance(datasets, str) or not datasets:
         raise ValueError(f"domain {name!r}: datasets must list the names data.dataset may take")
+    if not (isinstance(config, type) and issubclass(config, RunConfig)):
+        raise ValueError(f"domain {name!r}: config must be its common.schema.RunConfig subclass, not {config!r}")
 
     def decorate(build):
-        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets),
-                                Path(config) if isinstance(config, str) else config,
+        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets), config,
                                 Path(presets) if presets else None, dict(commands or {}))
         return build
 
@@ -220,54 +217,29 @@ def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
         Its ``RunConfig`` subclass, and preset name -> the settings the preset changes.
 
     Raises:
-        ConfigError: An unknown domain, or a presets file that is missing, not YAML or holds more than presets.
+        ConfigError: An unknown domain, or a presets file that is not YAML or holds more than presets.
     """
     try:
         domain = get_domain(name)
     except KeyError as err:
         raise ConfigError(err.args[0]) from None
-    config, path = domain.config, CONFIG_DIR / "domain" / f"{name}.yaml"
-    if isinstance(config, type):
-        path = domain.presets or path
-        presets = _read(path, name) if path.exists() else {}
-        if set(presets) - {"presets"}:
-            raise ConfigError(f"{path}: the file of a domain typed in Python holds its presets only, not "
-                              f"{', '.join(sorted(set(presets) - {'presets'}))}")
-        return config, presets.get("presets", {})
-    if isinstance(config, dict):
-        return _typed(name, config)
-    path = Path(config or path)
-    return _typed_file(name, path, *_stamp(path))
+    path = domain.presets or CONFIG_DIR / "domain" / f"{name}.yaml"
+    presets = _read(path) if path.exists() else {}
+    if set(presets) - {"presets"}:
+        raise ConfigError(f"{path}: a domain's YAML file holds its presets only, not "
+                          f"{', '.join(sorted(set(presets) - {'presets'}))}")
+    return domain.config, presets.get("presets", {})
 
 
-def _typed(name: str, config: dict) -> tuple[type[RunConfig], dict]:
-    defaults = {key: value for key, value in config.items() if key != "presets"}
-    return typed_like(f"{name}_config", RunConfig, defaults)[0], config.get("presets", {})
+def _read(path: Path) -> dict:
+    """A presets file, as OmegaConf reads it (``1e-3`` a number), references left unresolved; read once per
+    version of the file (compose reads it for every run of a sweep)."""
+    stamp = path.stat()
+    return copy.deepcopy(_parsed(path, stamp.st_mtime_ns, stamp.st_size))
 
 
 @lru_cache(maxsize=64)
-def _typed_file(name: str, path: Path, *stamp) -> tuple[type[RunConfig], dict]:
-    return _typed(name, _read(path, name))
-
-
-def _stamp(path: Path) -> tuple:
-    """What tells one version of a file from the next, for the caches of what was read from it."""
-    try:
-        found = path.stat()
-    except OSError:
-        return ()
-    return found.st_mtime_ns, found.st_size
-
-
-def _read(path: Path, name: str) -> dict:
-    """A domain's YAML file, as OmegaConf reads it (``1e-3`` a number), references left unresolved."""
-    return copy.deepcopy(_parsed(name, Path(path), *_stamp(Path(path))))
-
-
-@lru_cache(maxsize=64)
-def _parsed(name: str, path: Path, *stamp) -> dict:
-    if not stamp:
-        raise ConfigError(f"domain {name!r} config {path} does not exist")
+def _parsed(path: Path, *stamp) -> dict:
     try:
         return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except Exception as err:

@@ -3,8 +3,7 @@ each field with its type, default, range or choices and, below it, what it means
 
 ``RunConfig`` holds the sections every run has. A domain subclasses it (``domains/<name>/config.py``): it types
 its own ``data``, ``model``, ``task`` (and ``robustness``) sections and sets its defaults of the shared ones
-(``optim = Optim(name="adam")``); its presets stay in ``configs/domain/<name>.yaml``. A plugin that ships only a
-YAML file or a dict gets its sections typed from their defaults (``from_defaults``).
+(``optim = Optim(name="adam")``); its presets stay in ``configs/domain/<name>.yaml``.
 
 A subclass keeps its parent's field order, and a section's defaults, dumped in field order, start every composed
 config, over which a run's hash is taken (``runners.config.config_hash``): a field added or moved changes every
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, create_model
+from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from common.errors import ConfigError
@@ -273,35 +272,3 @@ def problem(key: str, reason: str, value: Any) -> str:
 def field_type(field: FieldInfo) -> Any:
     """A field's type with its constraints, as pydantic holds them apart."""
     return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
-
-
-# The ranges a plugin's config (typed from its defaults) takes for the keys the project's domains share.
-SHARED = {"data": {"batch_size": Positive, "eval_batch_size": Positive, "num_workers": Count, "context": Positive,
-                   "answer_kappa": Annotated[float, Field(ge=1)], "split_seed": Seed},
-          "model": {"dim": Positive, "depth": Positive, "heads": Positive, "dropout": Fraction,
-                    "input_dropout": Fraction, "attn_dropout": Fraction},
-          "robustness": {"eps": Budgets, "severities": Severities, "max_samples": Positive, "seed": Seed}}
-
-
-def typed_like(name: str, base: type[Model], values: dict, shared: dict | None = None) -> tuple[type[Model], Model]:
-    """``base`` with ``values`` as its defaults, and keys it lacks typed by their values, for a domain that ships
-    its config as YAML or a dict: a new key takes its default's type (an int passes for a float) or null, anything
-    where the default is null or a reference, and ``SHARED``'s range where it has the key; a section in turn
-    Returns the model and its default."""
-    shared = SHARED if shared is None else shared
-    fields = {}
-    for key, value in values.items():
-        field = base.model_fields.get(key)
-        if isinstance(value, dict):
-            section_base = type(field.default) if field and isinstance(field.default, Model) else Model
-            fields[key] = typed_like(f"{name}_{key}", section_base, value, shared.get(key, {}))
-        elif field:
-            fields[key] = (field_type(field), value)
-        elif key in shared:
-            fields[key] = (shared[key] | None, value)
-        elif value is None or (isinstance(value, str) and value.startswith("${")):
-            fields[key] = (Any, value)
-        else:  # null may stand for any default, as in the project's domains
-            fields[key] = ((list if isinstance(value, list) else type(value)) | None, value)
-    model = create_model(name, __base__=base, **fields)
-    return model, model.model_construct(**{key: default for key, (_, default) in fields.items()})

@@ -3,6 +3,7 @@ import multiprocessing
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -14,7 +15,9 @@ from torchmetrics import MeanSquaredError
 
 from common.records import SCHEMA_VERSION, RunRecord
 from common.registry import register_domain, unregister_domain
+from common.schema import Positive, RunConfig, Trainer
 from common.task import Task
+from common.typed import Model
 from runners.cli import main as cli
 from runners.sweeps import workers
 
@@ -63,20 +66,28 @@ class ToyTask(Task):
         return loss
 
 
-TOY_CONFIG = {
-    "data": {"dataset": "random", "n": 64},
-    "task": {"nan_after": -1},
-    "trainer": {"max_epochs": 2},
-    "presets": {"smoke": {}, "demo": {"trainer": {"max_epochs": 1}}},
-}
+class ToyDataConfig(Model):
+    dataset: str = "random"
+    n: Positive = 64
+
+
+class ToyTaskConfig(Model):
+    nan_after: int = -1
+    """Training steps before the loss turns NaN (a diverging run); negative: never."""
+
+
+class ToyConfig(RunConfig):
+    data: ToyDataConfig = ToyDataConfig()
+    task: ToyTaskConfig = ToyTaskConfig()
+    trainer: Trainer = Trainer(max_epochs=2)
 
 
 @pytest.fixture
 def toy_domain():
-    """A domain registered from the test itself: the plugin contract, no project file touched (its config a dict,
-    typed from its defaults)."""
+    """A domain registered from the test itself: the plugin contract, no project file touched."""
 
-    @register_domain("toy", metric="mse", mode="min", datasets=["random"], config=TOY_CONFIG)
+    @register_domain("toy", metric="mse", mode="min", datasets=["random"], config=ToyConfig,
+                     presets=Path(__file__).with_name("toy.yaml"))
     def build(cfg):
         return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **dict(cfg.task))
 

@@ -16,7 +16,8 @@ import torch
 from common import registry
 from common.attention import VARIANTS, EdgeMultiheadAttention, MultiheadAttention
 from common.records import find_records, read_record
-from common.registry import build_config, domain_names, get_domain
+from common.registry import build_config, domain_names, get_domain, register_domain
+from common.schema import RunConfig
 from common.task import Task
 from runners.cli import main as cli
 from runners.config import compose
@@ -120,8 +121,10 @@ PLUGIN = {
 
         from common.registry import register_domain
 
-        @register_domain("majority", metric="acc", mode="max", datasets=["random"],
-                         config=Path(__file__).with_name("majority.yaml"))
+        from .config import MajorityConfig
+
+        @register_domain("majority", metric="acc", mode="max", datasets=["random"], config=MajorityConfig,
+                         presets=Path(__file__).with_name("majority.yaml"))
         def build(cfg):
             from .data import MajorityData
             from .model import MajorityNet
@@ -167,10 +170,36 @@ PLUGIN = {
             def forward(self, tokens):
                 return self.head(self.encoder(self.embed(tokens)).mean(1))
     ''',
+    "config.py": '''
+        from common.schema import Fraction, Positive, RunConfig
+        from common.typed import Model
+
+
+        class MajorityData(Model):
+            dataset: str = "random"
+            vocab: Positive = 5
+            length: Positive = 12
+            size: Positive = 64
+            """Sequences per split."""
+            batch_size: Positive = 16
+
+
+        class MajorityModel(Model):
+            dim: Positive = 16
+            depth: Positive = 2
+            heads: Positive = 2
+
+
+        class MajorityTask(Model):
+            label_smoothing: Fraction = 0.0
+
+
+        class MajorityConfig(RunConfig):
+            data: MajorityData = MajorityData()
+            model: MajorityModel = MajorityModel()
+            task: MajorityTask = MajorityTask()
+    ''',
     "majority.yaml": '''
-        data: {dataset: random, vocab: 5, length: 12, size: 64, batch_size: 16}
-        model: {dim: 16, depth: 2, heads: 2}
-        task: {label_smoothing: 0.0}
         presets:
           smoke:
             trainer: {max_epochs: 1, enable_progress_bar: false}
@@ -214,3 +243,16 @@ def test_a_variant_added_in_one_place_is_seen_everywhere(monkeypatch, cache_dir,
     assert load_sweep(sweep).variants == [added.name, "standard"]
     for domain in DOMAINS:
         check_contract(domain, added.name, cache_dir)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "best"}, "mode must be 'min' or 'max'"),
+    ({"datasets": "random"}, "datasets must list"),
+    ({"config": {"data": {"n": 1}}}, "config must be its common.schema.RunConfig subclass"),
+])
+def test_a_registration_that_cannot_work_is_refused(kwargs, message):
+    """A domain is typed by its RunConfig subclass: a default config to guess types from is refused, as a bad mode."""
+    arguments = {"metric": "acc", "mode": "max", "datasets": ["random"], "config": RunConfig, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        register_domain("refused", **arguments)
+    assert "refused" not in domain_names()

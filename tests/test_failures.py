@@ -131,7 +131,7 @@ def test_the_console_carries_no_known_noise(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("optim.betas=[0.9,0.99", "config key 'optim.betas': cannot read '[0.9,0.99'"),
     ("optim.lr=-0.01", "config key 'optim.lr' must be > 0, got -0.01"),
-    ("data.n=[1]", "config key 'data.n' (command line) expects int or null like 64, got [1]"),
+    ("data.n=[1]", "config key 'data.n' (command line) expects int like 64, got [1]"),
     ("seed=-1", "config key 'seed' must be >= 0, got -1"),
     ("seed=4294967296", "config key 'seed' must be <= 4294967295, got 4294967296"),
     ("optim.betas=[2,3]", "config key 'optim.betas' must be < 1, got [2, 3]"),
