@@ -18,17 +18,12 @@ from common.attention import QKFold, attend, elliptical_metric, get_variant, l2_
 from common.timing import interleaved_seconds
 
 SDPA = "sdpa"  # the baseline: F.scaled_dot_product_attention on the raw q, k, v
-
-
-# Where a normalising variant's extra time goes: the key normalisation alone, forward+backward, as
-# ``l2_normalize`` runs it on the device (CPU: the fused weight-norm kernels) and as the written-out formula.
-NORMALISATIONS = {"normalise k": True, "normalise k (formula)": False}  # row -> l2_normalize's fused
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 LAYOUTS = ("projection", "contiguous")  # q, k, v as MultiheadAttention gives them, or separate contiguous tensors
+
+# Where a normalising variant's extra time goes: the key normalisation alone, forward+backward, as ``l2_normalize``
+# runs it on the device (fused=True; CPU: the fused weight-norm kernels) and as the written-out formula (fused=False).
+NORMALISATIONS = {"normalise k": True, "normalise k (formula)": False}
 
 
 @dataclass
@@ -135,9 +130,7 @@ def memory_in_child(shape, variant: str, naive: bool, device: str, dtype: str, l
     """``peak_memory_mb`` in a fresh interpreter, whose memory holds nothing of this one's; NaN if it fails."""
     cmd = [sys.executable, "-m", "common.benchmark", json.dumps([list(shape), variant, naive, device, dtype, layout])]
     out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        return float("nan")
-    return float(out.stdout.strip().splitlines()[-1])
+    return float("nan") if out.returncode else float(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":  # memory_in_child's child

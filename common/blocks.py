@@ -1,10 +1,7 @@
-"""Pre-norm Transformer encoder on ``common.attention``, its attention layers made by one factory
-(``attn_layer``: ``common.attention.attention_layer``, the run's variant and settings bound and checked once;
-timm's ``Block(attn_layer=...)``): one ``AttentionState`` per forward pass carries what each layer leaves for
-the next, ``is_causal`` takes SDPA's causal fast path, and a ``KVCache`` per layer (``Encoder.new_cache``) lets
-a causal stack decode one token at a time. Modules start with
-PyTorch's initialisation; ``trunc_normal_init`` re-initialises a model as timm's ViT / DeiT do. Stochastic
-depth and the truncated normal are timm's own (``timm.layers``); ``common.attention`` stays torch only."""
+"""Pre-norm Transformer encoder on ``common.attention``, its attention layers made by one factory (``attn_layer``:
+``common.attention.attention_layer``, the run's variant and settings bound and checked once; timm's
+``Block(attn_layer=...)``): one ``AttentionState`` per forward pass carries what each layer leaves for the next.
+Stochastic depth and the truncated normal are timm's own (``timm.layers``); ``common.attention`` stays torch only."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,11 +16,9 @@ AttentionFactory = Callable[..., nn.Module]  # (dim, num_heads, *, dropout, seq_
 
 
 def trunc_normal_init(model: nn.Module, std: float = 0.02) -> None:
-    """timm's ViT initialisation (DeiT, DeiT-III) of every module in ``model``: Linear weights and the fused
-    q/k/v projection of ``MultiheadAttention`` by timm's ``trunc_normal_``, a normal of standard deviation
-    ``std`` truncated at the absolute bounds a=-2, b=2 (its defaults, as torch's; at std 0.02 in effect
-    untruncated), their biases zero, LayerNorms weight 1 and bias 0. Convolutions (a ViT's patch embedding), embeddings, LayerScale and the
-    attention variants' learnable scales keep their own initialisation, as in timm."""
+    """timm's ViT initialisation (DeiT, DeiT-III) of ``model``: Linear weights and the fused q/k/v projection by timm's
+    ``trunc_normal_`` (bounds ±2, so in effect untruncated at std 0.02), their biases zero, LayerNorms reset. Convolutions,
+    embeddings, LayerScale and the attention variants' learnable scales keep their own initialisation, as in timm."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             trunc_normal_(module.weight, std=std)
@@ -59,11 +54,10 @@ class LayerScale(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x)). ``attn_layer`` makes the attention module, as
-    ``attn_layer(dim, num_heads, dropout=attn_dropout, seq_len=seq_len)``; ``seq_len``: the typical sequence
-    length, from which qknorm's gain starts. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by
-    default; timm's ViT and DeiT use 1e-6). ``drop_path``: the rate of timm's ``DropPath`` (stochastic depth,
-    Huang et al. 2016: a sample's whole residual branch dropped), kept as its ``drop_prob``."""
+    """x + attn(norm(x)), then x + mlp(norm(x)). ``seq_len``: the typical sequence length, from which qknorm's gain
+    starts. ``norm_eps``: the LayerNorms' epsilon (PyTorch's 1e-5 by default; timm's ViT and DeiT use 1e-6).
+    ``drop_path``: the rate of timm's ``DropPath`` (stochastic depth, Huang et al. 2016: a sample's whole residual
+    branch dropped)."""
 
     def __init__(self, dim: int, num_heads: int, *, attn_layer: AttentionFactory = MultiheadAttention,
                  seq_len: int | None = None, mlp_ratio: float = 4.0, dropout: float = 0.0, attn_dropout: float = 0.0,

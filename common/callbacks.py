@@ -1,11 +1,7 @@
-"""Lightning callbacks of the training layer, each applying a rule of ``common.rules``: ``ProbeCallback``
-reads the attention probes of ``common.probes`` while a model trains (and watches the logit bound),
-``DivergenceCallback`` watches the training loss, ``BestCheckpoint`` keeps the best validation epoch;
-``ProgressLines`` is the progress of a run whose output is not a terminal."""
+"""Lightning callbacks of the training layer; those that judge a run apply the rules of ``common.rules``."""
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,8 +74,7 @@ class ProbeCallback(pl.Callback):
 
 class DivergenceCallback(pl.Callback):
     """Ends a run as diverged when its finite training loss breaks ``common.rules.LossWatch``'s bounds
-    (non-finite losses are caught by the task itself); all ranks agree before stopping. ``losses``: the first,
-    last and lowest training loss, for the run record."""
+    (non-finite losses are caught by the task itself); all ranks agree before stopping. ``losses``: the watch's."""
 
     def __init__(self, loss_ratio: float | None = 1e3, max_loss: float | None = 1e6):
         self.watch = LossWatch(loss_ratio, max_loss)
@@ -129,8 +124,8 @@ class ProgressLines(pl.Callback):
     it. Losses are summed on their device and read only when a line is printed, so a GPU is not made to
     wait every step."""
 
-    def __init__(self, every_n_steps: int, monitor: str, stream=None):
-        self.every_n_steps, self.monitor, self.stream = every_n_steps, monitor, stream
+    def __init__(self, every_n_steps: int, monitor: str):
+        self.every_n_steps, self.monitor = every_n_steps, monitor
         self._sum, self._count, self._train_s, self._due = 0.0, 0, 0.0, False
         self._since = self._last_line = 0.0
 
@@ -138,7 +133,8 @@ class ProgressLines(pl.Callback):
         self._last_line = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._print_if_due(trainer)
+        if self._due:
+            self._print(trainer)
         self._since = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -149,15 +145,11 @@ class ProgressLines(pl.Callback):
         self._due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
 
     def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self._print_if_due(trainer)
+        if self._due and not trainer.sanity_checking:
+            self._print(trainer)
 
     def on_train_end(self, trainer, pl_module):
         if self._count:  # steps since the last line
-            self._print(trainer)
-
-    def _print_if_due(self, trainer) -> None:
-        if self._due:
             self._print(trainer)
 
     def _print(self, trainer) -> None:
@@ -165,9 +157,8 @@ class ProgressLines(pl.Callback):
         parts = [f"step {trainer.global_step}/{total}" if math.isfinite(total) else f"step {trainer.global_step}"]
         if self._count:
             parts.append(f"loss {float(self._sum) / self._count:.4g}")
-        for name in dict.fromkeys(("val/loss", self.monitor)):
-            if name in trainer.callback_metrics:
-                parts.append(f"{name.replace('/', ' ')} {float(trainer.callback_metrics[name]):.4g}")
+        parts += [f"{name.replace('/', ' ')} {float(trainer.callback_metrics[name]):.4g}"
+                  for name in dict.fromkeys(("val/loss", self.monitor)) if name in trainer.callback_metrics]
         if self._count:
             now = time.perf_counter()
             parts.append(f"{self._count / max(self._train_s, 1e-9):.3g} it/s")
@@ -175,7 +166,7 @@ class ProgressLines(pl.Callback):
                 step_s = (now - self._last_line) / self._count
                 parts.append(f"eta {_duration((total - trainer.global_step) * step_s)}")
             self._last_line = now
-        print(" · ".join(parts), file=self.stream or sys.stdout, flush=True)
+        print(" · ".join(parts), flush=True)
         self._sum, self._count, self._train_s, self._due = 0.0, 0, 0.0, False
 
 

@@ -1,18 +1,10 @@
-"""Starting a model from the weights of a finished run (pre-training, then fine-tuning elsewhere).
+"""Starting a model from the weights of a finished run (pre-training, then fine-tuning elsewhere); each refusal is a
+one-line ``ConfigError`` naming the config key that pointed at the run.
 
-``run_config`` finds a run's resolved ``config.yaml`` and its Lightning checkpoint from the run directory or
-a checkpoint file inside it (``quest robustness``, ``imagenet`` and ``generate`` restore runs from it too);
-``load_run`` adds the network's weights, and refuses a run of another domain or another attention variant: every
-variant learns weights for its own attention logits, so a comparison of variants must start each one from
-its own pre-training. ``load_encoder`` copies the tensors under some module names (the encoder) into a
-model and refuses anything but an exact match of names and shapes there. Both raise ``ConfigError`` with
-a one-line message naming the config key that pointed at the run.
-
-A checkpoint is data, never code: ``read_checkpoint`` is the one way the project reads one, with
-``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and refuses any other
-object instead of calling it. A Lightning checkpoint of this project holds nothing else: its loop and
-callback states are dicts, lists, numbers and strings, and its tasks save no hyper-parameters (the run's
-``config.yaml`` holds them), so no class needs allowing.
+A checkpoint is data, never code: ``read_checkpoint`` is the one way the project reads one. A Lightning checkpoint
+of this project holds nothing but tensors and plain containers: its loop and callback states are dicts, lists,
+numbers and strings, and its tasks save no hyper-parameters (the run's ``config.yaml`` holds them), so no class
+needs allowing.
 """
 from __future__ import annotations
 
@@ -71,8 +63,7 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
         raise ConfigError(f"{key}: {config_path} is not a readable run config ({err.reason})") from None
     if not isinstance(data, dict) or not isinstance(data.get("domain"), str):
         raise ConfigError(f"{key}: {config_path} is not a run config (no domain: key)")
-    found = interpolation(data, "config")
-    if found:
+    if found := interpolation(data, "config"):
         raise ConfigError(f"{key}: {config_path} is not a run config: {found[0]} holds an interpolation "
                           f"{found[1]!r}, which a run's resolved config never has (refused, not resolved)")
     if domain is not None and data["domain"] != domain:
@@ -85,7 +76,8 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
 
 def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> FinishedRun:
     """The finished ``domain`` run at ``path`` (run directory or checkpoint), trained with attention
-    ``variant``; ``key`` is the config key that named it, for the error messages."""
+    ``variant``: every variant learns weights for its own attention logits, so a comparison of variants must start
+    each one from its own pre-training. ``key`` is the config key that named it, for the error messages."""
     run_dir, checkpoint, config = run_config(path, key=key, domain=domain)
     trained = OmegaConf.select(config, "attention.variant")
     if trained != variant:
@@ -103,8 +95,7 @@ def read_checkpoint(path: Path, *, key: str) -> dict:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        unsafe = refused_global(err)
-        if unsafe:
+        if unsafe := refused_global(err):
             raise ConfigError(f"{key}: {path} holds objects other than tensors and plain containers ({unsafe}); "
                               "refused, since loading them would run code") from None
         raise ConfigError(f"{key}: {path} is not a readable Lightning checkpoint (not a torch file)") from None

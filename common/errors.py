@@ -41,14 +41,7 @@ class Stopped(BaseException):
     def __init__(self, signum: int, detail: str = ""):
         super().__init__(signum, detail)
         self.signum, self.detail = signum, detail
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+        self.name, self.exit_code = signal.Signals(signum).name, 128 + signum
 
     def __str__(self) -> str:
         return f"stopped by {self.name}" + (f": {self.detail}" if self.detail else "")

@@ -43,9 +43,7 @@ class FileError(DataError):
 
 def not_regular(mode: int) -> str | None:
     """What a file of ``mode`` (``os.stat``) is when it is not a regular file: "a FIFO", "a folder", ...; else None."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((kind for test, kind in KINDS.items() if test(mode)), "a special file")
+    return None if stat.S_ISREG(mode) else next((kind for test, kind in KINDS.items() if test(mode)), "a special file")
 
 
 def os_reason(err: OSError, what: str) -> str:
@@ -66,8 +64,7 @@ def regular_file(path: str | Path, what: str) -> Path:
 
 
 def _check(path: Path, info: os.stat_result, what: str, max_bytes: int | None) -> None:
-    kind = not_regular(info.st_mode)
-    if kind:
+    if kind := not_regular(info.st_mode):
         raise FileError(path, f"is {kind}, not a regular file")
     if max_bytes is not None and info.st_size > max_bytes:
         raise FileError(path, f"is {info.st_size:,} bytes; a {what} is at most {max_bytes:,}")
@@ -210,12 +207,7 @@ def interpolation(value: Any, where: str) -> tuple[str, str] | None:
     """Where in ``value`` (scalar, list or mapping, keys included) a string holds ``${``, and that string; None if
     nowhere. OmegaConf would resolve it: ``oc.env`` reads the environment into the config."""
     if isinstance(value, dict):
-        for key, item in value.items():
-            found = interpolation(key, where) or interpolation(item, f"{where}.{key}")
-            if found:
-                return found
-    elif isinstance(value, list):
+        return next(filter(None, (interpolation(key, where) or interpolation(item, f"{where}.{key}") for key, item in value.items())), None)
+    if isinstance(value, list):
         return next(filter(None, (interpolation(item, where) for item in value)), None)
-    elif isinstance(value, str) and "${" in value:
-        return where, value
-    return None
+    return (where, value) if isinstance(value, str) and "${" in value else None

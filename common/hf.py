@@ -3,28 +3,13 @@
     import common.hf  # registers the variants as attention backends, by their names
     model = AutoModelForCausalLM.from_config(config, attn_implementation="quest")
 
-Importing this module registers every variant and ablation (``standard``, ``quest``, ``qnorm``, the QK-norm family,
-the elliptical pair, ``uniform``) with transformers' ``AttentionInterface``, and with its ``AttentionMaskInterface``
-as SDPA's masks (boolean, True = attend, or none where SDPA's causal flag does). Any model whose attention layers
-call the interface then runs the variant (``is_attention`` tells which layers do). The parameter-free ones
-(standard, quest, qnorm, uniform) need nothing else. The QK-norm family keeps learnable scales and the elliptical
-variants read the previous layer's values, which a backend function cannot own: ``common.patch.replace_attention``
-adds them to each layer (``convert``) and selects the backend; it also gives every layer a stability probe.
+Importing this module registers every variant and ablation with transformers' ``AttentionInterface`` (and SDPA's
+masks with its ``AttentionMaskInterface``). The parameter-free ones (standard, quest, qnorm, uniform) need nothing
+else; the QK-norm family's learnable scales and the elliptical variants' previous values, which a backend function
+cannot own, are added to each layer by ``common.patch.replace_attention`` (``convert``).
 
-What a backend does with the call transformers makes (its contract is ``sdpa_attention_forward``'s):
-
-- q and k arrive after the model's positional rotation (RoPE). A rotation keeps a vector's norm, so normalising a
-  rotated key equals rotating the normalised one; the logit stays ‖q‖·cos(q, k).
-- The fold (normalisation, learnable scales) runs in float32 with autocast off, whatever precision the model
-  computes in, and the folded q, k go back to the values' dtype for SDPA.
-- ``scaling``: QUEST, qnorm and the QK-norm family ignore it (their logit scale is the query norm or a learnt gain);
-  standard and elliptical take the model's own (GPT-2's per-layer scaling, Gemma's query_pre_attn_scalar), so
-  ``attn_implementation="standard"`` computes what ``"sdpa"`` does.
-- grouped-query attention: each key/value head is repeated for its ``num_key_value_groups`` query heads.
-- the KV cache holds raw keys: every step folds them all again, which equals folding each once since the scales
-  are fixed at inference.
-- ``attention_mask``: boolean or additive, ``position_bias`` (T5) added to it; without a mask, SDPA's causal flag.
-- returns (output [batch, tokens, heads, head_dim], the attention weights when ``output_attentions``, else None).
+What a backend does with the call transformers makes (RoPE, float32 folds, the model's ``scaling``, grouped-query
+attention, masks, the KV cache, soft-capping refused): docs/in-your-model.md.
 """
 from __future__ import annotations
 
@@ -58,13 +43,12 @@ def convert(layers: list[nn.Module], variant: str, **attention_kwargs) -> None:
     spec = get_variant(variant)
     state = AttentionState()  # read by elliptical variants only; one per stack, like common.blocks.Encoder's
     for index, layer in enumerate(layers):
-        config = layer.config
-        heads = config.num_attention_heads
-        head_dim = getattr(layer, "head_dim", None) or config.hidden_size // heads
+        heads = layer.config.num_attention_heads
+        head_dim = getattr(layer, "head_dim", None) or layer.config.hidden_size // heads
         layer.qk = make_fold(spec, heads, head_dim, **attention_kwargs).to(next(layer.parameters()))
         layer.probe = probes.Probe()
         layer.qk_state, layer.qk_first = state, index == 0
-        config._attn_implementation = spec.name
+        layer.config._attn_implementation = spec.name
 
 
 def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,

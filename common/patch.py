@@ -141,8 +141,7 @@ class PatchedTimmAttention(nn.Module):
         token's later ones."""
         batch, tokens, _ = x.shape
         gate = self.gate(x).sigmoid() if getattr(self, "gate", None) is not None else None
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
 
         if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -159,36 +158,20 @@ class PatchedTimmAttention(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-def _timm_attention_class() -> type | None:
-    """timm's ``Attention`` if timm is loaded (a model holding one has loaded it), without importing timm."""
-    return getattr(sys.modules.get("timm.layers.attention"), "Attention", None)
-
-
 def _torch_blocker(module: nn.MultiheadAttention) -> str | None:
     """Why this nn.MultiheadAttention cannot be converted, or None."""
-    if not module._qkv_same_embed_dim:
-        return "nn.MultiheadAttention with kdim/vdim different from embed_dim"
-    if module.bias_k is not None:
-        return "nn.MultiheadAttention with add_bias_kv"
-    if module.add_zero_attn:
-        return "nn.MultiheadAttention with add_zero_attn"
-    return None
-
-
-def _transformers_integration():
-    """``common.hf`` if transformers is loaded (a model holding its layers has loaded it), without importing it."""
-    return importlib.import_module("common.hf") if "transformers" in sys.modules else None
+    blockers = {"kdim/vdim different from embed_dim": not module._qkv_same_embed_dim,
+                "add_bias_kv": module.bias_k is not None, "add_zero_attn": module.add_zero_attn}
+    return next((f"nn.MultiheadAttention with {what}" for what, found in blockers.items() if found), None)
 
 
 def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwargs) -> PatchReport:
     """Convert every supported attention module of ``model`` to ``variant`` in place and report what was done. Masks
     keep torch's conventions (``key_padding_mask``: True = padding). Logs a warning when nothing could be converted.
 
-    With ``variant="standard"`` the model computes what it computed before, to float rounding, but for one case:
-    an ``nn.TransformerEncoder`` in eval mode without gradients given a ``src_key_padding_mask``, where torch's
-    nested-tensor fast path writes zeros at the padded positions and the converted encoder writes what its layers
-    compute there (the positions a caller masks out). Converted layers never take torch's fused fast path
-    (docs/attention.md, "What to know before converting a model").
+    With ``variant="standard"`` the model computes what it computed before, to float rounding, but at the padded
+    positions of an eval-mode ``nn.TransformerEncoder``, where torch's fused fast path (which converted layers never
+    take) writes zeros (docs/attention.md, "What to know before converting a model").
 
     Args:
         **attention_kwargs: The variant's learnable scales (``seq_len``, ``qk_gain_init``, ``eps``, ``l2norm_kernel``);
@@ -201,7 +184,8 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
         ValueError: If ``variant`` is unknown, or is elliptical and ``model`` has no transformers attention layers.
     """
     spec = get_variant(variant)
-    hf = _transformers_integration()
+    # timm and transformers are never imported here: a model holding their layers has loaded them.
+    hf = importlib.import_module("common.hf") if "transformers" in sys.modules else None
     hf_layers = {name: m for name, m in model.named_modules() if hf is not None and hf.is_attention(m)}
     if spec.elliptical and not hf_layers:
         raise ValueError(f"variant {variant!r} reads each layer's previous values, which third-party layers do "
@@ -210,7 +194,7 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
     if hf_layers:
         hf.convert(list(hf_layers.values()), spec.name, **attention_kwargs)
         report.replaced |= {name: f"transformers {type(m).__name__}" for name, m in hf_layers.items()}
-    timm_attention = _timm_attention_class()
+    timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", None)
     kinds = (MultiheadAttention, EdgeMultiheadAttention, PatchedTimmAttention)  # already common.attention
     for name, module in list(model.named_modules()):
         if isinstance(module, kinds) or name in hf_layers:
@@ -218,8 +202,7 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
         if spec.elliptical and isinstance(module, (nn.MultiheadAttention, timm_attention or ())):
             report.skipped[name] = "elliptical variants need each layer's previous values, which it does not pass on"
         elif type(module) is nn.MultiheadAttention:
-            blocker = _torch_blocker(module)
-            if blocker:
+            if blocker := _torch_blocker(module):
                 report.skipped[name] = blocker
             else:
                 PatchedMultiheadAttention.from_torch(module, spec.name, **attention_kwargs)
@@ -233,16 +216,11 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
             # Its inference path packs padded batches into nested tensors for torch's fused kernel only.
             module.use_nested_tensor = False
         attention_like = _ATTENTION_LIKE.search(type(module).__name__) or isinstance(module, nn.MultiheadAttention)
-        if (attention_like and not isinstance(module, kinds) and name not in report.replaced
-                and name not in report.skipped and not _holds_replaced(name, report)):
+        holds_replaced = any(child.startswith(f"{name}." if name else "") for child in report.replaced)
+        if attention_like and not isinstance(module, kinds) and name not in report.replaced | report.skipped and not holds_replaced:
             report.skipped[name] = f"unknown attention module {type(module).__module__}.{type(module).__qualname__}"
 
     if not report.replaced:
         log.warning("replace_attention found no attention it can convert in %s; left alone: %s",
                     type(model).__name__, report.skipped or "nothing attention-like")
     return report
-
-
-def _holds_replaced(name: str, report: PatchReport) -> bool:
-    prefix = f"{name}." if name else ""
-    return any(child.startswith(prefix) for child in report.replaced)

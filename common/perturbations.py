@@ -1,7 +1,5 @@
-"""Robust accuracy of a trained classifier: white-box L∞ attacks (FGSM, PGD), AutoAttack (standard
-version, from the ``pyautoattack`` package, Croce & Hein's code) and, for images in [0, 1], the common
-corruptions of Hendrycks & Dietterich (ImageNet-C) at five severities, from ``imagecorruptions``, their
-reference implementation.
+"""Robust accuracy of a trained classifier: white-box L∞ attacks (FGSM, PGD), AutoAttack (``pyautoattack``, Croce &
+Hein's code) and, for images in [0, 1], the common corruptions of ImageNet-C (``imagecorruptions``).
 
 Batches are ``(inputs, labels)``; ``inputs`` is the Tensor to perturb or a tuple whose first element is
 (the rest, e.g. lengths, pass through unchanged). Attacks work in input units and are clipped to
@@ -148,28 +146,22 @@ def corrupt(images: Tensor, name: str, severity: int, generator: torch.Generator
 
 # --- evaluation -------------------------------------------------------------------------------------
 
-def _take(inputs: Inputs, n: int) -> Inputs:
-    """The first ``n`` samples of a batch's inputs."""
-    if isinstance(inputs, Tensor):
-        return inputs[:n]
-    return type(inputs)(x[:n] if isinstance(x, Tensor) and x.dim() > 0 else x for x in inputs)
-
-
-def _to(inputs: Inputs, device: torch.device) -> Inputs:
-    if isinstance(inputs, Tensor):
-        return inputs.to(device)
-    return type(inputs)(x.to(device) if isinstance(x, Tensor) else x for x in inputs)
+def _first(inputs: Inputs, n: int | None, device: torch.device) -> Inputs:
+    """The first ``n`` samples (all where None) of a batch's inputs, each tensor of them on ``device``."""
+    def first(x):
+        return (x[:n] if x.dim() > 0 else x).to(device) if isinstance(x, Tensor) else x
+    return first(inputs) if isinstance(inputs, Tensor) else type(inputs)(first(x) for x in inputs)
 
 
 def _batches(dataloader: Iterable, limit: int | None, device: torch.device):
     seen = 0
     for inputs, labels in dataloader:
-        if limit is not None:
-            if seen >= limit:
-                return
-            inputs, labels = _take(inputs, limit - seen), labels[:limit - seen]
+        left = None if limit is None else limit - seen
+        if left is not None and left <= 0:
+            return
+        labels = labels[:left]
         seen += labels.shape[0]
-        yield _to(inputs, device), labels.to(device)
+        yield _first(inputs, left, device), labels.to(device)
 
 
 def eps_key(eps: float) -> str:
@@ -177,18 +169,10 @@ def eps_key(eps: float) -> str:
 
 
 def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg: Robustness) -> dict[str, float]:
-    """Accuracy of ``task`` (a classifier: ``task(inputs) -> logits``) on ``dataloader``, clean and under
-    each configured attack and corruption.
-
-    Args:
-        task: the classifier, in evaluation mode.
-        dataloader: the test split's batches.
-        cfg: the run config's ``robustness`` section.
-
-    Returns:
-        ``acc_clean``, ``acc_fgsm_eps<ε>``, ``acc_pgd_eps<ε>``, ``acc_autoattack_eps<ε>``, ``acc_<corruption>_s<k>``,
-        ``acc_corruption_mean`` and ``n_samples``.
-    """
+    """Accuracy of ``task`` (a classifier: ``task(inputs) -> logits``) on ``dataloader`` (the test split's batches),
+    clean and under each attack and corruption that ``cfg`` (the run config's ``robustness`` section) sets:
+    ``acc_clean``, ``acc_fgsm_eps<ε>``, ``acc_pgd_eps<ε>``, ``acc_autoattack_eps<ε>``, ``acc_<corruption>_s<k>``,
+    ``acc_corruption_mean`` and ``n_samples``."""
     device = next(task.parameters()).device
     input_range = tuple(cfg.input_range) if cfg.input_range is not None else None
     eps_list = [float(e) for e in cfg.eps]
@@ -241,8 +225,7 @@ def evaluate_robustness(task: nn.Module, dataloader: Iterable, cfg: Robustness) 
                 with torch.no_grad():
                     results[f"acc_autoattack_{eps_key(eps)}"] = float((task(adv).argmax(-1) == labels).float().mean())
     task.train(was_training)
-    corrupted = [v for k, v in results.items() if any(k.startswith(f"acc_{c}_s") for c in cfg.corruptions)]
-    if corrupted:
+    if corrupted := [v for k, v in results.items() if any(k.startswith(f"acc_{c}_s") for c in cfg.corruptions)]:
         results["acc_corruption_mean"] = sum(corrupted) / len(corrupted)
     results["n_samples"] = float(n)
     return results

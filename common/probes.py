@@ -4,9 +4,8 @@ sharpness: each query's logit spread (the standard deviation of its logits over 
 entropy over the uniform one's (``entropy_ratio``: 1 attends evenly, 0 to one key), both averaged over queries.
 At step 0 these two say how sharp a variant starts, which the variants' parametrisations make very different.
 
-Logits are formed explicitly only while a probe is enabled, on the first few samples of a batch.
-This module needs torch only; ``common.callbacks.ProbeCallback`` switches the probes of a Lightning
-model on every k training steps and logs what they saw.
+Logits are formed explicitly only while a probe is enabled, on the first few samples of a batch
+(``common.callbacks.ProbeCallback`` enables them every k training steps).
 """
 from __future__ import annotations
 
@@ -27,17 +26,18 @@ def explicit_attention(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) 
     return logits, scores.softmax(-1)
 
 
-def _sharpness(entropy: Tensor, count: Tensor, mean: Tensor, mean_square: Tensor) -> dict[str, Tensor]:
-    """Per-query logit spread and entropy ratio, averaged over the queries that see two keys or more (one key
-    has no spread and a log-count of 0). ``mean``/``mean_square``: each query's mean logit and squared logit."""
-    rows = count >= 2
+def _stats(max_logit: Tensor, q_norm: Tensor, k_norm: Tensor, entropy: Tensor, rows: Tensor, count: Tensor, mean: Tensor,
+           mean_square: Tensor) -> dict[str, Tensor]:
+    """``STATS`` from the norms of the queries and keys that count, each query's entropy (averaged over ``rows``) and
+    the count, mean and mean square of the logits it sees. Logit spread and entropy ratio are averaged over the
+    queries that see two keys or more (one key has no spread and a log-count of 0)."""
+    sharp = count >= 2
     spread = (mean_square - mean.square()).clamp_min(0).sqrt()
-    return {"logit_std": spread[rows].mean(), "entropy_ratio": (entropy[rows] / count[rows].log()).mean()}
-
-
-def _masked_mean_max(x: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    keep = keep.expand_as(x)
-    return x[keep].mean(), x[keep].max()
+    return {"max_logit": max_logit,
+            "q_norm_mean": q_norm.mean(), "q_norm_max": q_norm.max(),
+            "k_norm_mean": k_norm.mean(), "k_norm_max": k_norm.max(),
+            "entropy": entropy[rows].mean(),
+            "logit_std": spread[sharp].mean(), "entropy_ratio": (entropy[sharp] / count[sharp].log()).mean()}
 
 
 class Probe:
@@ -73,18 +73,12 @@ class Probe:
         q_norm, k_norm = q.norm(dim=-1), k.norm(dim=-1)
         row_ok = query_ok[:, None, :] & entry_ok.any(-1)
         entropy = -(attn * attn.clamp_min(1e-30).log()).sum(-1)
-        q_mean, q_max = _masked_mean_max(q_norm, query_ok[:, None, :])
-        k_mean, k_max = _masked_mean_max(k_norm, key_ok[:, None, :])
         seen = logits.masked_fill(~entry_ok, 0.0)
         count = entry_ok.sum(-1).float()
         row_mean, row_square = seen.sum(-1) / count.clamp_min(1), seen.square().sum(-1) / count.clamp_min(1)
-        self.stats = {
-            "max_logit": logits.masked_fill(~entry_ok, float("-inf")).amax(),
-            "q_norm_mean": q_mean, "q_norm_max": q_max,
-            "k_norm_mean": k_mean, "k_norm_max": k_max,
-            "entropy": entropy[row_ok].mean(),
-            **_sharpness(entropy, count.masked_fill(~row_ok, 0), row_mean, row_square),
-        }
+        self.stats = _stats(logits.masked_fill(~entry_ok, float("-inf")).amax(), q_norm[query_ok[:, None, :].expand_as(q_norm)],
+                            k_norm[key_ok[:, None, :].expand_as(k_norm)], entropy, row_ok, count.masked_fill(~row_ok, 0),
+                            row_mean, row_square)
 
     @torch.no_grad()
     def record_edges(self, q: Tensor, k: Tensor, logits: Tensor, alpha: Tensor, dst: Tensor, num_nodes: int) -> None:
@@ -98,13 +92,7 @@ class Probe:
         count = torch.bincount(dst, minlength=num_nodes).float()[:, None].expand_as(entropy)
         row_mean = scatter(logits, dst, dim=0, dim_size=num_nodes, reduce="mean")
         row_square = scatter(logits.square(), dst, dim=0, dim_size=num_nodes, reduce="mean")
-        self.stats = {
-            "max_logit": logits.max(),
-            "q_norm_mean": q_norm.mean(), "q_norm_max": q_norm.max(),
-            "k_norm_mean": k_norm.mean(), "k_norm_max": k_norm.max(),
-            "entropy": entropy[has_edges].mean(),
-            **_sharpness(entropy, count, row_mean, row_square),
-        }
+        self.stats = _stats(logits.max(), q_norm, k_norm, entropy, has_edges, count, row_mean, row_square)
 
 
 def attention_probes(model: torch.nn.Module) -> dict[str, Probe]:
@@ -116,11 +104,9 @@ def summarize(per_layer: dict[str, dict[str, Tensor]]) -> dict[str, float]:
     """Across layers: the max of maxima, the mean of means, entropies and spreads."""
     out = {}
     for stat in STATS:
-        found = [s[stat] for s in per_layer.values() if stat in s]
-        if not found:
-            continue
-        values = torch.stack(found)
-        out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
+        if found := [s[stat] for s in per_layer.values() if stat in s]:
+            values = torch.stack(found)
+            out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
     return out
 
 

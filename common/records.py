@@ -1,15 +1,11 @@
-"""The run record: one JSON file per run, written atomically, read back as a typed ``RunRecord``.
+"""The run record: one JSON file per run, written atomically, read back as a typed ``RunRecord``. Commands that add
+to a finished run (``quest robustness``, ``quest imagenet``, ``quest curve``) read it back, set their field and
+write it again.
 
-``RunRecord`` is the schema (a ``common.typed.Model``): its fields, their types and what each holds. Both trainers
-build one and ``write_record`` serialises it; commands that add to a finished run (``quest robustness``,
-``quest imagenet``, ``quest curve``) read it back (``read_record``), set their field and write it again; tables
-are built from the records ``read_records`` finds.
-
-A record file is data (``common.files``): a regular file of at most ``MAX_RECORD_BYTES``, JSON within the
-nesting and integer limits. Validation checks every field, the values of its maps and lists and the keys of its
-nested parts, so that a record that reads is one every reader can read. A number (``Number``) is an int or
-float, never a bool or a numeric string such as ``"0.5"``; NaN and ±inf are numbers here: a diverged metric may
-be NaN. A problem is one line naming the field: ``field 'metrics' key 'test/mse' is '0.5' (str), not a number``.
+Validation checks every field, the values of its maps and lists and the keys of its nested parts, so that a record
+that reads is one every reader can read. A number (``Number``) is an int or float, never a bool or a numeric string
+such as ``"0.5"``; NaN and ±inf are numbers here: a diverged metric may be NaN. A problem is one line naming the
+field: ``field 'metrics' key 'test/mse' is '0.5' (str), not a number``.
 """
 from __future__ import annotations
 
@@ -176,16 +172,8 @@ class RunRecord(Model):
     curve: list[CurvePoint] | None = None  # the snapshots tested, in their order
 
     def setting(self, key: str, default: Any = None) -> Any:
-        """One value of the run's config by its dotted key (``"optim.lr"``), ``default`` where the run's config
-        lacks it (a record from before the key existed).
-
-        Args:
-            key: Section and field, dot-separated.
-            default: What a config without the key gives.
-
-        Returns:
-            The value as the record holds it.
-        """
+        """One value of the run's config, as the record holds it, by its dotted key (``"optim.lr"``); ``default``
+        where the run's config lacks it (a record from before the key existed)."""
         value: Any = self.config
         for part in key.split("."):
             if not isinstance(value, dict) or part not in value:

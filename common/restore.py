@@ -1,7 +1,5 @@
-"""A finished run back in memory, for the commands that use one (`quest robustness`, and the domains'
-`quest imagenet` and `quest generate`): the run directory and checkpoint a path names (``common.checkpoint.run_config``: a run
-directory's best checkpoint, else its last, or a checkpoint file), and the run's datamodule and task
-rebuilt from its resolved ``config.yaml`` with the checkpoint's weights, in eval mode."""
+"""A finished run back in memory (``common.checkpoint.run_config`` names its parts), for the commands that use one:
+``quest robustness`` and the domains' ``quest imagenet`` and ``quest generate``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +27,7 @@ class Restored:
 def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None = None) -> Restored:
     """The run's datamodule and task with the checkpoint's weights, in eval mode, on ``device`` (default:
     the GPU when the run asked for an accelerator and there is one)."""
-    missing = missing_keys(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True))
-    if missing:
+    if missing := missing_keys(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True)):
         raise ConfigError(f"{run_dir}/config.yaml does not fit this version of the {cfg.domain!r} domain (it lacks "
                           f"{', '.join(missing)}); rerun the run with this version")
     try:

@@ -1,10 +1,6 @@
 """The rules a run is trained by, written once for both trainers: the Lightning callbacks of ``quest train``
-(``common.callbacks``) and the vectorised replay of ``quest ensemble`` (``runners.runs.ensemble``).
-
-- Divergence: a run ends as diverged (a result, not a failure) on a non-finite training loss, on a finite
-  one past its bounds (``LossWatch``), or on a max attention logit past its bound (``logit_breach``).
-- The checkpoint a run is tested at: its first validation, then each strictly better one, a NaN counting
-  as the worst value (``improves``).
+(``common.callbacks``) and the vectorised replay of ``quest ensemble`` (``runners.runs.ensemble``). A run ends as
+diverged (a result, not a failure) on a non-finite training loss too, which each trainer catches itself.
 """
 from __future__ import annotations
 
@@ -25,9 +21,7 @@ class LossWatch:
 
     @property
     def losses(self) -> dict[str, float]:
-        if self.first is None:
-            return {}
-        return {"train_first": self.first, "train_last": self.last, "train_best": self.best}
+        return {} if self.first is None else {"train_first": self.first, "train_last": self.last, "train_best": self.best}
 
     def breach(self, loss: float) -> str | None:
         """Take one finite training loss; the reason the run diverged, if it did."""
@@ -36,16 +30,13 @@ class LossWatch:
         self.last, self.best = loss, min(self.best, loss)
         bounds = [b for b in (None if self.loss_ratio is None else self.loss_ratio * max(abs(self.first), 1.0),
                               self.max_loss) if b is not None]
-        if bounds and loss > min(bounds):
-            return f"training loss {loss:.3g} past bound {min(bounds):.3g}"
-        return None
+        return f"training loss {loss:.3g} past bound {min(bounds):.3g}" if bounds and loss > min(bounds) else None
 
 
 def logit_breach(max_logit: float, bound: float | None) -> str | None:
     """The reason a run diverged if its max attention logit is non-finite or past ``bound`` (None: no bound)."""
-    if not math.isfinite(max_logit) or (bound is not None and max_logit > bound):
-        return f"max attention logit {max_logit:.3g} past bound {bound}"
-    return None
+    breached = not math.isfinite(max_logit) or (bound is not None and max_logit > bound)
+    return f"max attention logit {max_logit:.3g} past bound {bound}" if breached else None
 
 
 def improves(value: float, best: float | None, mode: str) -> bool:

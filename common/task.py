@@ -3,14 +3,8 @@
 A ``Task`` owns the domain's network (``net``), calls it in ``forward``, logs the loss and its metrics by
 stage, builds the optimiser and schedule from config, and records divergence as a result instead of a
 crash. A domain's task says only what differs: how a batch splits into inputs and target
-(``unpack``), its ``loss``, and, for test-time robustness, how an input is ``perturb``-ed.
-
-Test-time perturbations. ``perturbations`` maps a condition name to its settings (the task's
-``perturbations`` config). At test time every batch is also evaluated under each condition, the
-headline metric (the first of the task's metrics) is kept per condition and logged as
-``test/<metric>_<condition>``. The noise of condition c on test batch b is drawn from a generator seeded
-by (run seed, b, c) alone, so every variant of a seed faces the same perturbed test set, whatever ran
-before it.
+(``unpack``), its ``loss``, and, for test-time robustness, how an input is ``perturb``-ed: every test batch is
+also evaluated under each of the task's ``perturbations``, its headline metric logged as ``test/<metric>_<condition>``.
 """
 from __future__ import annotations
 
@@ -41,17 +35,16 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch
 
 def perturbation_generator(seed: int, batch_idx: int, condition: str, device: torch.device) -> torch.Generator:
     """The generator of ``condition``'s noise on test batch ``batch_idx`` (on ``device``, the batch's): seeded with the
-    CRC-32 of ``"<seed>/<batch_idx>/<condition>"``, so a function of (seed, batch, condition) alone."""
+    CRC-32 of ``"<seed>/<batch_idx>/<condition>"``, so a function of (seed, batch, condition) alone: every variant of
+    a seed faces the same perturbed test set, whatever ran before it."""
     key = zlib.crc32(f"{seed}/{batch_idx}/{condition}".encode())
     return torch.Generator(device).manual_seed(key)
 
 
 class Task(pl.LightningModule):
     """The home of a run's metrics: their names and how they are computed (``metrics``), and what its record notes
-    of them beside their values: which way each is better (``directions``), what each trivial baseline predicts
-    (``baselines``) and which a summary shows (``summary_metrics``), read from what each torchmetrics metric says
-    of itself (``higher_is_better``, a baseline's ``description``); a task that logs other test metrics adds
-    theirs. The metric a run is judged on is the domain's registered one (known before anything is built, so
+    of them beside their values (``directions``, ``baselines``, ``summary_metrics``); a task that logs other test
+    metrics adds theirs. The metric a run is judged on is the domain's registered one (known before anything is built, so
     that a run killed before its task exists is still recorded by it); ``primary`` (metric, "min" | "max")
     overrides it for a domain whose tasks differ in kind (graph: regression or classification).
 
@@ -101,9 +94,6 @@ class Task(pl.LightningModule):
 
         Returns:
             The scalar loss.
-
-        Raises:
-            NotImplementedError: Unless a subclass defines it.
         """
         raise NotImplementedError
 
@@ -123,9 +113,6 @@ class Task(pl.LightningModule):
 
         Returns:
             The perturbed inputs, as ``forward`` takes them.
-
-        Raises:
-            NotImplementedError: Unless a subclass defines it.
         """
         raise NotImplementedError(f"{type(self).__name__} defines no test-time perturbations")
 
@@ -212,8 +199,7 @@ class Task(pl.LightningModule):
         the run diverged."""
         loss = self.step(batch, "train")
         # Every rank must agree, or DDP would wait forever on the rank that skipped its backward.
-        bad = self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False)
-        if bad:
+        if self.trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss)), all=False):
             self.mark_diverged("non-finite training loss")
             return None
         return loss
@@ -241,8 +227,7 @@ class Task(pl.LightningModule):
         scores = {condition: metric.compute() for condition, metric in self.perturbed_metrics.items()}
         summary = self.summarize_perturbed(scores)
         self.perturbed_names = set(summary)
-        for name, value in summary.items():
-            self.log(f"test/{name}", value)
+        self.log_dict({f"test/{name}": value for name, value in summary.items()})
         for metric in self.perturbed_metrics.values():
             metric.reset()
 
@@ -253,10 +238,8 @@ class Task(pl.LightningModule):
         Returns:
             Logged name less ``test/`` -> ``"min"`` | ``"max"``.
         """
-        found = {"loss": "min"}
-        for name, metric in self.test_metrics.items(keep_base=True):
-            if metric.higher_is_better is not None:
-                found[name] = "max" if metric.higher_is_better else "min"
+        found = {"loss": "min"} | {name: "max" if metric.higher_is_better else "min"
+                                   for name, metric in self.test_metrics.items(keep_base=True) if metric.higher_is_better is not None}
         if self.headline in found:
             found.update(dict.fromkeys(self.perturbed_names, found[self.headline]))
         return found
@@ -315,10 +298,7 @@ def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim:
     schedule)."""
     groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
-    if optim.name == "sgd":
-        settings = {"momentum": optim.momentum, "nesterov": optim.nesterov}
-    else:
-        settings = {"betas": optim.betas}
+    settings = {"momentum": optim.momentum, "nesterov": optim.nesterov} if optim.name == "sgd" else {"betas": optim.betas}
     optimizer = OPTIMIZERS[optim.name](groups, lr=optim.lr, **settings)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(optim, total))
 

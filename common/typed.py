@@ -28,11 +28,6 @@ class Model(BaseModel):
                               use_attribute_docstrings=True)  # the string under a field is its description
 
 
-def location(error: dict[str, Any]) -> str:
-    """The dotted key of one pydantic error (``optim.lr``; a list item's index as ``seeds.3``)."""
-    return ".".join(str(part) for part in error["loc"])
-
-
 def reason(error: dict[str, Any]) -> str:
     """What is wrong, in a few words: ``must be > 0``, ``expects int``, ``choose from cosine, poly``,
     ``is not a known key``, ``is missing``."""
@@ -52,9 +47,10 @@ def reason(error: dict[str, Any]) -> str:
 
 
 def first_problem(err: ValidationError) -> tuple[str, str, Any]:
-    """The first problem of a failed validation: its dotted key, what is wrong, and the value given there."""
+    """The first problem of a failed validation: its dotted key (``optim.lr``; a list item's index as ``seeds.3``),
+    what is wrong, and the value given there."""
     error = err.errors(include_url=False)[0]
-    return location(error), reason(error), error.get("input")
+    return ".".join(str(part) for part in error["loc"]), reason(error), error.get("input")
 
 
 def said(phrase: str) -> WrapValidator:

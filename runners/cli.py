@@ -112,11 +112,9 @@ def path_error(err: Exception) -> str | None:
     or as its output under one, where the system refuses it (permission denied, a name too long, a read-only
     folder, a file where a folder belongs, a full disk): the user's to fix, as wrong input is. A
     ``FileNotFoundError`` of the project's own names what is missing in its message."""
-    if not isinstance(err, OSError) or (err.filename is None and not isinstance(err, FileNotFoundError)):
-        return None
-    if err.filename is None:
-        return str(err)
-    return f"{err.filename}{f' -> {err.filename2}' if err.filename2 else ''}: {err.strerror}"
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"{err.filename}{f' -> {err.filename2}' if err.filename2 else ''}: {err.strerror}"
+    return str(err) if isinstance(err, FileNotFoundError) else None
 
 
 if __name__ == "__main__":

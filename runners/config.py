@@ -1,15 +1,9 @@
 """Compose and validate a run's config: the schema's defaults <- preset <- overrides.
 
-The schema is the domain's ``RunConfig`` (``common.schema``): typed sections whose fields give each key's type,
-default, range or choices. OmegaConf composes the layers; pydantic checks them: a key outside the schema, a value
-of another type, one outside its range or not among its choices, is a one-line ``ConfigError`` naming the key and
-what is allowed, and an unknown key names the closest known one. ``attention=<name>`` takes any variant of
-``common.attention.VARIANTS`` (or an ablation).
-
-Values from the command line and sweep files are data. A value is read as YAML (numbers, lists, null)
-except where the schema says its key takes a string, which is then taken as typed (a path may hold
-`` #``); and a ``${...}`` in it is refused, since OmegaConf would resolve it, and ``oc.env`` reads the
-environment into the config and the run's record.
+The schema is the domain's ``RunConfig`` (``common.schema``). OmegaConf composes the layers; pydantic checks them:
+anything outside the schema is a one-line ``ConfigError`` naming the key and what is allowed. Values from the
+command line and sweep files are data: a ``${...}`` in them is refused, since OmegaConf would resolve it, and
+``oc.env`` reads the environment into the config and the run's record.
 """
 from __future__ import annotations
 
@@ -128,14 +122,10 @@ def _section_type(annotation: Any) -> type[Model] | None:
 
 @lru_cache(maxsize=1024)
 def _checker(schema: type[Model], key: str) -> TypeAdapter:
-    return TypeAdapter(field_type(_field(schema, key)), config=ConfigDict(strict=True))
-
-
-def _field(schema: type[Model], key: str):
     *parents, leaf = key.split(".")
     for part in parents:
         schema = _section_type(schema.model_fields[part].annotation)
-    return schema.model_fields[leaf]
+    return TypeAdapter(field_type(schema.model_fields[leaf]), config=ConfigDict(strict=True))
 
 
 def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: type[Model]) -> None:
@@ -151,14 +141,13 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: t
             raise ConfigError(f"unknown config key {key!r} ({source}); valid keys at {where}: {valid}"
                               + (f"; did you mean {near}?" if near else ""))
         field = node.model_fields[part]
-        if depth < len(parts) - 1:
-            node = _section_type(field.annotation)
-    if _section_type(field.annotation):
+        node = _section_type(field.annotation)
+    if node is not None:  # a section
         if isinstance(value, Text):
             value = read_text(key, value, False)
         if not isinstance(value, dict):
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. "
-                              f"{key}.{next(iter(_section_type(field.annotation).model_fields), 'x')}=...")
+                              f"{key}.{next(iter(node.model_fields), 'x')}=...")
         for sub, sub_value in value.items():
             apply_override(cfg, f"{key}.{sub}", sub_value, source, schema)
         return

@@ -16,7 +16,8 @@ from runners.runs import training as train
 from runners.runs.replayable import check_replayable
 from runners.runs.stacked_adamw import StackedAdamW, clip_grad_norms_
 from runners.sweeps import ensemble as ensemble_sweep
-from runners.sweeps.ensemble import chunks, plan
+from runners.sweeps.bookkeeping import plan
+from runners.sweeps.ensemble import chunks
 from runners.sweeps.progress import Progress
 
 pytestmark = pytest.mark.usefixtures("threaded_workers")

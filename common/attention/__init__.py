@@ -33,18 +33,8 @@ Self-attention over 2 sequences of 10 tokens, 64 dimensions in 4 heads:
     from common.attention import MultiheadAttention
     out, _ = MultiheadAttention(64, 4, variant="quest")(torch.randn(2, 10, 64))  # out [2, 10, 64]
 
-The files, in reading order (at import, each needs only files above it):
-
-    variants.py     Variant, VARIANTS, ABLATIONS, get_variant: the variants as data, without torch
-    kernels.py      l2_normalize: the row normalisation and its hand-written gradients (docs/attention.md)
-    folds.py        QKFold and its subclasses, fold_qk: a variant as a rewrite of (q, k)
-    elliptical.py   elliptical_metric: the weights m of the elliptical variants
-    state.py        AttentionState (layer to layer), KVCache (forward pass to forward pass)
-    functional.py   attend, attend_folded and the masks they hand SDPA
-    modules.py      MultiheadAttention, EdgeMultiheadAttention: the layers models are built from, and
-                    attention_layer: the factory of a model's layers, its settings checked once
-
-variants.py needs nothing; the rest needs torch only (PyG for the edge path, imported on use).
+Each file needs at import only those it imports: ``variants.py`` (the variants as data) needs nothing, the rest
+torch only (PyG for the edge path, imported on use).
 """
 import importlib
 

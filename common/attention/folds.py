@@ -111,7 +111,6 @@ class LayerGain(QKFold):
     ``qknorm_gain_init(seq_len, head_dim)`` (sqrt(head_dim) without ``seq_len``) or at ``qk_gain_init``.
     Arguments as for ``QKFold``."""
 
-
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
         super().__init__(variant, num_heads, head_dim, eps=eps, l2norm_kernel=l2norm_kernel)
@@ -146,7 +145,6 @@ class DimScale(QKFold):
     """(c_q⊙q̂)·(c_k⊙k̂) with learnable c_q, c_k ∈ R^d, started at d^(1/4) so the logit starts at sqrt(d)·cos.
     Computed as q̂·((c_q⊙c_k)⊙k̂): the same logits and gradients, one pass over k instead of one over each.
     The scales are the parameters ``q_scale`` and ``k_scale``, each ``(head_dim,)``. Arguments as for ``QKFold``."""
-
 
     def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):

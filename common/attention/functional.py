@@ -26,15 +26,8 @@ def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
-def merge_masks(
-    key_padding_mask: Tensor | None,
-    attn_bias: Tensor | None,
-    causal: bool,
-    q_len: int,
-    k_len: int,
-    dtype: torch.dtype,
-    device: torch.device | None = None,
-) -> tuple[Tensor | None, Tensor | None]:
+def merge_masks(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int, k_len: int,
+                dtype: torch.dtype, device: torch.device | None = None) -> tuple[Tensor | None, Tensor | None]:
     """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
     have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
     and their output is zeroed by the caller. Causality alone gives no mask when queries and keys are
@@ -83,20 +76,9 @@ def explicit_mask(key_padding_mask: Tensor | None, attn_bias: Tensor | None, cau
     return mask
 
 
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    variant: str | Variant = "quest",
-    *,
-    key_padding_mask: Tensor | None = None,
-    attn_bias: Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-    fold: QKFold | None = None,
-    metric: Tensor | None = None,
-    eps: float = 1e-6,
-) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, variant: str | Variant = "quest", *, key_padding_mask: Tensor | None = None,
+           attn_bias: Tensor | None = None, causal: bool = False, dropout_p: float = 0.0, fold: QKFold | None = None,
+           metric: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     """Attention of one variant on [batch, heads, tokens, head_dim] tensors; all-padding samples give zeros.
 
     Args:
@@ -123,19 +105,9 @@ def attend(
                          dropout_p=dropout_p)
 
 
-def attend_folded(
-    qf: Tensor,
-    kf: Tensor,
-    v: Tensor,
-    scale: float,
-    *,
-    key_padding_mask: Tensor | None = None,
-    attn_bias: Tensor | None = None,
-    causal: bool = False,
-    dropout_p: float = 0.0,
-    probe: probes.Probe | None = None,
-    raw_qk: tuple[Tensor, Tensor] | None = None,
-) -> Tensor:
+def attend_folded(qf: Tensor, kf: Tensor, v: Tensor, scale: float, *, key_padding_mask: Tensor | None = None,
+                  attn_bias: Tensor | None = None, causal: bool = False, dropout_p: float = 0.0,
+                  probe: probes.Probe | None = None, raw_qk: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """SDPA on (q, k) already folded by a ``QKFold``; ``v`` and the mask and dropout arguments are as for ``attend``.
 
     Args:
@@ -154,9 +126,8 @@ def attend_folded(
     if probe is not None and probe.enabled:
         probe_mask = mask if mask is not None or not causal else causal_mask(q_len, k_len, qf.device)
         probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, probe_mask, key_padding_mask)
-    out = F.scaled_dot_product_attention(
-        qf, kf, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
-    )
+    out = F.scaled_dot_product_attention(qf, kf, v, attn_mask=mask, dropout_p=dropout_p,
+                                         is_causal=causal and mask is None, scale=scale)
     if empty is not None:
         out = out.masked_fill(empty[:, None, None, None], 0.0)
     return out

@@ -80,21 +80,10 @@ class MultiheadAttention(nn.Module):
             q, k, v = (F.linear(x, wi, bi) for x, wi, bi in zip((query, key, value), w, b))
         return tuple(x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for x in (q, k, v))
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: bool = False,
-        attn_mask: Tensor | None = None,
-        average_attn_weights: bool = True,
-        is_causal: bool = False,
-        *,
-        attn_bias: Tensor | None = None,
-        state: AttentionState | None = None,
-        cache: KVCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, need_weights: bool = False, attn_mask: Tensor | None = None,
+                average_attn_weights: bool = True, is_causal: bool = False, *, attn_bias: Tensor | None = None,
+                state: AttentionState | None = None, cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         """Returns ``(output, weights)`` like torch (weights None unless ``need_weights``).
 
         Args:

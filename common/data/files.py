@@ -132,8 +132,7 @@ def class_folder_splits(root: Path, extensions: Iterable[str]) -> tuple[dict[str
     for split, folder in folders.items():
         if split != "train":
             found, names = class_folder_files(folder, extensions)
-            unknown = sorted(set(names) - set(classes))
-            if unknown:
+            if unknown := sorted(set(names) - set(classes)):
                 raise DataError(f"{folder} has class folders that train/ lacks: {', '.join(unknown)}")
             splits[split] = [(path, classes.index(names[label])) for path, label in found]
     return splits, classes

@@ -54,13 +54,11 @@ class SplitDataModule(pl.LightningDataModule):
         if len(self.datasets[split]) == 0:
             raise DataError(f"the {split} split is empty; use more data or other split fractions")
         train = split == "train"
-        collate_fn = collate_fn or self.collate_fn
-        extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return self.loader_class(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
                                  shuffle=train and sampler is None, sampler=sampler, drop_last=False,
                                  num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                                 pin_memory=on_gpu, **extra)
+                                 pin_memory=on_gpu, collate_fn=collate_fn or self.collate_fn)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")

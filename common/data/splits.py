@@ -30,11 +30,9 @@ def seeded_split(n: int, fractions, seed: int) -> tuple[list[int], list[int], li
     return order[:n_train], order[n_train:n_train + n_val], order[n_train + n_val:]
 
 
-
 class Split(NamedTuple):
-    """How a dataset was split, as ``SplitDataModule.describe_split`` takes it: ``source`` (shipped,
-    random, grouped, ordered), ``rule`` (how, in words) and ``members``: each split's sample ids (file
-    paths relative to the dataset root, row or sample ids), in the order its dataset holds them."""
+    """How a dataset was split, as ``SplitDataModule.describe_split`` takes it, ``members`` in the order its dataset
+    holds them."""
 
     source: str
     rule: str
@@ -120,10 +118,8 @@ def grouped_split(groups: list[str], fractions, seed: int, val: int | list[str] 
         items.setdefault(group, []).append(index)
     distinct = sorted(items)
     order = [distinct[g] for g in torch.randperm(len(distinct), generator=torch.Generator().manual_seed(seed)).tolist()]
-    if val is None and test is None:
-        chosen = _by_fractions(order, items, fractions)
-    else:
-        chosen = _by_groups(order, {"test": test, "val": val}, fractions)
+    by_fractions = val is None and test is None
+    chosen = _by_fractions(order, items, fractions) if by_fractions else _by_groups(order, {"test": test, "val": val}, fractions)
     if not chosen["train"]:
         raise DataError(f"a grouped split of {len(distinct)} groups leaves no group to train on; ask for fewer "
                         "val/test groups (data.val_groups, data.test_groups) or use more groups")
@@ -150,8 +146,7 @@ def _by_fractions(order: list[str], items: dict[str, list[int]], fractions) -> d
 def _by_groups(order: list[str], asked: dict[str, int | list[str] | None], fractions) -> dict[str, list[str]]:
     named = {split: want for split, want in asked.items() if isinstance(want, list)}
     for split, names in named.items():
-        unknown = sorted(set(names) - set(order))
-        if unknown:
+        if unknown := sorted(set(names) - set(order)):
             raise DataError(f"data.{split}_groups names {', '.join(unknown)}, which no sample's group is "
                             f"(groups: {', '.join(sorted(order)[:10])}{', ...' if len(order) > 10 else ''})")
     if len(named) == 2 and set(named["val"]) & set(named["test"]):
@@ -194,12 +189,9 @@ def carve_validation(split: Split, share: float, seed: int, groups: Grouping | N
     """``split`` with its val set taken out of its train set: a ``share`` of it (or, grouped, the val groups
     asked for), at random or grouped as ``split_names`` does; the test set stays as it is."""
     carved = split_names(split.members["train"], (1 - share, 0.0, share), seed, groups and groups.val_as_test())
-    return Split(split.source, f"{split.rule}; val: {_val_share(share, groups)} of train {_how(seed, groups)}",
+    val = _asked(groups.val) if groups and groups.val is not None else f"a {share:g} share"
+    return Split(split.source, f"{split.rule}; val: {val} of train {_how(seed, groups)}",
                  {"train": carved.members["train"], "val": carved.members["test"], "test": split.members["test"]})
-
-
-def _val_share(share: float, groups: Grouping | None) -> str:
-    return _asked(groups.val) if groups and groups.val is not None else f"a {share:g} share"
 
 
 def shipped_split(members: dict[str, list[str]], layout: str | None, fractions, seed: int,

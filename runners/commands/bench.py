@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -49,17 +50,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.model or args.fixed_cost:
         return model_bench(args)
-    long = args.long
-    names = [SDPA, *VARIANTS]
-    dtype = DTYPES[args.dtype]
     result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": long, "shapes": {}}
+              "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": args.long, "shapes": {}}
     for dims in args.shapes:
-        times = time_variants(dims, names, args.device, args.repeats, dtype=dtype, layout=args.layout)
+        times = time_variants(dims, [SDPA, *VARIANTS], args.device, args.repeats, dtype=DTYPES[args.dtype], layout=args.layout)
         result["shapes"][str(list(dims))] = {"sdpa_ms": 1e3 * times[SDPA],
                                              "ratio": {v: times[v] / times[SDPA] for v in VARIANTS},
                                              "normalisation": {n: times[n] / times[SDPA] for n in NORMALISATIONS}}
-    measure = partial(memory_in_child, long, device=args.device, dtype=args.dtype, layout=args.layout)
+    measure = partial(memory_in_child, args.long, device=args.device, dtype=args.dtype, layout=args.layout)
     memory = {"standard": measure("standard", False), "quest": measure("quest", False)}
     if not args.no_naive:
         memory["quest (naive explicit softmax)"] = measure("quest", True)
@@ -74,15 +72,13 @@ def main(argv: list[str]) -> int:
         print(f"{v:22s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
     for n in NORMALISATIONS:
         print(f"{n:22s}" + "".join(f"{result['shapes'][c]['normalisation'][n]:18.3f}" for c in columns))
-    print(f"\nmemory of one forward+backward above the memory held before it, {list(long)}:")
+    print(f"\nmemory of one forward+backward above the memory held before it, {list(args.long)}:")
     for name, mb in memory.items():
         share = f"  ({mb / memory['standard']:.2f}× standard)" if memory["standard"] > 0 else ""
         print(f"  {name:32s} {mb:10.1f} MB{share}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
-
 
 
 def model_bench(args) -> int:
@@ -114,8 +110,7 @@ def model_bench(args) -> int:
     for result, row in zip(results, rows):
         print(f"{' '.join(result['config']):36s}" + "".join(f"{cell:>{width}s}" for cell in row))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 
@@ -142,6 +137,5 @@ def compiled_bench(args) -> int:
         for variant, row in result["variants"].items():
             print(f"{variant:18s}" + "".join(f"{row[key]:>{width}.{3 if 'speed' in key else 1}f}" for key in keys))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -15,14 +15,14 @@ import sys
 
 from common.arguments import CommandParser, positive_int
 from runners.commands import THREADS_HELP
-from runners.sweeps.bookkeeping import RERUN, keep_or_drop, recorded_status
-from runners.sweeps.ensemble import chunks, plan, run_chunks
+from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan, recorded_status
+from runners.sweeps.ensemble import chunks, run_chunks
 from runners.sweeps.progress import Progress
 from runners.sweeps.spec import expand, load_sweep
 from runners.sweeps.workers import report_to, run_workers
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     parser = CommandParser("quest ensemble", __doc__)
     parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
     parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
@@ -34,11 +34,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="also rerun the diverged runs, or every run (failed runs are always rerun)")
     parser.add_argument("--dry-run", action="store_true", help="list the chunks and exit")
     parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a launch
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parser.parse_args(argv)
     runs = expand(load_sweep(args.sweep), args.output_dir, args.set)
     progress = Progress(runs)
     if args.report_fd is not None:  # a worker: every run is a candidate, its lock and notes decide
@@ -51,12 +47,6 @@ def main(argv: list[str]) -> int:
                   f"seeds {sorted({m.cfg.seed for m in piece})}")
         return progress.code()
     pieces = chunks(plan(runs, progress, lambda run_dir: keep_or_drop(run_dir, RERUN[args.redo])), args.members)
-    progress.workers = max(1, min(args.workers, len(pieces)))
-    progress.show()
-    code = 0
-    if pieces:
-        cmd = [sys.executable, "-m", "runners.cli", "ensemble", args.sweep, "--members", str(args.members),
-               *(["--output-dir", args.output_dir] if args.output_dir else []), *(f"--set={s}" for s in args.set)]
-        code = run_workers(cmd, progress.workers, progress, args.threads)
-    progress.summary()
-    return max(code, progress.code())
+    cmd = [sys.executable, "-m", "runners.cli", "ensemble", args.sweep, "--members", str(args.members),
+           *(["--output-dir", args.output_dir] if args.output_dir else []), *(f"--set={s}" for s in args.set)]
+    return run_workers(cmd, args.workers, len(pieces), progress, args.threads)

@@ -15,14 +15,10 @@ import torch
 from pytorch_lightning.utilities import move_data_to_device
 
 from common.arguments import CommandParser, positive_int
-from common.registry import build_config
+from common.registry import build_config, get_domain
 from common.timing import sync
 from runners import console
 from runners.config import compose
-
-
-def _samples(task, batch) -> int:
-    return len(task.unpack(batch)[1])
 
 
 def data_rate(datamodule, task, batches: int) -> float:
@@ -31,7 +27,7 @@ def data_rate(datamodule, task, batches: int) -> float:
     next(loader)
     start, count = time.perf_counter(), 0
     for batch in itertools.islice(loader, batches):
-        count += _samples(task, batch)
+        count += len(task.unpack(batch)[1])
     return count / (time.perf_counter() - start)
 
 
@@ -48,7 +44,7 @@ def step_rate(cfg, datamodule, task, batches: int, device: torch.device) -> floa
     for batch in held[1:]:
         step(batch)
     sync(device)
-    return sum(_samples(task, b) for b in held[1:]) / (time.perf_counter() - start)
+    return sum(len(task.unpack(b)[1]) for b in held[1:]) / (time.perf_counter() - start)
 
 
 def main(argv: list[str]) -> int:
@@ -59,8 +55,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     cfg = compose(args.overrides)
     console.quiet()
-    from common.registry import get_domain
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -52,42 +52,11 @@ from common.errors import Stopped
 from runners.commands import THREADS_HELP
 from runners.results.document import write_results
 from runners.runs.launches import log_launch
-from runners.sweeps.bookkeeping import prepare
+from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan
 from runners.sweeps.progress import Progress
 from runners.sweeps.slurm import submit_slurm
 from runners.sweeps.spec import Sweep, confirmation, expand, load_sweep, tuning
 from runners.sweeps.workers import report_to, run_all, run_workers
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = CommandParser("quest sweep", __doc__)
-    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
-    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                        help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
-    parser.add_argument("--output-dir", help="override the sweep's output_dir")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
-    parser.add_argument("--redo", choices=("diverged", "all"),
-                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    parser.add_argument("--aggregate", metavar="RESULTS_MD",
-                        help="aggregate the sweep's runs into this file at the end")
-    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
-    parser.add_argument("--stage", choices=("select", "confirm"), help=argparse.SUPPRESS)  # the workers' stage
-    return parser
-
-
-def run_local(args: argparse.Namespace, stage: str, pending: int, progress: Progress) -> int:
-    """Make the runs left in ``--workers`` processes (no more than there are runs); prints the progress and
-    the summary. Returns the exit status."""
-    progress.workers = max(1, min(args.workers, pending))
-    progress.show()
-    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, f"--stage={stage}",
-           *(["--output-dir", args.output_dir] if args.output_dir else [])]
-    code = run_workers(cmd + [f"--set={s}" for s in args.set], progress.workers, progress, args.threads) if pending else 0
-    progress.summary()
-    return max(code, progress.code())
 
 
 def stage_runs(spec: Sweep, args: argparse.Namespace, stage: str | None = None) -> tuple[str, list[list[str]]]:
@@ -109,19 +78,20 @@ def launch(spec: Sweep, args: argparse.Namespace, argv: list[str], stage: str, r
     if len(runs) and stage == "select":
         print(f"sweep: selection stage, {len(runs)} runs in {out / 'select'}")
     progress = Progress(runs)
-    pending = prepare(runs, args.redo, progress)
+    pending = [runs[run.index] for run in plan(runs, progress, lambda run_dir: keep_or_drop(run_dir, RERUN[args.redo]))]
     if args.launcher == "slurm":
         submit_slurm(pending, robust, out / "slurm")
         progress.problems()
         return progress.code()
+    cmd = [sys.executable, "-m", "runners.cli", "sweep", args.sweep, f"--stage={stage}",
+           *(["--output-dir", args.output_dir] if args.output_dir else []), *(f"--set={s}" for s in args.set)]
     started, code = time.time(), None
     try:
         with Stopped.on_signals():  # `kill` stops a background launch as Ctrl-C does, logged
-            code = run_local(args, stage, len(pending), progress)
+            code = run_workers(cmd, args.workers, len(pending), progress, args.threads)
     except (Stopped, KeyboardInterrupt) as stop:
-        stopped = Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as "
-                          "stopped, the finished ones kept; launch the sweep again to finish it")
-        raise stopped from None
+        raise Stopped(getattr(stop, "signum", signal.SIGINT), f"{len(progress.stopped)} run(s) recorded as stopped, "
+                      "the finished ones kept; launch the sweep again to finish it") from None
     finally:  # a launch stopped by Ctrl-C or SIGTERM (to its process group) is logged too, with what it finished
         log_launch(out / "select" if stage == "select" else out, ["quest", "sweep", *argv], started,
                    progress.workers, progress.ran(), finished=code is not None, runs=pending)
@@ -129,7 +99,22 @@ def launch(spec: Sweep, args: argparse.Namespace, argv: list[str], stage: str, r
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = CommandParser("quest sweep", __doc__)
+    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
+    parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
+    parser.add_argument("--output-dir", help="override the sweep's output_dir")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
+    parser.add_argument("--redo", choices=("diverged", "all"),
+                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--aggregate", metavar="RESULTS_MD",
+                        help="aggregate the sweep's runs into this file at the end")
+    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
+    parser.add_argument("--stage", choices=("select", "confirm"), help=argparse.SUPPRESS)  # the workers' stage
+    args = parser.parse_args(argv)
     spec = load_sweep(args.sweep)
     if args.report_fd is not None:  # a worker of a launch
         _, runs = stage_runs(spec, args, args.stage)

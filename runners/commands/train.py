@@ -1,8 +1,4 @@
-"""`quest train domain=<name> [preset=<p>] [attention=<variant>] [seed=<n>] [key.sub=value ...]`: one run.
-
-Composes the config (``runners.config``), trains and tests the run (``runners.runs.training``), and prints
-its summary: the status and headline test metrics, and the path of its record.
-"""
+"""`quest train domain=<name> [preset=<p>] [attention=<variant>] [seed=<n>] [key.sub=value ...]`: one run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +11,7 @@ from runners.config import compose, run_directory
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser("quest train", "One run: compose the config, train, test, "
-                                     "write the record.")
+    parser = CommandParser("quest train", "One run: compose the config, train, test, write the record.")
     parser.add_argument("overrides", nargs="*", help="domain=<name> preset=<p> attention=<variant> seed=<n> key.sub=value ...")
     parser.add_argument("--print-config", action="store_true", help="show the composed config and exit")
     parser.add_argument("--wait", action="store_true", help="if another process is running this run, wait for it "

@@ -16,9 +16,8 @@ A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed
 *contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
 metric yet). One whose domain cannot rank variants (``runners.results.stats.attention_matters`` on the same-recipe
 runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file. A pair
-with a run that did not finish ok is dropped and counted. The section also says whether the file's commit precedes every confirmatory run's.
-A hypothesis with a ``target`` is *powered* where its minimum detectable effect (``stats.detectable``, the formula
-the first plan registered) is at most the target.
+with a run that did not finish ok is dropped and counted. A hypothesis with a ``target`` is *powered* where its
+minimum detectable effect (``stats.detectable``, the formula the first plan registered) is at most the target.
 
 Several plans (a replication with new seeds) are each tested on their own runs, with their own Holm family, and
 shown side by side per hypothesis id. A plan whose seeds are not all run yet is tested on the seeds present and
@@ -55,7 +54,6 @@ class SeedRun(Model):
     """Seeds written as a run: ``{first: 200, count: 120}`` is 200, 201, ..., 319."""
 
     first: Annotated[int, Field(ge=0)]
-    """The first seed."""
     count: Annotated[int, Field(gt=0, le=MAX_PLAN_SEEDS)]
     """How many seeds: bounded before their list is made."""
 
@@ -81,7 +79,6 @@ class Hypothesis(Model):
     id: Text
     """Its name in the tables: one claim in a plan, one contrast in every plan that holds it."""
     claim: Text
-    """The claim in words."""
     domain: Text
     """The domain whose runs test it."""
     metric: Text
@@ -113,7 +110,6 @@ class Plan(Model):
     @field_validator("hypotheses")
     @classmethod
     def _claims(cls, hypotheses: list[Hypothesis], info: ValidationInfo) -> list[Hypothesis]:
-        """At least one, each id once, each on the plan's seeds or some of them."""
         if not hypotheses:
             raise PydanticCustomError("rule", "the plan lists no hypotheses")
         ids = [h.id for h in hypotheses]
@@ -186,8 +182,7 @@ def read_plans(paths: Sequence[Path]) -> list[Plan]:
 
 
 def holm_first_step(plan: Plan) -> float:
-    """α over the plan's hypotheses: Holm's first step, the level a claim is sure to be tested at whatever the
-    others do."""
+    """α over the plan's hypotheses: Holm's first step, the level a claim is sure to be tested at whatever the others do."""
     return plan.alpha / len(plan.hypotheses)
 
 
@@ -234,15 +229,12 @@ def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
         rows.append({"id": h.id, "claim": h.claim, "domain": h.domain, "metric": h.metric,
                      "contrast": f"{h.variant} − {h.against}", "n": len(diff), "dropped": dropped,
-                     "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff), "p": paired_p(diff),
+                     "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
                      "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": np.nan if h.target is None else h.target,
                      "seeds": _seeds_run(confirm, h, h.seeds), "planned": len(h.seeds),
                      "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
-    family = table["ranks"] & table["p"].notna()
-    table["p_holm"] = np.nan
-    if family.any():
-        table.loc[family, "p_holm"] = holm(table.loc[family, "p"]).values
+    table["p_holm"] = holm(table.loc[table["ranks"] & table["p"].notna(), "p"])  # NaN outside the family
     table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan.alpha)
                         for _, row in table.iterrows()]
     return table
@@ -265,28 +257,22 @@ def under_second_settings(runs: pd.DataFrame, plan: Plan, table: pd.DataFrame) -
     (``setting_change``, uncorrected). Empty where no such setting ran at the plan's seeds (a replication at
     seeds of its own, labelled as a setting of the same protocol, is another plan's runs, not a second setting)."""
     rows = []
-    for protocol in sorted(p for p in runs["protocol"].unique() if p.startswith(f"{plan.protocol}, ")):
-        setting = runs[(runs["protocol"] == protocol) & runs["seed"].isin(plan.seeds)]
-        for domain, in_domain in setting.groupby("domain"):
-            primary = in_domain["primary_metric"].iloc[0]
-            found = []
-            for h, (_, confirmed) in zip(plan.hypotheses, table.iterrows()):
-                if h.domain != domain or h.metric != primary or not confirmed["ranks"]:
-                    continue
-                diff, _ = claim_differences(in_domain, h, h.seeds)
-                change = setting_change(runs, h, plan.protocol, protocol, h.seeds)
-                found.append({"id": h.id, "setting": second_setting(protocol), "n": len(diff),
-                              "diff": diff.mean() if len(diff) else np.nan, "half": half_width(diff),
-                              "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
-                              "confirmed_diff": confirmed["diff"], "change": change.mean() if len(change) else np.nan,
-                              "change_half": half_width(change), "change_n": len(change), "change_p": paired_p(change)})
-            if found:
-                found = pd.DataFrame(found)
-                tested = found["p"].notna()
-                found["p_holm"] = np.nan
-                if tested.any():
-                    found.loc[tested, "p_holm"] = holm(found.loc[tested, "p"]).values
-                rows.append(found)
+    settings = runs[runs["protocol"].str.startswith(f"{plan.protocol}, ") & runs["seed"].isin(plan.seeds)]
+    for (protocol, domain), in_domain in settings.groupby(["protocol", "domain"]):
+        primary = in_domain["primary_metric"].iloc[0]
+        found = []
+        for h, (_, confirmed) in zip(plan.hypotheses, table.iterrows()):
+            if h.domain != domain or h.metric != primary or not confirmed["ranks"]:
+                continue
+            diff, _ = claim_differences(in_domain, h, h.seeds)
+            change = setting_change(runs, h, plan.protocol, protocol, h.seeds)
+            found.append({"id": h.id, "setting": second_setting(protocol), "n": len(diff), "diff": diff.mean(),
+                          "half": half_width(diff), "p": paired_p(diff), "ranks": True, "confirmed": confirmed["verdict"],
+                          "confirmed_diff": confirmed["diff"], "change": change.mean(), "change_half": half_width(change),
+                          "change_n": len(change), "change_p": paired_p(change)})
+        if found:
+            found = pd.DataFrame(found)
+            rows.append(found.assign(p_holm=holm(found["p"].dropna())))
     if not rows:
         return pd.DataFrame()
     found = pd.concat(rows, ignore_index=True)
@@ -306,11 +292,10 @@ def _verdict(row: pd.Series, alpha: float) -> str:
 
 def _commit_of(path: Path) -> str | None:
     try:
-        found = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent,
+                              capture_output=True, text=True, check=True).stdout.strip() or None
     except (OSError, subprocess.CalledProcessError):
         return None
-    return found or None
 
 
 def _precedes(first: str, later: str, where: Path) -> bool:
@@ -323,10 +308,8 @@ def provenance(path: Path, runs: pd.DataFrame) -> str:
     planned = _commit_of(path)
     if planned is None:
         return f"`{path}` is not committed: nothing shows the plan came before the runs."
-    commits = set()
-    for run_dir in runs["run_dir"]:
-        commit = read_record(run_dir).git_commit or "unknown"  # a record load_runs has read already
-        commits.add(commit.removesuffix("+dirty"))
+    # records load_runs has read already
+    commits = {(read_record(run_dir).git_commit or "unknown").removesuffix("+dirty") for run_dir in runs["run_dir"]}
     later = [c for c in commits if c != "unknown" and _precedes(planned, c, path.parent)]
     verdict = ("every run's commit descends from it" if len(later) == len(commits) else
                f"{len(commits) - len(later)} of {len(commits)} run commits do not descend from it (or are unknown)")
@@ -361,7 +344,6 @@ class Confirmation:
 
 
 def confirm(runs: pd.DataFrame, paths: Sequence[Path]) -> list[Confirmation]:
-    """Each plan of ``paths`` tested on its own runs."""
     found = []
     for path, plan in zip(paths, read_plans(paths)):
         table = tests(runs, plan)
@@ -385,11 +367,10 @@ def _short_of(mde: float, target: float) -> str:
 
 def _status(row: pd.Series) -> str:
     """The verdict, and how far the claim's runs are where they are not all in."""
-    planned = row["planned"]
     if row["seeds"] == 0:
-        return f"runs not yet made (0 of {planned} seeds)"
-    if row["seeds"] < planned:
-        return f"{row['verdict']} ({row['seeds']} of {planned} seeds; not the registered analysis)"
+        return f"runs not yet made (0 of {row['planned']} seeds)"
+    if row["seeds"] < row["planned"]:
+        return f"{row['verdict']} ({row['seeds']} of {row['planned']} seeds; not the registered analysis)"
     return row["verdict"]
 
 
@@ -434,10 +415,8 @@ def section(runs: pd.DataFrame, confirmations: Sequence[Confirmation]) -> list[s
     """The confirmatory section's markdown: one plan's table, or several plans side by side per hypothesis id."""
     if len(confirmations) == 1:
         (c,) = confirmations
-        claims = pd.DataFrame({"hypothesis": c.table["id"], "claim": c.table["claim"], "metric": c.table["metric"],
-                               "contrast": c.table["contrast"]})
         return ["## Confirmatory tests", "", _described(c), "",
-                pd.concat([claims, _results(c)], axis=1).to_markdown(index=False), "",
+                pd.concat([_claims_of(c), _results(c)], axis=1).to_markdown(index=False), "",
                 f"Verdicts: {_verdict_counts(c)}.", "", *_second_setting_lines(c.second)]
     names = _names(confirmations)
     lines = ["## Confirmatory tests", "", f"{len(confirmations)} pre-registered plans, each tested on its own runs "
@@ -446,10 +425,7 @@ def section(runs: pd.DataFrame, confirmations: Sequence[Confirmation]) -> list[s
     lines += [f"- **{name}**: {_described(c)}" for name, c in zip(names, confirmations)]
     lines += ["", _side_by_side(confirmations, names).to_markdown(index=False), ""]
     lines += [f"Verdicts, {name}: {_verdict_counts(c)}." for name, c in zip(names, confirmations)]
-    lines.append("")
-    for name, c in zip(names, confirmations):
-        lines += _second_setting_lines(c.second, name)
-    return lines
+    return [*lines, "", *(line for name, c in zip(names, confirmations) for line in _second_setting_lines(c.second, name))]
 
 
 def _names(confirmations: Sequence[Confirmation]) -> list[str]:
@@ -458,13 +434,13 @@ def _names(confirmations: Sequence[Confirmation]) -> list[str]:
     return stems if len(set(stems)) == len(stems) else [str(c.path) for c in confirmations]
 
 
+def _claims_of(c: Confirmation) -> pd.DataFrame:
+    return c.table[["id", "claim", "metric", "contrast"]].rename(columns={"id": "hypothesis"})
+
+
 def _side_by_side(confirmations: Sequence[Confirmation], names: list[str]) -> pd.DataFrame:
-    claims = {}  # every plan's hypotheses, in the order they first appear
-    for c in confirmations:
-        for _, row in c.table.iterrows():
-            claims.setdefault(row["id"], {"hypothesis": row["id"], "claim": row["claim"], "metric": row["metric"],
-                                          "contrast": row["contrast"]})
-    shown = pd.DataFrame(list(claims.values()), index=list(claims))
+    shown = pd.concat(map(_claims_of, confirmations)).drop_duplicates("hypothesis")  # in the order they first appear
+    shown = shown.set_axis(shown["hypothesis"].tolist())
     for name, c in zip(names, confirmations):
         results = _results(c).set_axis(c.table["id"].tolist())
         results["difference ± 95% (n)"] = [f"{d} (n={n})" if n else d for d, n in

@@ -14,27 +14,14 @@ import pandas as pd
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_text, read_yaml
-from runners.results import confirmatory
+from runners.results import confirmatory, tables
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
 from runners.results.index import write_index
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
-from runners.results.tables import (
-    _fmt,
-    ablation_lines,
-    borrowed_ablations,
-    domain_table,
-    initial_sharpness_table,
-    setting_agreement_table,
-    significance_line,
-    summary_table,
-    verdict_table,
-)
 from runners.runs.launches import describe_launches, read_launches
 from runners.runs.selection import SELECTION_FILE, grids, group_margins, margins_table, read_selection, select
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
-
-
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 
 
@@ -73,13 +60,13 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
             parts += ["", *headline]
         if (one_seed := runs.groupby([*GROUP, "variant"], dropna=False)["seed"].nunique().max() <= 1):
             parts += ["", ONE_SEED]
-        borrowed = borrowed_ablations(runs)
+        borrowed = tables.borrowed_ablations(runs)
         parts += ["", *describe_launches(launches), *extra, "## Across domains", ""]
         if one_seed:  # nothing to rank or test: say so instead of a table of dashes
             parts += ["One seed per variant: no ranking and no verdict (see the top of this page); each domain's "
                       "table below shows what every variant scored.", ""]
         else:
-            parts += [summary_table(runs).to_markdown(), "",
+            parts += [tables.summary_table(runs).to_markdown(), "",
                       *([borrowed, ""] if borrowed else []),
                       "Tables where each variant is better than, not different from, or worse than `standard` "
                       "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
@@ -88,8 +75,8 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                       "its same-recipe table's, the same sweep's runs of the same data, model and size that differ only in "
                       "the learning rate, and a table with neither is not ranked); a table holding the same runs as another "
                       "counts once; a second setting's tables, such as another init, are not counted here but below):", "",
-                      verdict_table(runs).to_markdown(), ""]
-        if (agreement := setting_agreement_table(runs)) is not None:
+                      tables.verdict_table(runs).to_markdown(), ""]
+        if (agreement := tables.setting_agreement_table(runs)) is not None:
             parts += ["Does each verdict hold under a sweep's second setting (`select: label:`, such as another init)? "
                       "Per table, each variant's difference to `standard` on the primary metric with its verdict "
                       "(Holm within each table), without and with the setting:", "", agreement.to_markdown(), ""]
@@ -101,14 +88,12 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                 parts += [f"The same {len(group)} runs as “{heading(repeated[key])}”: every variant's chosen settings "
                           "are the recipe's, at the same seeds.", ""]
                 continue
-            parts += [f"{len(group)} runs.", "", domain_table(group).to_markdown(), "", significance_line(group), ""]
-            parts += [line for ablation in ablation_lines(group) for line in (ablation, "")]
-            for found in (learns(group), attention_matters(group)):
-                if found is not None:
-                    parts += [found[1], ""]
-            if (ended := budget_line(group)) is not None:
-                parts += [ended, ""]
-            if (initial := initial_sharpness_table(group)) is not None:
+            parts += [f"{len(group)} runs.", "", tables.domain_table(group).to_markdown(), "",
+                      tables.significance_line(group), ""]
+            said = (learns(group), attention_matters(group))  # each None where the table cannot tell
+            facts = [*tables.ablation_lines(group), *(found[1] for found in said if found), budget_line(group)]
+            parts += [line for fact in facts if fact for line in (fact, "")]
+            if (initial := tables.initial_sharpness_table(group)) is not None:
                 parts += ["How sharp each variant's attention starts (its probes before the first update, averaged "
                           "over layers and runs; entropy / log L is 1 for uniform attention):", "",
                           initial.to_markdown(), ""]
@@ -147,10 +132,10 @@ def selection_section(run_dirs: Sequence[str], figures: Path | None = None, rela
         if not path.is_file():
             continue
         selection = read_selection(path)
+        lines += [f"## Tuned protocol: the choices ({root})", ""]
         if "from" in selection:  # another sweep's choices, taken as they are: its own table says them
             setting = f" ({selection['label']})" if selection.get("label") else ""
-            lines += [f"## Tuned protocol: the choices ({root})", "",
-                      f"The tuned runs here{setting} take the choices of `{selection['from']}` as they are (not chosen "
+            lines += [f"The tuned runs here{setting} take the choices of `{selection['from']}` as they are (not chosen "
                       f"again); confirmation seeds {selection['confirm_seeds']}.", ""]
             continue
         rows = {domain: {"recipe": ", ".join(f"{v:.3g}" for v in selection["recipe"][domain].values()),
@@ -158,8 +143,7 @@ def selection_section(run_dirs: Sequence[str], figures: Path | None = None, rela
                                                for k, v in chosen.items())
                             for variant, chosen in by_variant.items()}}
                 for domain, by_variant in selection["chosen"].items()}
-        lines += [f"## Tuned protocol: the choices ({root})", "",
-                  f"{', '.join(f'`{k}`' for k in selection['keys'])} chosen per domain and variant on the validation "
+        lines += [f"{', '.join(f'`{k}`' for k in selection['keys'])} chosen per domain and variant on the validation "
                   f"metric, mean over selection seeds {selection['seeds']} (a run that diverged or failed scores "
                   f"worst; ties to the smaller value), from multiples of the recipe's value; confirmation seeds "
                   f"{selection['confirm_seeds']}. The selection runs are under `{root}/select`.", "",
@@ -176,12 +160,11 @@ def margin_lines(root: Path, selection: dict, figures: Path | None, relative_to:
         ranked = select(root / "select", by=("variant",))
     except FileNotFoundError:
         return []
-    rule = selection.get("rule", "best")
-    lines = [f"Chosen by the {'curve' if rule == 'curve' else 'best grid value'} rule (`docs/selection.md`); how sure "
-             "each choice is, from the selection runs:", *margins_table(ranked), ""]
+    lines = [f"Chosen by the {'curve' if selection.get('rule') == 'curve' else 'best grid value'} rule "
+             "(`docs/selection.md`); how sure each choice is, from the selection runs:", *margins_table(ranked), ""]
     if figures is None or len(selection["keys"]) != 1:
         return lines
-    from runners.results.selection_plot import plot_selection  # matplotlib: only when plotting
+    from runners.results.plots import plot_selection  # matplotlib: only when plotting
 
     found, shapes, (key,) = group_margins(ranked), grids(ranked), selection["keys"]
     stem = re.sub(r"[^\w.-]+", "-", "-".join(root.parts[-2:]))  # records/fair, confirm3/vision: unique enough
@@ -232,12 +215,10 @@ def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: s
     paper's numbers beside this framework's on the nearest setting it runs, the measured cells computed here
     from the runs so that no number is copied by hand. ``anchors`` are as ``read_anchors`` checks them; a table or
     metric the runs lack is a ``ConfigError``."""
-    rows = []
-    for anchor in anchors:
-        measured = f"see “{anchor['see']}”" if "see" in anchor else _measured(runs, anchor["measured"], source)
-        rows.append({"paper experiment": anchor["experiment"], "paper": anchor["paper"],
-                     "nearest setting here": anchor["nearest"], "measured here": measured,
-                     "agreement": anchor["agreement"]})
+    rows = [{"paper experiment": anchor["experiment"], "paper": anchor["paper"], "nearest setting here": anchor["nearest"],
+             "measured here": (f"see “{anchor['see']}”" if "see" in anchor
+                               else _measured(runs, anchor["measured"], source)),
+             "agreement": anchor["agreement"]} for anchor in anchors]
     return ["## Paper anchors", "", f"The paper's reported numbers beside what this framework measured on the nearest "
             f"setting it can run (entries: `{source}`; measured cells computed from the runs above).", "",
             pd.DataFrame(rows).to_markdown(index=False), ""]
@@ -256,7 +237,7 @@ def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
     cells = []
     for variant in where.get("variants") or variant_order(ok["variant"]):
         values = ok[ok["variant"] == variant]
-        cells.append(f"{variant}: " + ", ".join(f"{m} {_fmt(values[m].mean(), half_width(values[m]))}"
+        cells.append(f"{variant}: " + ", ".join(f"{m} {tables._fmt(values[m].mean(), half_width(values[m]))}"
                                                 for m in where["metrics"]))
     return "<br>".join(cells)
 

@@ -29,25 +29,22 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     """One row per run under any of ``roots``: identity columns plus every test metric. Damaged or malformed
     records are skipped with a warning; ``attrs["skipped"]`` of the result lists them as (path, reason)."""
     records, errors = read_records(*roots)  # each damaged one logged as skipped
-    skipped = [(err.path, err.reason) for err in errors]
     selections = {Path(root): read_selection(Path(root) / SELECTION_FILE) for root in roots
                   if (Path(root) / SELECTION_FILE).is_file()}
     rows = []
     for path, rec in records:
-        row = {k: getattr(rec, k) for k in RECORD_FIELDS}
-        row["run_dir"] = str(path.parent)
-        row.update({k.removeprefix("test/"): v for k, v in rec.metrics.items()})
-        row.update({k: v for k, v in (rec.robustness or {}).items() if k.startswith(ROBUSTNESS)})
-        row.update({k: getattr(rec, k) or {} for k in DESCRIPTIONS})
-        row.update(initial_sharpness(rec))
+        row = {**{k: getattr(rec, k) for k in RECORD_FIELDS}, "run_dir": str(path.parent),
+               **{k.removeprefix("test/"): v for k, v in rec.metrics.items()},
+               **{k: v for k, v in (rec.robustness or {}).items() if k.startswith(ROBUSTNESS)},
+               **{k: getattr(rec, k) or {} for k in DESCRIPTIONS}, **initial_sharpness(rec)}
         kept = rec.best_val
         if kept.evaluations:  # its best validation was its last: still improving when it stopped
             row["best_at_end"] = kept.evaluation == kept.evaluations
         rows += [{**row, "protocol": protocol} for protocol in _protocols(path, rec, selections)]
     if not rows:
-        raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(skipped)} skipped)")
+        raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(errors)} skipped)")
     runs = pd.DataFrame(rows)
-    runs.attrs["skipped"] = skipped
+    runs.attrs["skipped"] = [(err.path, err.reason) for err in errors]
     return runs
 
 
@@ -72,12 +69,9 @@ def initial_sharpness(rec: RunRecord) -> dict[str, float]:
     trajectory = rec.trajectory
     if trajectory is None or trajectory.step[:1] != [0]:
         return {}
-    found = {}
-    for column, stat in INITIAL.items():
-        values = [layer[stat][0] for layer in trajectory.layers.values() if layer.get(stat)]
-        if values:
-            found[column] = sum(values) / len(values)
-    return found
+    at_start = {column: [layer[stat][0] for layer in trajectory.layers.values() if layer.get(stat)]
+                for column, stat in INITIAL.items()}
+    return {column: sum(values) / len(values) for column, values in at_start.items() if values}
 
 
 def _protocols(path: Path, rec: RunRecord, selections: dict[Path, dict]) -> list[str]:
@@ -108,11 +102,6 @@ def direction(runs: pd.DataFrame, metric: str) -> str | None:
     if metric.startswith(ROBUSTNESS):
         return "max"
     return next((said[metric] for said in runs["directions"] if metric in said), None)
-
-
-def baseline(runs: pd.DataFrame, metric: str) -> str | None:
-    """What the trivial baseline ``metric`` predicts, as the records of ``runs`` say."""
-    return next((said[metric] for said in runs["baselines"] if metric in said), None)
 
 
 def variant_order(variants) -> list[str]:

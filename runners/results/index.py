@@ -1,6 +1,5 @@
 """The index of a results folder (RESULTS/README.md): what each entry of it is, read from the entries themselves,
-so that a newcomer finds a study's report, the command that made it and its files without opening each. Written
-by ``quest aggregate`` (``write_results``) beside the document it generates, and by ``write_index`` alone."""
+so that a newcomer finds a study's report, the command that made it and its files without opening each."""
 from __future__ import annotations
 
 import re
@@ -34,14 +33,6 @@ def _headline(text: str) -> str:
     return ""
 
 
-def _commands(text: str, most: int = 3) -> list[str]:
-    found = []
-    for command in COMMAND.findall(text):
-        if command not in found:
-            found.append(command)
-    return found[:most]
-
-
 def _study(folder: Path, root: Path) -> list[str]:
     pages = sorted(folder.glob("*.md"))
     reports = [p for p in pages if p.name != INDEX]
@@ -52,7 +43,8 @@ def _study(folder: Path, root: Path) -> list[str]:
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     shown = ", ".join(f"[{f}]({folder.relative_to(root).as_posix()}/{f})" for f in files[:12])
     more = f" and {len(files) - 12} more" if len(files) > 12 else ""
-    commands = "; ".join(f"`{c}`" for c in _commands(text + (_read(report) if report else "")))
+    found = dict.fromkeys(COMMAND.findall(text + (_read(report) if report else "")))  # each once, in order
+    commands = "; ".join(f"`{c}`" for c in list(found)[:3])
     return [f"### [{_title(text, folder.name)}]({folder.relative_to(root).as_posix()}/)", "",
             *([f"- **Made by**: {commands}"] if commands else []),
             *([f"- **In brief**: {headline}"] if headline and len(reports) == 1 else []),
@@ -64,8 +56,7 @@ def _study(folder: Path, root: Path) -> list[str]:
 def _records(folder: Path, root: Path) -> list[str]:
     rows = ["| archived sweep | runs | made by |", "|---|---|---|"]
     for sweep in sorted(p for p in folder.iterdir() if p.is_dir()):
-        launches = _read(sweep / "launches.jsonl")
-        command = re.search(r'"command":\s*"([^"]+)"', launches)
+        command = re.search(r'"command":\s*"([^"]+)"', _read(sweep / "launches.jsonl"))
         count = sum(1 for _ in sweep.rglob("record.json"))
         rows.append(f"| [{sweep.name}]({sweep.relative_to(root).as_posix()}/) | {count} | "
                     f"{f'`{command.group(1)}`' if command else ''} |")
@@ -83,24 +74,19 @@ def render_index(folder: Path, document: Path | None = None, command: str | None
                   f"one document" + (f", made by `{command}`." if command else "."), ""]
     studies = sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "records" and any(p.rglob("*.md")))
     if studies:
-        lines += ["## Studies", ""]
-        for study in studies:
-            lines += _study(study, folder)
+        lines += ["## Studies", "", *(line for study in studies for line in _study(study, folder))]
     if (folder / "records").is_dir():
         lines += ["## Run records", "", "Each sweep's records, launch log and choices, archived by `quest archive`; "
                   "`quest aggregate` reads them.", "", *_records(folder / "records", folder), ""]
     loose = sorted(p for p in folder.iterdir() if p.is_file() and p.name != INDEX)
     pages = [p for p in loose if p.suffix == ".md"]
     if pages:
-        lines += ["## Plans, notes and reports", "", "| file | what it is |", "|---|---|"]
-        lines += [f"| [{p.name}]({p.name}) | {_title(_read(p), p.stem).replace('|', '/')} |" for p in pages]
-        lines.append("")
-    others = [p for p in loose if p.suffix != ".md"]
-    if others:
-        figures = [p for p in others if p.suffix == ".png"]
-        rest = [p for p in others if p.suffix != ".png"]
-        lines += ["## Data and figures", ""]
-        lines += [f"- [{p.name}]({p.name})" for p in rest]
+        lines += ["## Plans, notes and reports", "", "| file | what it is |", "|---|---|",
+                  *(f"| [{p.name}]({p.name}) | {_title(_read(p), p.stem).replace('|', '/')} |" for p in pages), ""]
+    figures = [p for p in loose if p.suffix == ".png"]
+    rest = [p for p in loose if p.suffix not in (".md", ".png")]
+    if figures or rest:
+        lines += ["## Data and figures", "", *(f"- [{p.name}]({p.name})" for p in rest)]
         if figures:
             lines += [f"- {len(figures)} figures of {document.name if document else 'the document'}: "
                       + ", ".join(f"[{p.stem}]({p.name})" for p in figures)]
@@ -108,7 +94,5 @@ def render_index(folder: Path, document: Path | None = None, command: str | None
     return "\n".join(lines)
 
 
-def write_index(folder: Path, document: Path | None = None, command: str | None = None) -> Path:
-    path = folder / INDEX
-    path.write_text(render_index(folder, document, command))
-    return path
+def write_index(folder: Path, document: Path | None = None, command: str | None = None) -> None:
+    (folder / INDEX).write_text(render_index(folder, document, command))

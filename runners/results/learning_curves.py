@@ -1,58 +1,51 @@
-"""Learning curves across training length and width (``quest scaling``): from runs that kept snapshots and tested
-them (``runners.runs.snapshot_tests``), per domain and width, each variant's test metrics against training steps (mean and
-95% interval over seeds), the difference to `standard` at each length paired by seed, how that difference changes
-with width (paired by seed), and the stability probes (max logit, largest query and key norms) along training,
-with their range over seeds."""
+"""Learning curves across training length and width (``quest scaling``), from runs that kept snapshots and tested
+them (``runners.runs.snapshot_tests``)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from common.records import read_records
+from common.records import RunRecord, read_records
 from runners.results.frame import variant_order
+from runners.results.plots import save_figure  # and the Agg backend
 from runners.results.stats import detectable, half_width, paired_p
 
 PROBES = ("max_logit", "q_norm_max", "k_norm_max")
 
 
-def curve_points(*roots: str | Path) -> pd.DataFrame:
-    """One row per (run, snapshot): domain, width (``model.dim``), variant, seed, step, fraction, the primary
-    metric's name and direction, and every test and robustness metric of that snapshot."""
+def _curved_runs(roots) -> Iterator[tuple[RunRecord, dict]]:
+    """Each finished run with a tested curve, and its identity: domain, width (``model.dim``), variant, seed."""
     records, _ = read_records(*roots)
-    rows = []
     for _, rec in records:
-        if rec.status != "ok":
-            continue
-        for point in rec.curve or []:
-            row = {"domain": rec.domain, "width": rec.setting("model.dim"), "variant": rec.variant,
-                   "seed": rec.seed, "step": point.step, "fraction": point.fraction,
-                   "primary": rec.primary_metric, "mode": rec.mode}
-            row.update({k.removeprefix("test/"): v for k, v in point.metrics.items()})
-            row.update(point.robustness or {})
-            rows.append(row)
+        if rec.status == "ok" and rec.curve:
+            yield rec, {"domain": rec.domain, "width": rec.setting("model.dim"), "variant": rec.variant, "seed": rec.seed}
+
+
+def curve_points(*roots: str | Path) -> pd.DataFrame:
+    """One row per (run, snapshot): the run's identity, step, fraction, the primary metric's name and direction,
+    and every test and robustness metric of that snapshot."""
+    rows = [{**run, "step": point.step, "fraction": point.fraction, "primary": rec.primary_metric, "mode": rec.mode,
+             **{k.removeprefix("test/"): v for k, v in point.metrics.items()}, **(point.robustness or {})}
+            for rec, run in _curved_runs(roots) for point in rec.curve]
     if not rows:
         raise FileNotFoundError(f"no run under {', '.join(map(str, roots))} has a tested curve (quest curve)")
     return pd.DataFrame(rows)
 
 
 def probe_points(*roots: str | Path) -> pd.DataFrame:
-    """One row per (run, probe step): domain, width, variant, seed, step and the cross-layer ``PROBES`` (max over
-    layers)."""
-    records, _ = read_records(*roots)
+    """One row per (run, probe step): the run's identity, step and the cross-layer ``PROBES`` (max over layers)."""
     rows = []
-    for _, rec in records:
-        trajectory = rec.trajectory
-        if rec.status != "ok" or not rec.curve or trajectory is None:
+    for rec, run in _curved_runs(roots):
+        if rec.trajectory is None:
             continue
-        for i, step in enumerate(trajectory.step):
-            row = {"domain": rec.domain, "width": rec.setting("model.dim"), "variant": rec.variant,
-                   "seed": rec.seed, "step": step}
-            for stat in PROBES:
-                values = [layer[stat][i] for layer in trajectory.layers.values() if stat in layer]
-                row[stat] = max(values) if values else np.nan
-            rows.append(row)
+        layers = rec.trajectory.layers.values()
+        for i, step in enumerate(rec.trajectory.step):
+            maxima = {stat: max((layer[stat][i] for layer in layers if stat in layer), default=np.nan) for stat in PROBES}
+            rows.append({**run, "step": step, **maxima})
     return pd.DataFrame(rows)
 
 
@@ -67,8 +60,7 @@ def _to_standard(group: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
 
 
 def _tested(diff: pd.Series) -> dict:
-    """The mean of paired differences with its 95% interval, p (uncorrected: exploratory) and minimum detectable
-    effect."""
+    """Mean of paired differences, its 95% half-width, p (uncorrected: exploratory) and minimum detectable effect."""
     return {"n": len(diff), "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
             "mde": detectable(diff.std(), len(diff))}
 
@@ -76,11 +68,9 @@ def _tested(diff: pd.Series) -> dict:
 def differences(points: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per domain, width, step and variant: the paired difference to `standard` on ``metric``, signed so that
     positive is better (``_tested``)."""
-    rows = []
-    for (domain, width, step), group in points.groupby(["domain", "width", "step"]):
-        for variant, diff in _to_standard(group, metric).items():
-            rows.append({"domain": domain, "width": width, "step": step, "variant": variant, **_tested(diff)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"domain": domain, "width": width, "step": step, "variant": variant, **_tested(diff)}
+                         for (domain, width, step), group in points.groupby(["domain", "width", "step"])
+                         for variant, diff in _to_standard(group, metric).items()])
 
 
 def width_changes(points: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -155,11 +145,6 @@ def _band(by_step, column: str) -> tuple[pd.Series, pd.Series, pd.Series]:
 def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics: list[str], out: Path) -> Path:
     """One row of panels per width: each metric (and each probe) against steps, one line per variant with its
     band over seeds (``_band``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     widths = sorted(points["width"].unique())
     columns = [*metrics, *PROBES]
     fig, axes = plt.subplots(len(widths), len(columns), figsize=(3.4 * len(columns), 2.8 * len(widths)), squeeze=False)
@@ -178,10 +163,7 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
             else:  # the lengths double from one snapshot to the next
                 ax.set_xscale("log", base=2)
     axes[0, -1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _count(counts: pd.Series) -> str:

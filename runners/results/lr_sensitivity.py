@@ -2,26 +2,25 @@
 (Wortsman et al. 2023), where runs diverged, the peak attention logits, and their figures."""
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from common.records import Trajectory, read_records
 from runners.results.frame import GROUP, variant_order
+from runners.results.plots import save_figure  # and the Agg backend
 
-log = logging.getLogger(__name__)
 UNPROBED = Trajectory(step=[], layers={})  # the trajectory of a run whose probes never ran
 
 
 def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
-    """One row per run with its learning rate, status, divergence step, initial and final loss, and the
-    probe trajectory; records without losses (not from a run that trained) are left out."""
-    records, errors = read_records(*roots)
-    for err in errors:
-        log.warning("stability: skipping %s", err)
+    """One row per run with its learning rate, status, divergence step, initial and final loss, the final loss
+    clipped (``clipped``: the initial loss where the run diverged, failed or ended above it), and the probe
+    trajectory; records without losses (not from a run that trained) are left out."""
+    records, _ = read_records(*roots)  # each damaged one logged as skipped
     rows = []
     for _, rec in records:
         losses = rec.losses or {}
@@ -33,18 +32,13 @@ def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
                      "diverged_step": rec.divergence.step if rec.divergence else None, "trajectory": rec.trajectory or UNPROBED})
     if not rows:
         raise FileNotFoundError(f"no records of trained runs under {', '.join(map(str, roots))}")
-    return pd.DataFrame(rows)
-
-
-def clipped_final(runs: pd.DataFrame) -> pd.Series:
-    """The final loss, or the initial loss where the run diverged, failed or ended above it."""
+    runs = pd.DataFrame(rows)
     bad = (runs["status"] != "ok") | ~np.isfinite(runs["final"]) | (runs["final"] > runs["initial"])
-    return runs["final"].where(~bad, runs["initial"])
+    return runs.assign(clipped=runs["final"].where(~bad, runs["initial"]))
 
 
 def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
     """Per variant: the sensitivity of each seed over the learning rates it has, then mean and std over seeds."""
-    runs = runs.assign(clipped=clipped_final(runs))
     per_seed = runs.groupby(["variant", "seed"])["clipped"].agg(lambda c: c.mean() - c.min())
     table = per_seed.groupby("variant").agg(["mean", "std", "count"])
     return table.rename(columns={"mean": "lr_sensitivity", "std": "spread", "count": "seeds"})
@@ -73,12 +67,6 @@ def peak_logits(runs: pd.DataFrame, top: int = 2) -> pd.DataFrame:
 
 
 def plot_final_loss(runs: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = runs.assign(clipped=clipped_final(runs))
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in variant_order(runs["variant"]):
         stats = runs[runs["variant"] == variant].groupby("lr")["clipped"].agg(["mean", "min", "max"])
@@ -86,19 +74,12 @@ def plot_final_loss(runs: pd.DataFrame, path: Path) -> None:
         ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15)
     ax.set(xscale="log", xlabel="learning rate", ylabel="final loss (clipped to the initial loss)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
     """Max attention logit over training, one line per layer, for each variant at the two highest learning
     rates (the first seed of each)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lrs = sorted(runs["lr"].unique())[-2:]
     variants = variant_order(runs["variant"])
     fig, axes = plt.subplots(len(lrs), len(variants), figsize=(2.4 * len(variants), 2.2 * len(lrs)), squeeze=False,
@@ -118,9 +99,7 @@ def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("training step", fontsize=7)
     if axes[0][0].get_lines():
         axes[0][0].legend(fontsize=5, title="layer", title_fontsize=5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
@@ -140,18 +119,19 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         lines.append(f"| {variant} | {row['lr_sensitivity']:.4g} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
-    finals = runs.assign(clipped=clipped_final(runs)).groupby(["variant", "lr"])["clipped"].median().unstack("lr")
-    finals = finals.reindex(variant_order(runs["variant"]))
+    finals = runs.groupby(["variant", "lr"])["clipped"].median().unstack("lr")
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
-              "| variant | " + " | ".join(f"lr {lr:.3g}" for lr in finals.columns) + " |",
-              "|---|" + "---|" * len(finals.columns)]
-    lines += [f"| {variant} | " + " | ".join(f"{value:.3g}" for value in row) + " |" for variant, row in finals.iterrows()]
-    peaks = peak_logits(runs)
-    lines += ["", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
-              "| variant | " + " | ".join(f"lr {lr:.3g}" for lr in peaks.columns) + " |",
-              "|---|" + "---|" * len(peaks.columns)]
-    lines += [f"| {variant} | " + " | ".join(f"{value:.3g}" for value in row) + " |" for variant, row in peaks.iterrows()]
+              *_by_lr(finals.reindex(variant_order(runs["variant"]))),
+              "", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
+              *_by_lr(peak_logits(runs))]
     rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
     lines += ["", f"![final loss vs learning rate]({rel(stem + '_final_loss.png')})",
               f"![max attention logit over training]({rel(stem + '_max_logit.png')})", ""]
     return lines
+
+
+def _by_lr(table: pd.DataFrame) -> list[str]:
+    """A markdown table of ``table`` (rows = variants, columns = learning rates)."""
+    return ["| variant | " + " | ".join(f"lr {lr:.3g}" for lr in table.columns) + " |",
+            "|---|" + "---|" * len(table.columns),
+            *(f"| {variant} | " + " | ".join(f"{value:.3g}" for value in row) + " |" for variant, row in table.iterrows())]

@@ -1,9 +1,9 @@
-"""Figures for RESULTS.md, per (domain, dataset, preset) group as the tables are: the primary metric per
-variant, and the stability probes over training (cross-layer max logit, key and query norms, entropy, plus
-any other `probe/<name>` a domain logs), averaged over the runs of each variant."""
+"""Figures for RESULTS.md, per (domain, dataset, preset) group as the tables are and per tuned domain, and
+``save_figure`` for every figure of ``runners.results``. Importing it selects matplotlib's Agg backend (files only)."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -11,11 +11,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from common.files import FileError, MiB, read_table  # noqa: E402
 from runners.results.frame import GROUP, repeats, variant_order  # noqa: E402
+from runners.results.stats import half_width  # noqa: E402
 from runners.results.tables import short_name  # noqa: E402
+from runners.runs.margins import Grid, Margin  # noqa: E402
 
 log = logging.getLogger(__name__)
 MAX_LOG_BYTES = 256 * MiB  # a training log's CSV: a line per logged step
@@ -76,7 +79,7 @@ def _metric_bars(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
     ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
     ax.set_title(f"{title}: {primary} per variant")
     ax.tick_params(axis="x", rotation=30)
-    return _save(fig, stem.with_name(f"{stem.name}_{primary}.png"))
+    return save_figure(fig, stem.with_name(f"{stem.name}_{primary}.png"))
 
 
 def _probe_grid(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
@@ -98,11 +101,37 @@ def _probe_grid(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
             ax.set_yscale("symlog")
     axes.flat[len(curves) - 1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{title}: stability probes over training", fontsize=10)
-    return _save(fig, stem.with_name(f"{stem.name}_probes.png"))
+    return save_figure(fig, stem.with_name(f"{stem.name}_probes.png"))
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def plot_selection(grids: dict[str, Grid], margins: dict[str, Margin], chosen: dict[str, float], *, key: str,
+                   metric: str, sign: int, title: str, path: Path) -> Path:
+    """A tuned domain's figure: each variant's mean validation score against the scaled setting (a learning rate),
+    with its 95% interval over the selection seeds and its best value starred (``runners.runs.margins``), the value
+    it was given dotted where that differs. ``grids`` and ``margins`` per variant (scores signed higher-better;
+    ``sign`` turns them back into the metric's units), ``chosen`` the value each variant was given."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for variant, grid in grids.items():
+        values = sorted(grid)
+        scores = [np.array([s for s in grid[v].values() if math.isfinite(s)]) * sign for v in values]
+        mean = np.array([s.mean() if len(s) else np.nan for s in scores])
+        half = np.nan_to_num([half_width(pd.Series(s)) for s in scores])  # no bar below two finished runs
+        line = ax.errorbar(values, mean, yerr=half, marker="o", capsize=3, label=variant)
+        colour = line[0].get_color()
+        best = margins[variant].best
+        ax.plot([best], [mean[values.index(best)]], marker="*", markersize=14, color=colour)
+        if chosen.get(variant) is not None and chosen[variant] != best:
+            ax.axvline(chosen[variant], color=colour, linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"validation {metric} (mean, 95% CI over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -1,13 +1,5 @@
-"""Seeds and compute a pre-registered plan (``runners.results.confirmatory``) needs, from pilot records.
-
-Per claim of the plan: the paired standard deviation of its contrast on the pilot runs (the plan's protocol, the
-claim's domain, pairs by seed as the confirmatory test makes them), the fewest seeds whose minimum detectable effect
-(two-sided paired t-test, 80% power, the exact noncentral t) is at most the claim's ``target:``, that effect, and
-the training time those seeds cost. Each is given at two test levels, since Holm's correction tests a claim at
-α / m for the smallest p of a family of m and at α for the last: α / m, Holm's first step, is the level a claim
-is sure to be tested at whatever the others do (the plan's seeds must hold there), α the level it is tested at
-only when every other claim is rejected first. A claim without a target is reported at the plan's seeds.
-"""
+"""Seeds and compute a pre-registered plan (``runners.results.confirmatory``) needs, from pilot records (``quest
+power``), with the exact noncentral t, at the two levels Holm's correction may test a claim at (α / m and α)."""
 from __future__ import annotations
 
 import math
@@ -22,8 +14,6 @@ from common.errors import ConfigError
 from common.records import read_record
 from runners.results.confirmatory import Hypothesis, claim_differences, holm_first_step, read_plan
 from runners.results.stats import POWER, detectable
-
-HOUR_S = 3600.0
 
 
 def power(effect: float, n: int, alpha: float) -> float:
@@ -73,7 +63,7 @@ def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
     """Hours one seed of ``domain`` costs: the sum over ``variants`` of their pilot runs' mean ``wall_time_s``."""
     here = runs[(runs["domain"] == domain) & runs["variant"].isin(variants)]
     wall = here["run_dir"].map(lambda run_dir: read_record(Path(run_dir)).wall_time_s)
-    return float(wall.groupby(here["variant"]).mean().sum()) / HOUR_S
+    return float(wall.groupby(here["variant"]).mean().sum()) / 3600.0
 
 
 def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

@@ -8,11 +8,10 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from common.attention import ABLATIONS
-from runners.results.frame import IDENTITY, baseline, variant_order
+from runners.results.frame import IDENTITY, variant_order
 
 # Means this close count as tied: equal results can differ in the last bits from the order of summation.
 TIE_RTOL = 1e-9
-
 
 # The power at which a minimum detectable effect is quoted (paired t-test, two-sided, at the table's α).
 POWER = 0.8
@@ -84,13 +83,10 @@ def paired_differences(ok: pd.DataFrame, metric: str, variants: list[str], again
         pairs = pd.concat([ok[ok["variant"] == variant].groupby("seed")[metric].mean(), base], axis=1,
                           keys=["v", "s"]).dropna()
         diff = pairs["v"] - pairs["s"]
-        row = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": paired_p(diff),
-               "mde": detectable(diff.std(), len(diff))}
-        rows[variant] = row
+        rows[variant] = {"diff": diff.mean(), "half": half_width(diff), "n": len(diff), "p": paired_p(diff),
+                         "mde": detectable(diff.std(), len(diff))}
     table = pd.DataFrame(rows, index=["diff", "half", "n", "p", "mde"]).T
-    tested = table["p"].dropna()
-    table["p_holm"] = holm(tested) if len(tested) else np.nan
-    return table
+    return table.assign(p_holm=holm(table["p"].dropna()))
 
 
 def comparisons(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -118,9 +114,8 @@ def verdicts(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
     metric after Holm's correction over the table's variants, or ``≡ <variant>``; `standard` itself and
     variants without paired seeds are left out."""
     table, same = comparisons(runs)
-    found = {v: f"≡ {other}" for v, other in same.items()}
-    found.update({variant: verdict(row["gain"], row["p_holm"], alpha) for variant, row in table.iterrows()})
-    return found
+    return {**{v: f"≡ {other}" for v, other in same.items()},
+            **{variant: verdict(row["gain"], row["p_holm"], alpha) for variant, row in table.iterrows()}}
 
 
 def attention_matters(runs: pd.DataFrame) -> tuple[bool, str] | None:
@@ -166,7 +161,7 @@ def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:
     closed = (base - model) / base if mode == "min" else (model - base) / (1 - base)
     verdict = "learns at this size" if closed >= CLEAR_MARGIN else "does not learn at this size"
     who = "standard closes" if reference is not ok else "the variants close"
-    said = baseline(runs, column)
+    said = next((said[column] for said in runs["baselines"] if column in said), None)  # what the baseline predicts
     sentence = (f"Trivial baseline (`{column}`{f': {said}' if said else ''}) {base:.4g}; {who} {closed:.0%} of the "
                 f"gap to a perfect score: {verdict}"
                 f"{'' if closed >= CLEAR_MARGIN else ', so this table is left out of the cross-domain ranks'}.")

@@ -5,19 +5,8 @@ import numpy as np
 import pandas as pd
 
 from common.attention import ABLATIONS
+from runners.results import stats
 from runners.results.frame import GROUP, IDENTITY, INITIAL, PROTOCOLS, direction, repeats, second_setting, variant_order
-from runners.results.stats import (
-    TIE_RTOL,
-    attention_matters,
-    comparisons,
-    equivalents,
-    half_width,
-    holm,
-    paired_differences,
-    rankable,
-    verdict,
-    verdicts,
-)
 
 
 def _fmt(mean: float, half: float) -> str:
@@ -31,7 +20,7 @@ def _bold_best(cells: list[str], means: pd.Series, lower: bool) -> list[str]:
     with a value ties, as there is nothing to tell apart."""
     values = means.dropna()
     best = values.min() if lower else values.max()
-    winners = set(values.index[np.isclose(values, best, rtol=TIE_RTOL, atol=0)])
+    winners = set(values.index[np.isclose(values, best, rtol=stats.TIE_RTOL, atol=0)])
     if len(winners) == len(values):
         return cells
     return [f"**{cell}**" if variant in winners else cell for variant, cell in zip(means.index, cells)]
@@ -56,8 +45,8 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     variants = variant_order(runs["variant"])
     grouped = ok.groupby("variant")[metrics]
     means = grouped.mean().reindex(variants)
-    halves = grouped.agg(half_width).reindex(variants)
-    table = pd.DataFrame(index=variants)
+    halves = grouped.agg(stats.half_width).reindex(variants)
+    table = pd.DataFrame(index=pd.Index(variants, name="variant"))
     for m in metrics:
         way = direction(runs, m)  # None: no record says, so no arrow and no best
         cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
@@ -65,21 +54,19 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
         table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells if way is None else _bold_best(cells, contenders,
                                                                                                    way == "min")
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
-    table["diverged"] = [int(((runs["variant"] == v) & (runs["status"] == "diverged")).sum()) for v in variants]
-    table["failed"] = [int(((runs["variant"] == v) & (runs["status"] == "failed")).sum()) for v in variants]
-    stopped = [int(((runs["variant"] == v) & (runs["status"] == "stopped")).sum()) for v in variants]
-    if any(stopped):  # stopped by a signal, not a result: shown so that a missing run is not missed
-        table["stopped"] = stopped
-    same = equivalents(ok)
+    for status in ("diverged", "failed", "stopped"):
+        counts = [int(((runs["variant"] == v) & (runs["status"] == status)).sum()) for v in variants]
+        if status != "stopped" or any(counts):  # stopped by a signal, not a result: shown where a run was
+            table[status] = counts
+    same = stats.equivalents(ok)
     # Holm's family is the variants; an ablation's difference is tested on its own
     families = [[v for v in variants if v != "standard" and v not in same and v not in ABLATIONS],
                 [v for v in variants if v in ABLATIONS]]
-    diffs = pd.concat([paired_differences(ok, primary, family) for family in families if family and primary in ok]
+    diffs = pd.concat([stats.paired_differences(ok, primary, family) for family in families if family and primary in ok]
                       or [pd.DataFrame()])
     table[f"Δ{primary} vs standard ± 95% (p, Holm, n, MDE)"] = [
         f"≡ {same[v]}" if v in same else _fmt_difference(diffs.loc[v]) if v in diffs.index else "–"
         for v in variants]
-    table.index.name = "variant"
     return table
 
 
@@ -90,16 +77,13 @@ def initial_sharpness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
     if not columns:
         return None
     table = runs.groupby("variant")[columns].mean().reindex(variant_order(runs["variant"])).round(3)
-    table.columns = [{"init_logit_std": "logit spread at step 0", "init_entropy_ratio": "entropy / log L at step 0"}[c]
-                     for c in columns]
-    table.index.name = "variant"
-    return table
+    return table.rename(columns={"init_logit_std": "logit spread at step 0", "init_entropy_ratio": "entropy / log L at step 0"})
 
 
 def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
     """One sentence: which variants differ from `standard` on the primary metric after Holm's correction."""
     primary = runs["primary_metric"].iloc[0]
-    found = verdicts(runs, alpha)
+    found = stats.verdicts(runs, alpha)
     differ = [f"{v} {verdict}" for v, verdict in found.items() if verdict in ("better", "worse")]
     if not any(not verdict.startswith("≡") for verdict in found.values()):
         return f"Significance: no variant has two or more seeds paired with `standard` on {primary}."
@@ -116,21 +100,18 @@ def ablation_lines(runs: pd.DataFrame, alpha: float = 0.05) -> list[str]:
     present = [a for a in ABLATIONS if (ok["variant"] == a).any()]
     if not present or primary not in ok or not (ok["variant"] == "standard").any():
         return []
+    meaning = {"not different": "not different from standard: removing attention changes nothing measurable at this size",
+               "worse": "worse than standard: the metric owes that much to attention here",
+               "better": "better than standard: attention costs this setting that much"}
     lines = []
-    for ablation, row in paired_differences(ok, primary, present).iterrows():
+    for ablation, row in stats.paired_differences(ok, primary, present).iterrows():
         if np.isnan(row["p"]):
             lines.append(f"Attention ablation `{ablation}`: fewer than two seeds paired with `standard`.")
             continue
-        worse = (row["diff"] > 0) == (mode == "min")
-        if row["p"] >= alpha:
-            verdict = "not different from standard: removing attention changes nothing measurable at this size"
-        elif worse:
-            verdict = "worse than standard: the metric owes that much to attention here"
-        else:
-            verdict = "better than standard: attention costs this setting that much"
+        said = meaning[stats.verdict(-row["diff"] if mode == "min" else row["diff"], row["p"], alpha)]
         lines.append(f"Attention ablation `{ablation}` (every logit 0, each query averaging what it may see): "
                      f"Δ{primary} {row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, n={int(row['n'])}), "
-                     f"{verdict}.")
+                     f"{said}.")
     return lines
 
 
@@ -150,7 +131,7 @@ def ablation_sources(groups: dict[tuple[str, ...], pd.DataFrame]) -> dict[tuple[
         domain, dataset, preset, protocol = key
         name, _, label = protocol.partition(", ")
         sibling = (domain, dataset, preset, ", ".join(filter(None, (PROTOCOLS[0], label))))
-        borrows = name == PROTOCOLS[1] and attention_matters(group) is None and sibling in groups
+        borrows = name == PROTOCOLS[1] and stats.attention_matters(group) is None and sibling in groups
         sources[key] = sibling if borrows else key
     return sources
 
@@ -163,7 +144,7 @@ def counted_groups(runs: pd.DataFrame):
     repeated, groups = repeats(runs), dict(iter(runs.groupby(GROUP, sort=True)))
     sources = ablation_sources(groups)
     for key, group in groups.items():
-        if (rankable(group, groups[sources[key]]) and not second_setting(key[GROUP.index("protocol")])
+        if (stats.rankable(group, groups[sources[key]]) and not second_setting(key[GROUP.index("protocol")])
                 and key not in repeated):
             yield key, group
 
@@ -188,7 +169,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants; per domain/dataset its primary metric (mean ± 95% half-width) and the variant's
     rank, a variant equivalent to another (``equivalents``) marked and not ranked twice."""
     variants = [v for v in variant_order(runs["variant"]) if v not in ABLATIONS]  # ablations are not contenders
-    table = pd.DataFrame(index=variants)
+    table = pd.DataFrame(index=pd.Index(variants, name="variant"))
     ranks = pd.DataFrame(index=variants)
     for key, group in counted_groups(runs):
         primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
@@ -197,17 +178,16 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         name = f"{where} {primary} {'↓' if mode == 'min' else '↑'}"
         if primary in ok:
             mean = ok.groupby("variant")[primary].mean().reindex(variants)
-            half = ok.groupby("variant")[primary].agg(half_width).reindex(variants)
+            half = ok.groupby("variant")[primary].agg(stats.half_width).reindex(variants)
         else:
             mean = half = pd.Series(np.nan, index=variants)
-        same = equivalents(ok)
+        same = stats.equivalents(ok)
         table[name] = [_fmt(mean[v], half[v]) for v in variants]
         ranks[name] = mean.drop(list(same)).rank(ascending=mode == "min", method="min").reindex(variants)
         table[f"rank {where}"] = [
             f"≡ {same[v]}" if v in same else "–" if np.isnan(ranks.at[v, name]) else str(int(ranks.at[v, name]))
             for v in variants]
     table["mean rank"] = ranks.mean(axis=1).map(lambda r: "–" if np.isnan(r) else f"{r:.2f}")
-    table.index.name = "variant"
     return table
 
 
@@ -217,18 +197,18 @@ def verdict_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     is ``≡`` another variant."""
     tests, same = [], []
     for _, group in counted_groups(runs):
-        table, equal = comparisons(group)
+        table, equal = stats.comparisons(group)
         tests.append(table)
         same += list(equal)
     tests = pd.concat(tests) if tests else pd.DataFrame(columns=["gain", "p"])
-    corrected = holm(tests["p"].reset_index(drop=True)) if len(tests) else pd.Series(dtype=float)
+    corrected = stats.holm(tests["p"].reset_index(drop=True))
     variants = [v for v in variant_order(runs["variant"]) if v != "standard" and v not in ABLATIONS]
-    table = pd.DataFrame(0, index=variants, columns=["better", "not different", "worse", "≡ another variant"])
+    table = pd.DataFrame(0, index=pd.Index(variants, name="variant"),
+                         columns=["better", "not different", "worse", "≡ another variant"])
     for variant, gain, p in zip(tests.index, tests["gain"], corrected):
-        table.at[variant, verdict(gain, p, alpha)] += 1
+        table.at[variant, stats.verdict(gain, p, alpha)] += 1
     for variant in same:
         table.at[variant, "≡ another variant"] += 1
-    table.index.name = "variant"
     return table
 
 
@@ -240,12 +220,12 @@ def setting_agreement_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
     groups = dict(iter(runs.groupby(GROUP, sort=True)))
     rows = []
     for (domain, dataset, preset, protocol), labelled in groups.items():
-        label = second_setting(protocol)
-        base_protocol = protocol.removesuffix(f", {label}")
+        base_protocol, _, label = protocol.partition(", ")
         base = groups.get((domain, dataset, preset, base_protocol))
         if not label or base is None:
             continue
-        (diff, said), (diff_l, said_l) = ((comparisons(group)[0]["diff"], verdicts(group, alpha)) for group in (base, labelled))
+        (diff, said), (diff_l, said_l) = ((stats.comparisons(group)[0]["diff"], stats.verdicts(group, alpha))
+                                          for group in (base, labelled))
         for variant in [v for v in variant_order(runs["variant"]) if v in said_l]:  # those the setting reran
             shown = [f"{d[variant]:+.3g} ({s[variant]})" if variant in d else s.get(variant, "–")
                      for d, s in ((diff, said), (diff_l, said_l))]

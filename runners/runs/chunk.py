@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
+from torch.func import functional_call, grad, stack_module_state, vmap
 
 from common.probes import attention_probes, probe_log, summarize
 from common.registry import get_domain
@@ -75,11 +76,9 @@ def _prefixed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 class Chunk:
     """Runs of one group trained together: ``fit`` trains and validates them, ``test`` tests each at its best
-    validation epoch; each ``Member`` keeps what its run logged, for its record (``runners.runs.ensemble``)."""
+    validation epoch."""
 
     def __init__(self, members: list[Member]):
-        from torch.func import stack_module_state
-
         self.members = members
         self.cfg = members[0].cfg
         self.template = members[0].task
@@ -90,11 +89,6 @@ class Chunk:
         self.clip_order = [n for n in self.params if n in self.decayed] + [n for n in self.params if n not in self.decayed]
         self.metric, self.mode = get_domain(self.cfg.domain).primary_of(self.template)
         self.data = StackedData(members)
-        self._functions()
-
-    def _functions(self) -> None:
-        from torch.func import functional_call, grad, vmap
-
         train, evaluate = _Bound(self.template, _train_loss), _Bound(self.template, _outputs)
 
         def member_step(params, buffers, batch):
@@ -113,8 +107,7 @@ class Chunk:
     # training
     def fit(self) -> None:
         trainer, optim = self.cfg.trainer, self.template.optim
-        steps_per_epoch = self.data.steps_per_epoch
-        schedule = lr_schedule(optim, max(1, steps_per_epoch * trainer.max_epochs))
+        schedule = lr_schedule(optim, max(1, self.data.steps_per_epoch * trainer.max_epochs))
         self.optimizer = StackedAdamW(self.params, self.decayed, [m.task.optim.lr for m in self.members],
                                       [m.task.optim.weight_decay for m in self.members], optim.betas)
         self.best_params = {name: p.clone() for name, p in self.params.items()}
@@ -132,31 +125,25 @@ class Chunk:
     def _train_batch(self, index: Tensor, step: int, epoch: int, factor: float) -> None:
         which = self.active.nonzero()[:, 0]
         batch = self.data.batch("train", index, torch.arange(len(self.members)))
-        max_logits = self._probe(batch, which, step) if self._probe_step(step) else {}
+        every = self.cfg.probes.every_n_steps
+        max_logits = self._probe(batch, which, step) if every > 0 and step % every == 0 else {}
         grads, (losses, stats) = self.train_step(self.params, self.buffers, batch)
         finite = torch.isfinite(losses)
         for e in which[~finite[which]].tolist():
             self.members[e].diverge(step, "non-finite training loss")  # Lightning skips that step's update
         still = ~self.active | ~finite  # finished members, and members whose step is skipped
-        kept = {name: p[still].clone() for name, p in self.params.items()} if still.any() else None
+        kept = {name: p[still].clone() for name, p in self.params.items()}
         if self.cfg.trainer.gradient_clip_val:
             clip_grad_norms_(grads, self.clip_order, self.cfg.trainer.gradient_clip_val)
         self.optimizer.step(self.params, grads, factor)
-        if kept is not None:
-            for name, param in self.params.items():
-                param[still] = kept[name]
+        for name, param in self.params.items():
+            param[still] = kept[name]
         self._after_step(which, losses, stats, max_logits, step, epoch)
-
-    def _probe_step(self, step: int) -> bool:
-        every = self.cfg.probes.every_n_steps
-        return every > 0 and step % every == 0
 
     @torch.no_grad()
     def _probe(self, batch: tuple[Tensor, ...], which: Tensor, step: int) -> dict[int, float]:
         """``common.callbacks.ProbeCallback``'s probes, on each member's own forward pass of its batch (the
         probes keep Python state, which vmap cannot carry). Returns each member's max logit."""
-        from torch.func import functional_call
-
         found = attention_probes(self.template)
         max_logits = {}
         for e in which.tolist():

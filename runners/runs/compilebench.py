@@ -37,15 +37,13 @@ def measure_compiled(args: list[str], variants: list[str], steps: int, rounds: i
     """Eager and compiled bare steps of every variant of the run ``args`` describe (see the module's docstring),
     at the run's ``threads``."""
     console.quiet()
-    with torch_threads(compose(args).threads), tempfile.TemporaryDirectory(prefix="quest-inductor-") as cache:
+    with (torch_threads(compose(args).threads), tempfile.TemporaryDirectory(prefix="quest-inductor-") as cache,
+          torch._dynamo.config.patch(recompile_limit=8 * len(variants))):  # each variant's task: a fresh guard on one code
         before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # cold: nothing an earlier process compiled
-        limit = torch._dynamo.config.recompile_limit
-        torch._dynamo.config.recompile_limit = 8 * len(variants)  # each variant's task is a fresh guard on one code
         try:
             return _measure(args, variants, steps, rounds, mode)
         finally:
-            torch._dynamo.config.recompile_limit = limit
             torch._dynamo.reset()
             if before is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
@@ -54,10 +52,8 @@ def measure_compiled(args: list[str], variants: list[str], steps: int, rounds: i
 
 
 def _measure(args: list[str], variants: list[str], steps: int, rounds: int, mode: str) -> dict:
-    built = {}
-    for variant in variants:
-        run = [*args, f"attention={variant}", "progress.style=none"]
-        built[variant] = (build(run), build(run)[2])  # (cfg, datamodule, eager task), compiled: same seed and weights
+    # (cfg, datamodule, eager task), compiled task: built from the same seed, the same weights
+    built = {variant: (build(args, variant), build(args, variant)[2]) for variant in variants}
     (cfg, datamodule, _), _ = built[variants[0]]
     batches, planned = train_batches(datamodule, steps), planned_steps(cfg, datamodule)
     jobs, first_pass = {}, {}
@@ -120,8 +116,7 @@ def peak_memory(args: list[str], variants: list[str], steps: int, mode: str) -> 
     torch._dynamo.config.recompile_limit = 8 * len(variants)
     peaks = {}
     for variant in variants:
-        run = [*args, f"attention={variant}", "progress.style=none"]
-        (cfg, datamodule, eager), (*_, compiled) = build(run), build(run)
+        (cfg, datamodule, eager), (*_, compiled) = build(args, variant), build(args, variant)
         compiled.compile_training(mode=mode)
         batches = train_batches(datamodule, steps)
         for name, task in ((variant, eager), (variant + COMPILED, compiled)):

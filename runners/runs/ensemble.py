@@ -1,19 +1,12 @@
-"""The ensemble trainer of ``quest ensemble``: the runs of a sweep that share a model, trained together.
+"""The ensemble trainer of ``quest ensemble``: the runs of a sweep that share a model, trained together
+(``docs/ensemble.md``).
 
 A run of a tiny model spends most of its time on process start-up, Lightning and checkpoints, not on its
-arithmetic. Here each run is built by its domain exactly as ``quest train`` builds it (same seeding), the
-runs' parameters are stacked, and one step vectorised over them computes every run's gradients, each on its
-own data in its own order (``runners.runs.chunk``). The step is all it restates: AdamW and gradient-norm
-clipping vectorised over the runs (``runners.runs.stacked_adamw``: torch's arithmetic, each run with its own
-learning rate and weight decay, the task's decay groups and ``common.task.lr_schedule``); divergence and the
-best checkpoint follow ``common.rules``, as the Lightning callbacks do, the probes log what
-``common.callbacks.ProbeCallback`` logs (``common.probes.probe_log``), and the record is filled and written by
-``runners.runs.recording``, as ``quest train``'s is, with the CSV log of ``runners.runs.trackers``. The rest of a
-Lightning run is replayed per run: validation every ``check_val_every_n_epoch`` epochs and at the step a run
-diverges (as Lightning does), the attention probes every ``probes.every_n_steps`` steps, and the test on the
-parameters of the best validation epoch. Each run gets the ``record.json``, ``config.yaml`` and
-``metrics.csv`` of ``quest train``, in the same run directory (no checkpoints), so ``quest aggregate``,
-``quest sweep`` and reruns treat both alike.
+arithmetic. Here each run is built by its domain exactly as ``quest train`` builds it (same seeding) and the
+runs are trained together in a ``runners.runs.chunk.Chunk``; each record is filled and written by
+``runners.runs.recording``, as ``quest train``'s is, with the CSV log of ``runners.runs.trackers``. Each run gets
+the ``record.json``, ``config.yaml`` and ``metrics.csv`` of ``quest train``, in the same run directory (no
+checkpoints), so ``quest aggregate``, ``quest sweep`` and reruns treat both alike.
 
 Identity. vmap runs each operation on the stacked runs with the kernel a single run uses (a fused SDPA
 kernel, which has no batching rule, once per run: slow; the retrieval model asks for SDPA's math kernel,
@@ -27,11 +20,8 @@ on tensor values in ``unpack``, ``forward`` and ``loss``); and, optionally, ``ta
 statistics of each training batch that the task's own ``step`` logs too (``domains/retrieval`` logs the
 answer token's key norms that way).
 
-Groups. Runs whose configs differ only in ``PER_MEMBER`` (seed, learning rate, weight decay) form a group
-(``runners.runs.replayable``), which a sweep trains in chunks (``runners.sweeps.ensemble``). Settings the
-replay does not cover (another optimiser, ``max_steps``, fractional ``limit_*_batches``, another precision or
-device, several devices, test-time perturbations) are refused before anything runs (``check_replayable``:
-exit 2); ``quest sweep`` runs those.
+Groups of runs that may train together, and the settings the replay does not cover (refused before anything
+runs: exit 2), are ``runners.runs.replayable``'s; a sweep trains a group in chunks (``runners.sweeps.ensemble``).
 """
 from __future__ import annotations
 
@@ -78,18 +68,13 @@ def _prepare(members: list[Member]) -> tuple[Chunk, RunRecord]:
     batch = check_settings(cfg)
     check_replayable(cfg)
     domain = get_domain(cfg.domain)
-    for member in members:
-        _build(member, domain)
+    for member in members:  # built as ``runners.runs.training.run`` builds them (same seeding)
+        pl.seed_everything(member.cfg.seed, workers=True, verbose=False)
+        member.datamodule, member.task = build_run(domain, build_config(member.cfg))
+        member.watch = LossWatch(**member.cfg.divergence)
     chunk, template = Chunk(members), new_record(cfg, domain, batch)
     template.primary_metric, template.mode = chunk.metric, chunk.mode
     return chunk, template
-
-
-def _build(member: Member, domain) -> None:
-    """The member's datamodule and task, built as ``runners.runs.training.run`` builds them (same seeding)."""
-    pl.seed_everything(member.cfg.seed, workers=True, verbose=False)
-    member.datamodule, member.task = build_run(domain, build_config(member.cfg))
-    member.watch = LossWatch(**member.cfg.divergence)
 
 
 def _member_record(member: Member, template: RunRecord) -> RunRecord:

@@ -38,6 +38,7 @@ def log_launch(folder: Path, command: list[str], started: float, workers: int, r
 
 
 MAX_LOG_BYTES = 16 * MiB  # a line per launch: a few hundred bytes each
+TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
 # What ``describe_launches`` takes from each line, and its kind.
 LAUNCH_FIELDS = {"command": str, "started": str, "wall_s": (int, float), "finished": bool, "workers": int, "ran": dict,
                  "hardware": dict, "git_commit": (str, type(None))}
@@ -105,18 +106,10 @@ def describe_launches(launches: Sequence[dict]) -> list[str]:
         machine = launch["hardware"]
         gpus = f", GPUs: {', '.join(machine['gpus'])}" if machine.get("gpus") else ""
         ran = ", ".join(f"{n} {status}" for status, n in launch["ran"].items() if n) or "nothing (every run was recorded)"
+        tracked = ", ".join(f"{TRACKER_NAMES.get(k, k)} {where}" for k, where in launch.get("trackers", {}).items())
         lines.append(f"- `{launch['command']}` started {launch['started']}"
                      f"{'' if launch['finished'] else ' (stopped before the end)'}: {launch['wall_s'] / 60:.1f} min "
                      f"with {launch['workers']} worker(s), ran {ran}; {machine.get('cpu', '?')} × {machine['cpus']} "
                      f"CPUs, {machine['platform']}{gpus}, commit {launch['git_commit'] or 'unknown'}"
-                     + _tracked(launch.get("trackers")))
+                     + (f"; tracked in {tracked}" if tracked else ""))
     return [*lines, ""]
-
-
-TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
-
-
-def _tracked(trackers: dict[str, str] | None) -> str:
-    if not trackers:
-        return ""
-    return "; tracked in " + ", ".join(f"{TRACKER_NAMES.get(name, name)} {where}" for name, where in trackers.items())

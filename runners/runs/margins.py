@@ -64,14 +64,10 @@ class Margin:
         return text
 
 
-def means(grid: Grid) -> dict[float, float]:
-    return {value: float(np.mean(list(scores.values()))) for value, scores in grid.items()}
-
-
 def margin(grid: Grid, *, ordered: bool = True) -> Margin:
     """The margin of ``grid``'s best value over its runner-up, and the curve rule's vertex (module doc). Without
     ``ordered`` the grid's keys only name candidates (several settings at once): no edge and no curve."""
-    mean = means(grid)
+    mean = {value: float(np.mean(list(scores.values()))) for value, scores in grid.items()}
     order = sorted(grid, key=lambda value: (-bucket(mean[value]), value))  # ties to the smaller value
     best, values = order[0], sorted(grid)
     edge = ordered and len(values) > 1 and best in (values[0], values[-1])
@@ -80,7 +76,7 @@ def margin(grid: Grid, *, ordered: bool = True) -> Margin:
     verdict = WITHIN_NOISE
     if runner_up is not None:
         common = sorted(set(grid[best]) & set(grid[runner_up]))
-        diffs = np.array([grid[best][s] - grid[runner_up][s] for s in common]) if common else np.array([])
+        diffs = np.array([grid[best][s] - grid[runner_up][s] for s in common])
         seeds = len(common)
         with np.errstate(invalid="ignore"):
             difference = float(diffs.mean()) if seeds else math.nan

@@ -1,7 +1,5 @@
-"""A run's record (``common.records.RunRecord``) and the directory it is built in: the record's first fields,
-the values read back from the run's CSV log, its outcome, and writing it all out so that the run takes its
-directory's place (``runners.runs.rundir``). Both trainers (``quest train``: ``runners.runs.training``, and
-``quest ensemble``: ``runners.runs.ensemble``) fill and write their runs' records through these functions."""
+"""A run's record (``common.records.RunRecord``) and the directory it is built in (``runners.runs.rundir``), which
+both trainers (``runners.runs.training`` and ``runners.runs.ensemble``) fill and write through these functions."""
 from __future__ import annotations
 
 import shutil
@@ -66,28 +64,24 @@ def fresh_run_directory(cfg: DictConfig) -> Path:
     return build_dir
 
 
-def best_validation(metrics_csv: Path, monitor: str, mode: str) -> dict:
-    """Best validation value, its epoch, and which of the run's validations it was (``evaluation``, from 1, of
-    ``evaluations``): a run whose best is its last was still improving when it stopped."""
-    if not metrics_csv.exists():
-        return {"value": None, "epoch": None}
-    log = pd.read_csv(metrics_csv)
-    if monitor not in log:
-        return {"value": None, "epoch": None}
-    rows = log.dropna(subset=[monitor])
-    if rows.empty:
-        return {"value": None, "epoch": None}
-    best = rows[monitor].idxmin() if mode == "min" else rows[monitor].idxmax()
-    return {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"]),
-            "evaluation": rows.index.get_loc(best) + 1, "evaluations": len(rows)}
-
-
 def read_log(record: RunRecord, metrics_csv: Path, train_losses: dict[str, float]) -> None:
-    """The record's fields read back from a run's CSV log: its best value of the primary validation metric
-    (``best_val``), and its ``losses``: ``train_losses`` (``common.rules.LossWatch.losses``) with the last and best
-    validation loss."""
-    record.best_val = best_validation(metrics_csv, f"val/{record.primary_metric}", record.mode)
-    record.losses = {**train_losses, **validation_losses(metrics_csv)}
+    """The record's fields read back from a run's CSV log: ``best_val``, the best value of the primary validation
+    metric, its epoch, and which of the run's validations it was (``evaluation``, from 1, of ``evaluations``: a
+    run whose best is its last was still improving when it stopped); and its ``losses``: ``train_losses``
+    (``common.rules.LossWatch.losses``) with the validation loss of the last and of the best validation epoch
+    (for learning-rate sensitivity)."""
+    log = pd.read_csv(metrics_csv) if metrics_csv.exists() else pd.DataFrame()
+    monitor = f"val/{record.primary_metric}"
+    best_val, losses = {"value": None, "epoch": None}, dict(train_losses)
+    rows = log.dropna(subset=[monitor]) if monitor in log else log.iloc[:0]
+    if not rows.empty:
+        best = rows[monitor].idxmin() if record.mode == "min" else rows[monitor].idxmax()
+        best_val = {"value": float(rows.loc[best, monitor]), "epoch": int(rows.loc[best, "epoch"]),
+                    "evaluation": rows.index.get_loc(best) + 1, "evaluations": len(rows)}
+    values = log["val/loss"].dropna() if "val/loss" in log else []
+    if len(values):
+        losses.update(val_final=float(values.iloc[-1]), val_best=float(values.min()))
+    record.best_val, record.losses = best_val, losses
 
 
 def settle(record: RunRecord, task, divergence: dict | None, metrics: dict[str, float]) -> None:
@@ -99,15 +93,6 @@ def settle(record: RunRecord, task, divergence: dict | None, metrics: dict[str, 
         record.metrics = metrics
     record.directions, record.baselines = task.directions(), task.baselines()
     record.headline = task.summary_metrics(record.primary_metric)
-
-
-def validation_losses(metrics_csv: Path) -> dict[str, float]:
-    """The validation loss of the last and of the best validation epoch (for learning-rate sensitivity)."""
-    if not metrics_csv.exists():
-        return {}
-    log = pd.read_csv(metrics_csv)
-    values = log["val/loss"].dropna() if "val/loss" in log else pd.Series(dtype=float)
-    return {"val_final": float(values.iloc[-1]), "val_best": float(values.min())} if len(values) else {}
 
 
 def record_killed(cfg: DictConfig, error: str) -> None:

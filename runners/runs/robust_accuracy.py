@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from common.checkpoint import run_config
 from common.errors import ConfigError
@@ -18,22 +18,17 @@ from runners.config import apply_override, parse_overrides
 from runners.runs.training import torch_threads
 
 
-def load_config(path: str | Path, overrides: list[str]) -> tuple[Path, Path, DictConfig]:
-    """The run at ``path`` (``common.checkpoint.run_config``) with this evaluation's ``overrides`` applied."""
+def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float]:
+    """Evaluate one run (``common.checkpoint.run_config``), with this evaluation's ``overrides`` applied, and write
+    the result into its record; returns the result."""
     run_dir, checkpoint, cfg = run_config(path, key="run")
     if "robustness" not in cfg:
         raise ConfigError(f"domain {cfg.domain!r} has no robustness section: robustness evaluation does not apply")
-    groups, dotted = parse_overrides(overrides)
+    groups, dotted = parse_overrides(list(overrides))
     if groups:
         raise ConfigError(f"{', '.join(groups)} cannot change for an existing run")
     for key, value in dotted:  # lists and mappings arrive as OmegaConf containers
         apply_override(cfg, key, value, "command line", domain_schema(cfg.domain)[0])
-    return run_dir, checkpoint, cfg
-
-
-def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float]:
-    """Evaluate one run and write the result into its record; returns the result."""
-    run_dir, checkpoint, cfg = load_config(path, list(overrides))
     record = read_record(run_dir)
     with torch_threads(cfg.get("threads")):  # a sweep worker's share of the threads
         run = restore(run_dir, checkpoint, cfg)

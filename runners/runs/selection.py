@@ -33,11 +33,10 @@ def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
     """A nested config as ``{dotted key: value}`` (lists as tuples, so that values compare and hash)."""
     found = {}
     for key, value in tree.items():
-        path = f"{prefix}{key}"
         if isinstance(value, dict):
-            found.update(leaves(value, f"{path}."))
+            found.update(leaves(value, f"{prefix}{key}."))
         else:
-            found[path] = value if not isinstance(value, list) else tuple(value)
+            found[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
     return found
 
 
@@ -152,10 +151,7 @@ def margins_table(ranked: list[dict]) -> list[str]:
 
 def chosen(ranked: list[dict]) -> dict[tuple, dict]:
     """The winning candidate of each group, by group."""
-    found: dict[tuple, dict] = {}
-    for row in ranked:
-        found.setdefault(row["group"], row)
-    return found
+    return {group: rows[0] for group, rows in _groups(ranked).items()}
 
 
 def main_effects(ranked: list[dict]) -> dict[tuple, dict[str, dict[str, float]]]:
@@ -191,18 +187,14 @@ def effects_table(ranked: list[dict]) -> list[str]:
 
 def selection_table(ranked: list[dict]) -> list[str]:
     """Markdown: one table per group, the chosen candidate first and marked."""
-    lines, seen = [], set()
-    for row in ranked:
-        if row["group"] not in seen:
-            seen.add(row["group"])
-            lines += ["", f"**{' / '.join(map(str, row['group']))}** (ranked by mean {row['metric']} over seeds)", "",
-                      "| | settings | mean | sd | runs | not ok | params |", "|---|---|---|---|---|---|---|"]
-            mark = "chosen"
-        else:
-            mark = ""
-        shown = " ".join(f"{k}={v}" for k, v in row["settings"].items()) or "(one candidate)"
-        lines.append(f"| {mark} | {shown} | {row['mean']:.4f} | {row['std']:.4f} | {row['runs']} | {row['failed']} "
-                     f"| {row['params']} |")
+    lines = []
+    for group, rows in _groups(ranked).items():
+        lines += ["", f"**{' / '.join(map(str, group))}** (ranked by mean {rows[0]['metric']} over seeds)", "",
+                  "| | settings | mean | sd | runs | not ok | params |", "|---|---|---|---|---|---|---|"]
+        for rank, row in enumerate(rows):
+            shown = " ".join(f"{k}={v}" for k, v in row["settings"].items()) or "(one candidate)"
+            lines.append(f"| {'' if rank else 'chosen'} | {shown} | {row['mean']:.4f} | {row['std']:.4f} | {row['runs']} "
+                         f"| {row['failed']} | {row['params']} |")
     return lines
 
 

@@ -7,6 +7,7 @@ import logging
 
 import torch
 from torch import Tensor
+from torch.utils.data import TensorDataset
 
 from common.errors import ConfigError
 
@@ -20,8 +21,7 @@ class StackedData:
     def __init__(self, members: list):
         seeds = list(dict.fromkeys(m.cfg.seed for m in members))
         self.slot = torch.tensor([seeds.index(m.cfg.seed) for m in members])
-        first = {seed: next(m for m in members if m.cfg.seed == seed) for seed in seeds}
-        modules = [first[seed].datamodule for seed in seeds]
+        modules = [next(m for m in members if m.cfg.seed == seed).datamodule for seed in seeds]
         for module in modules:
             module.setup("fit")
         self.splits = {split: _stack_split(modules, split) for split in ("train", "val", "test")}
@@ -54,8 +54,6 @@ def _epoch_order(loader) -> list[list[int]]:
 
 def _stack_split(modules: list, split: str) -> tuple[Tensor, ...]:
     """A split's tensors of every datamodule, stacked: [datamodules, samples, ...]."""
-    from torch.utils.data import TensorDataset
-
     datasets = [module.datasets[split] for module in modules]
     if not all(isinstance(d, TensorDataset) for d in datasets):
         raise ConfigError(f"the ensemble trainer needs in-memory TensorDatasets; the {split} split is "

@@ -1,21 +1,18 @@
-"""A domain's own training step, timed (``quest bench --model``): what each variant costs inside the model, and
-what the training loop of ``quest train`` costs beside a bare PyTorch loop on the same batches.
+"""A domain's own training step, timed (``quest bench --model``, ``docs/speed/models.md``): what each variant
+costs inside the model, and what the training loop of ``quest train`` costs beside a bare PyTorch loop on the
+same batches.
 
-Everything is built as ``quest train`` builds it (config, domain, datamodule, task), then ``steps`` training
-batches are drawn once and kept in memory, so data loading is not timed. Three kinds of job, interleaved in
-rounds in one process (``common.timing.interleaved_seconds``), the median round counting:
-
-- ``bare`` per variant: the task's own forward and loss (``unpack``, ``forward``, ``loss``), backward,
-  gradient clipping where the config clips, ``torch.optim.AdamW`` over all parameters; no Lightning, no
-  metrics, no logging. Variants are compared on this step: the model's cost, nothing else.
-- ``loop`` (the baseline variant only): the run's own Lightning trainer (``runners.runs.training.run_trainer``:
-  its checkpoint callback, probes, divergence watch, loggers, metric updates and ``self.log`` calls) fitting
-  the same batches with validation off; a callback reads the clock at the first timed step and after the
-  last, so the trainer's start and end (setup, the final checkpoint write) are left out: those belong to the
-  per-run fixed cost, which ``fixed_cost`` measures on a whole ``quest train`` process.
+Everything is built as ``quest train`` builds it, then ``steps`` training batches are drawn once and kept in
+memory, so data loading is not timed. The jobs are interleaved in rounds in one process
+(``common.timing.interleaved_seconds``), the median round counting: ``bare_loop`` per variant (no Lightning, no
+metrics, no logging: the model's cost, on which variants are compared), and for the baseline variant
+``lightning_loop``, the run's own trainer (``runners.runs.training.run_trainer``), timed from its first timed
+step to its last: its start and end (setup, the final checkpoint write) belong to the per-run fixed cost, which
+``fixed_cost`` measures on a whole ``quest train`` process.
 """
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -38,9 +35,10 @@ from runners.config import compose
 from runners.runs.training import run_trainer, torch_threads
 
 
-def build(args: list[str]):
-    """(config, datamodule, task) of the run ``args`` describe, seeded as ``quest train`` seeds it."""
-    cfg = compose(args)
+def build(args: list[str], variant: str | None = None):
+    """(config, datamodule, task) of the run ``args`` describe, seeded as ``quest train`` seeds it; with ``variant``,
+    its attention, without a progress display."""
+    cfg = compose([*args, f"attention={variant}", "progress.style=none"] if variant else args)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
     return cfg, datamodule, task
@@ -52,10 +50,7 @@ def train_batches(datamodule, count: int) -> list:
     batches = []
     while len(batches) < count:
         before = len(batches)
-        for batch in datamodule.train_dataloader():
-            batches.append(batch)
-            if len(batches) == count:
-                break
+        batches += itertools.islice(datamodule.train_dataloader(), count - before)
         if len(batches) == before:
             raise ValueError("the training loader yields no batches")
     return batches
@@ -83,7 +78,6 @@ def bare_step(cfg: DictConfig, task, augment: Callable = lambda batch: batch) ->
 
 
 def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
-    """One pass of ``bare_step`` over ``batches``."""
     step = bare_step(cfg, task)
 
     def run() -> None:
@@ -135,37 +129,30 @@ def measure(args: list[str], variants: list[str], steps: int, rounds: int, basel
     variant's task is built from the same seed and trains on the same batches, at the run's ``threads``."""
     console.quiet()
     with torch_threads(compose(args).threads):
-        return _measure(args, variants, steps, rounds, baseline)
-
-
-def _measure(args: list[str], variants: list[str], steps: int, rounds: int, baseline: str) -> dict:
-    tasks = {}
-    for variant in variants:
-        cfg, datamodule, task = build([*args, f"attention={variant}", "progress.style=none"])
-        tasks[variant] = (cfg, task)
-    batches = train_batches(datamodule, steps)
-    device = torch.device("cpu")
-    jobs = {variant: bare_loop(cfg, task, batches) for variant, (cfg, task) in tasks.items()}
-    with tempfile.TemporaryDirectory(prefix="quest-bench-") as folder:
-        cfg, _ = tasks[baseline]
-        *_, loop_task = build([*args, f"attention={baseline}", "progress.style=none"])
-        loop, timed = lightning_loop(cfg, loop_task, batches, skip=2, folder=Path(folder))
-        seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, device)
-    per_step = {variant: seconds[variant] / steps for variant in variants}
-    loop_s = sorted(timed[1:])[len(timed[1:]) // 2] / steps  # the warm-up round's fit is not counted
-    return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
-            "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
-            "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
-            "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
-            "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}
+        tasks = {}
+        for variant in variants:
+            cfg, datamodule, task = build(args, variant)
+            tasks[variant] = (cfg, task)
+        batches = train_batches(datamodule, steps)
+        jobs = {variant: bare_loop(cfg, task, batches) for variant, (cfg, task) in tasks.items()}
+        with tempfile.TemporaryDirectory(prefix="quest-bench-") as folder:
+            cfg, _ = tasks[baseline]
+            *_, loop_task = build(args, baseline)
+            loop, timed = lightning_loop(cfg, loop_task, batches, skip=2, folder=Path(folder))
+            seconds = interleaved_seconds({**jobs, "loop": loop}, rounds, torch.device("cpu"))
+        per_step = {variant: seconds[variant] / steps for variant in variants}
+        loop_s = sorted(timed[1:])[len(timed[1:]) // 2] / steps  # the warm-up round's fit is not counted
+        return {"config": args, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
+                "params": sum(p.numel() for p in tasks[baseline][1].parameters()),
+                "bare_ms": {v: 1e3 * s for v, s in per_step.items()},
+                "ratio": {v: s / per_step[baseline] for v, s in per_step.items()},
+                "loop_ms": 1e3 * loop_s, "loop_overhead": loop_s / per_step[baseline]}
 
 
 def fixed_cost(args: list[str]) -> dict:
-    """Where one ``quest train`` run's wall time goes, from a fresh process (its record's ``timing``): process
-    start and imports to the run's start (the process's wall time less the record's), building data and model,
-    the fit less its checkpoint writes (training and validation: what grows with the run), the checkpoint
-    writes, the final test, and the rest (writing the record, exiting). ``fixed_share``: all but the fit's
-    training and validation, as a share of the process's wall time."""
+    """Where one ``quest train`` run's wall time goes, from a fresh process (its record's ``timing``), in the parts
+    ``parts_s`` names; the fit less its checkpoint writes is training and validation, what grows with the run.
+    ``fixed_share``: all but that, as a share of the process's wall time."""
     with tempfile.TemporaryDirectory(prefix="quest-fixed-") as folder:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "runners.cli", "train", *args, f"output_dir={folder}",

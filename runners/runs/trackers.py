@@ -8,14 +8,7 @@ The CSV log is always written (the record reads its best validation value back f
 later; ``mode=online`` logs live). Their stores lie outside the run directory, which is built under another
 name and renamed when the run ends (``runners.runs.rundir``). Each tracker run is named
 ``<domain>/<variant>/<run directory name>`` and tagged with the run directory, so that it and its record can be
-matched.
-
-mlflow and wandb are imported only for a run that turns them on: ``check`` imports them before the run
-directory is created, so a tracker turned on without its package is a one-line ``ConfigError``. Once the
-record is complete, ``finish`` gives each tracker the flattened config, the headline metrics (test metrics,
-best validation value, wall time; status and primary metric as tags or summary) and the record itself, as
-``quest-record.json`` (not ``record.json``: a store kept under an output directory must not hold records that
-``quest aggregate`` would count twice), and ends the tracker run as finished, failed or killed.
+matched. mlflow and wandb are imported only for a run that turns them on (``check``).
 """
 from __future__ import annotations
 
@@ -27,47 +20,45 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger
+from pytorch_lightning.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError, error_line
 from common.records import RunRecord
+from runners.config import compose
 from runners.runs.rundir import final_path
 
 log = logging.getLogger(__name__)
 
 TRACKERS = ("mlflow", "wandb")  # the sections of ``logging`` that turn a tracker on, each its package's name
 INSTALL = "pip install 'quest-study[tracking]'"
-WANDB_MODES = ("offline", "online")
-ARTIFACT = "quest-record.json"  # the record, as each tracker stores it
+# each tracker's name in messages, and the settings that say where it logs (none may be empty)
+NAMED = {"mlflow": ("MLflow", ("tracking_uri", "experiment")), "wandb": ("W&B", ("project", "dir"))}
+# the record, as each tracker stores it; not record.json: a store kept under an output directory must not hold
+# records that ``quest aggregate`` would count twice
+ARTIFACT = "quest-record.json"
 # a record's status -> how the tracker run ends: MLflow's run status, W&B's exit code
 MLFLOW_STATUS = {"ok": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 
 
 def enabled(cfg: DictConfig) -> list[str]:
-    """The trackers ``cfg`` turns on."""
     return [name for name in TRACKERS if OmegaConf.select(cfg, f"logging.{name}.enabled", default=False)]
 
 
 def check(cfg: DictConfig) -> None:
-    """A ``ConfigError`` for a tracker turned on that cannot log: its package missing, a W&B mode other than
-    offline or online, an empty name. Imports the package (only that of a tracker turned on)."""
+    """A ``ConfigError`` for a tracker turned on that cannot log: its package missing or an empty name (the schema
+    checks the rest). Imports the package (only that of a tracker turned on)."""
     for name in enabled(cfg):
         try:
             importlib.import_module(name)
         except ImportError as err:
             raise ConfigError(f"logging.{name}.enabled=true needs {name}, which cannot be imported "
                               f"({error_line(err)}); install it with {INSTALL}") from None
-    if "mlflow" in enabled(cfg):
-        for key in ("tracking_uri", "experiment"):
-            if not str(cfg.logging.mlflow[key] or "").strip():
-                raise ConfigError(f"logging.mlflow.{key} is empty; name where MLflow logs")
-    if "wandb" in enabled(cfg):
-        if cfg.logging.wandb.mode not in WANDB_MODES:
-            raise ConfigError(f"unknown logging.wandb.mode={cfg.logging.wandb.mode!r}; choose from {', '.join(WANDB_MODES)}")
-        for key in ("project", "dir"):
-            if not str(cfg.logging.wandb[key] or "").strip():
-                raise ConfigError(f"logging.wandb.{key} is empty; name where W&B logs")
+    for name in enabled(cfg):
+        label, keys = NAMED[name]
+        for key in keys:
+            if not str(cfg.logging[name][key] or "").strip():
+                raise ConfigError(f"logging.{name}.{key} is empty; name where {label} logs")
 
 
 def mlflow_uri(uri: str) -> str:
@@ -84,37 +75,22 @@ def wandb_root(cfg: DictConfig) -> Path:
     return Path(cfg.logging.wandb.dir).expanduser().resolve() / "wandb"
 
 
-def destinations(cfg: DictConfig) -> dict[str, str]:
-    """Where the trackers ``cfg`` turns on log, in words: ``{"mlflow": "<tracking uri> / <experiment>",
-    "wandb": "<project> (<mode>, <folder>)"}``."""
-    where = {}
-    if "mlflow" in enabled(cfg):
-        where["mlflow"] = f"{mlflow_uri(cfg.logging.mlflow.tracking_uri)} / {cfg.logging.mlflow.experiment}"
-    if "wandb" in enabled(cfg):
-        where["wandb"] = f"{cfg.logging.wandb.project} ({cfg.logging.wandb.mode}, {wandb_root(cfg)})"
-    return where
-
-
 def sweep_destinations(runs: Iterable[Sequence[str]]) -> dict[str, str]:
-    """Where the runs of a sweep (their ``quest train`` arguments) log, each tracker's places joined by ``; ``
-    (a grid may send runs to several); runs whose config does not compose are left out."""
-    from runners.config import compose
-
-    found: dict[str, list[str]] = {}
+    """Where the runs of a sweep (their ``quest train`` arguments) log, in words (MLflow: ``<tracking uri> /
+    <experiment>``, W&B: ``<project> (<mode>, <folder>)``), each tracker's places joined by ``; `` (a grid may send
+    runs to several); runs whose config does not compose are left out."""
+    found: dict[str, dict[str, None]] = {}  # each tracker's places, in order, once each
     for args in runs:
         try:
             cfg = compose(list(args))
         except ConfigError:
             continue
-        for name, where in destinations(cfg).items():
-            if where not in found.setdefault(name, []):
-                found[name].append(where)
+        mlflow, wandb = cfg.logging.mlflow, cfg.logging.wandb
+        if "mlflow" in enabled(cfg):
+            found.setdefault("mlflow", {})[f"{mlflow_uri(mlflow.tracking_uri)} / {mlflow.experiment}"] = None
+        if "wandb" in enabled(cfg):
+            found.setdefault("wandb", {})[f"{wandb.project} ({wandb.mode}, {wandb_root(cfg)})"] = None
     return {name: "; ".join(places) for name, places in found.items()}
-
-
-def run_name(cfg: DictConfig, build_dir: Path) -> str:
-    """``<domain>/<variant>/<run directory name>``: the tracker run's name, the run directory's last three parts."""
-    return f"{cfg.domain}/{cfg.attention.variant}/{final_path(build_dir).name}"
 
 
 def csv_log(build_dir: Path) -> CSVLogger:
@@ -128,26 +104,23 @@ def loggers(cfg: DictConfig, build_dir: Path) -> list[Logger]:
     found: list[Logger] = [csv_log(build_dir)]
     if cfg.logging.tensorboard:
         found.append(TensorBoardLogger(build_dir, name="", version="tensorboard"))
-    name, run_dir = run_name(cfg, build_dir), os.path.abspath(final_path(build_dir))
+    run_dir = final_path(build_dir)
+    name, where = f"{cfg.domain}/{cfg.attention.variant}/{run_dir.name}", os.path.abspath(run_dir)
     if "mlflow" in enabled(cfg):
-        from pytorch_lightning.loggers import MLFlowLogger
-
         uri = mlflow_uri(cfg.logging.mlflow.tracking_uri)
         if uri.startswith("file:"):  # MLflow 3 keeps its file store for those who ask for it
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        tags = {"quest.run_dir": run_dir, "quest.domain": cfg.domain, "quest.variant": cfg.attention.variant,
+        tags = {"quest.run_dir": where, "quest.domain": cfg.domain, "quest.variant": cfg.attention.variant,
                 "quest.seed": str(cfg.seed), "quest.preset": cfg.preset}
         found.append(MLFlowLogger(experiment_name=cfg.logging.mlflow.experiment, run_name=name, tracking_uri=uri,
                                   tags=tags))
     if "wandb" in enabled(cfg):
-        from pytorch_lightning.loggers import WandbLogger
-
         root = wandb_root(cfg).parent
         root.mkdir(parents=True, exist_ok=True)
         # mode passed to wandb.init: `offline=True` would set WANDB_MODE for every later run of the process
         wandb = WandbLogger(name=name, project=cfg.logging.wandb.project, save_dir=str(root),
-                            mode=cfg.logging.wandb.mode, job_type="train", notes=run_dir,
-                            tags=[cfg.domain, cfg.attention.variant, final_path(build_dir).name])
+                            mode=cfg.logging.wandb.mode, job_type="train", notes=where,
+                            tags=[cfg.domain, cfg.attention.variant, run_dir.name])
         if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:  # W&B warns of the setting, even unset
             del wandb._wandb_init["anonymous"]
         found.append(wandb)
@@ -189,8 +162,6 @@ def finish(run_loggers: Sequence[Logger], record: RunRecord | None) -> None:
     record is what counts, and it is written."""
     if rank_zero_only.rank != 0:
         return
-    from pytorch_lightning.loggers import MLFlowLogger, WandbLogger
-
     data = None if record is None else json.loads(json.dumps(record.to_json(), sort_keys=True, default=float))
     for logger in run_loggers:
         kind = "mlflow" if isinstance(logger, MLFlowLogger) else "wandb" if isinstance(logger, WandbLogger) else None

@@ -84,8 +84,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
 def _build(cfg: DictConfig, datamodule, task, record: RunRecord, start: float,
            snapshots: Sequence[float] = ()) -> None:
     """Fit and test in a fresh build directory, and put it in the run directory's place with its record
-    (``start``: when the run began, for its wall time). The trackers among the run's loggers are given the
-    record at the end."""
+    (``start``: when the run began, for its wall time); the trackers are given the record at the end."""
     build_dir = fresh_run_directory(cfg)
     record.timing = {"build_s": round(time.perf_counter() - start, 3)}  # config, data and model, before fitting
     loggers = trackers.loggers(cfg, build_dir)

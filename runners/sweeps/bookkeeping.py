@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from common.errors import ConfigError, error_line
 from common.records import RECORD_NAME, RecordError, read_record
@@ -43,19 +47,30 @@ def run_outcome(index: int, status: str, error: str | None = None, run_dir: Path
             "wall_s": wall_s}
 
 
-def prepare(runs: list[list[str]], redo: str | None, progress: Progress) -> list[list[str]]:
-    """Before any run starts: tell ``progress`` about the invalid runs and the records the sweep keeps,
-    and note the runs it makes again (``RERUN``), each under its run's lock. Returns the runs to do."""
+@dataclass
+class Pending:
+    """A run of the sweep still to be made: its place in the sweep, its config and its run directory."""
+
+    index: int
+    cfg: DictConfig
+    run_dir: Path
+
+
+def plan(runs: list[list[str]], progress: Progress, status_of: Callable[[Path], str | None]) -> list[Pending]:
+    """Compose every run once and tell ``progress`` about the invalid ones and those whose record stays
+    (``status_of`` a run directory: its record's status if it stays, None if the run is to be made, e.g.
+    ``keep_or_drop``, which notes the runs to make again before any starts); returns the runs to make."""
     pending = []
     for index, args in enumerate(runs):
         try:
-            run_dir = run_directory(compose(args))
+            cfg = compose(args)
         except ConfigError as err:
             progress.add(run_outcome(index, "invalid", error_line(err)))
             continue
-        status = keep_or_drop(run_dir, RERUN[redo])
+        run_dir = run_directory(cfg)
+        status = status_of(run_dir)
         if status is None:
-            pending.append(args)
+            pending.append(Pending(index, cfg, run_dir))
         else:
             progress.add(run_outcome(index, status, run_dir=run_dir))
     return pending

@@ -1,51 +1,17 @@
-"""The runs of a ``quest ensemble`` sweep, planned, cut into chunks and launched: each chunk's runs are claimed
-under their locks and trained together by the ensemble trainer (``runners.runs.ensemble``), which writes their
-run directories; this module turns its records into the sweep's outcomes."""
+"""A ``quest ensemble`` sweep's runs to make (``bookkeeping.plan``), cut into chunks and launched: each chunk's
+runs are claimed under their locks and trained together by the ensemble trainer (``runners.runs.ensemble``),
+which writes their run directories; this module turns its records into the sweep's outcomes."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from common.errors import ConfigError, DataError, error_line
-from runners.config import compose, run_directory
 from runners.runs.replayable import group_key
 from runners.runs.rundir import claimed
-from runners.sweeps.bookkeeping import note_outcome, run_outcome, settled
-from runners.sweeps.progress import Progress
-
-
-@dataclass
-class Pending:
-    """A run of the sweep still to be made: its place in the sweep, its config and its run directory."""
-
-    index: int
-    cfg: DictConfig
-    run_dir: Path
-
-
-def plan(runs: list[list[str]], progress: Progress, status_of: Callable[[Path], str | None]) -> list[Pending]:
-    """Compose every run once and tell ``progress`` about the invalid ones and those whose record stays
-    (``status_of`` a run directory: its record's status if it stays, None if the run is to be made); returns
-    the runs to make."""
-    pending = []
-    for index, args in enumerate(runs):
-        try:
-            cfg = compose(args)
-        except ConfigError as err:
-            progress.add(run_outcome(index, "invalid", error_line(err)))
-            continue
-        run_dir = run_directory(cfg)
-        status = status_of(run_dir)
-        if status is None:
-            pending.append(Pending(index, cfg, run_dir))
-        else:
-            progress.add(run_outcome(index, status, run_dir=run_dir))
-    return pending
+from runners.sweeps.bookkeeping import Pending, note_outcome, run_outcome, settled
 
 
 def chunks(pending: list[Pending], size: int) -> list[list[Pending]]:

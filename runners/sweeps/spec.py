@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,7 +19,7 @@ from common.schema import MAX_SEED
 from common.typed import Model, first_problem, said
 from runners.config import CONFIG_DIR, refuse_interpolation
 from runners.sweeps.slurm import Slurm
-from runners.sweeps.tuning import Tuning, unique_runs
+from runners.sweeps.tuning import Tuning, cells, unique_runs
 
 
 def _known(kind: str, names: Callable[[], Collection[str]]) -> AfterValidator:
@@ -183,22 +184,15 @@ def expand(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) ->
     section adds its own runs: ``tuning``.)"""
     out = output_dir or spec.output_dir
     return [run_args(spec, domain, variant, seed, out, combo, extra)
-            for seed, domain, combo, variant in itertools.product(spec.seeds, spec.domains, _combos(spec),
+            for seed, domain, combo, variant in itertools.product(spec.seeds, spec.domains, cells(spec.grid),
                                                                   spec.variants + spec.ablations)]
-
-
-def _combos(spec: Sweep) -> list[dict]:
-    return [dict(zip(spec.grid, values)) for values in itertools.product(*spec.grid.values())] or [{}]
 
 
 def tuning(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
     """The sweep's tuned protocol (``runners.sweeps.tuning``), None without a ``select:`` section."""
     if spec.select is None:
         return None
-    out = Path(output_dir or spec.output_dir)
-    return Tuning(spec, out, lambda domain, variant, seed, where, combo=None: run_args(spec, domain, variant, seed,
-                                                                                       where, combo, extra),
-                  _combos(spec))
+    return Tuning(spec, Path(output_dir or spec.output_dir), partial(run_args, spec, extra=extra))
 
 
 def confirmation(spec: Sweep, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:

@@ -23,6 +23,7 @@ is the recipe's is the same run as the recipe's and is made once.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -46,14 +47,15 @@ class Tuning:
     """The selection and confirmation runs of a sweep with a ``select:`` section. ``base(domain, variant,
     seed, out)`` gives a run's ``quest train`` arguments as the sweep makes them (``runners.sweeps.spec``)."""
 
-    def __init__(self, spec: Sweep, out: Path, base: Callable[..., list[str]], combos: list[dict] = ({},)):
+    def __init__(self, spec: Sweep, out: Path, base: Callable[..., list[str]]):
         select = spec.select
         self.out, self.base, self.use = out, base, select.use
+        self.file = out / SELECTION_FILE
         self.label = select.label  # what sets this sweep's tables apart from another's (say, its init)
         self.domains = select.domains or spec.domains
         self.variants = select.variants or spec.variants
         self.confirmed = [v for v in self.variants if v in spec.variants]  # the tuned variants the sweep also runs
-        self.combos = list(combos)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
+        self.combos = cells(spec.grid)  # the sweep's grid: selection runs at the recipe, tuned runs in every cell
         self.seeds = select.seeds
         self.recipe_seeds = spec.seeds if select.recipe else []
         self.confirm_seeds = select.confirm_seeds or spec.seeds  # also where recipe: false
@@ -61,14 +63,6 @@ class Tuning:
         self.extend = select.extend
         self.rule = select.rule
         self._recipe: dict[str, dict[str, float]] = {}
-
-    @property
-    def keys(self) -> list[str]:
-        return list(self.scale)
-
-    @property
-    def file(self) -> Path:
-        return self.out / SELECTION_FILE
 
     def recipe(self, domain: str) -> dict[str, float]:
         """The recipe's value of each scaled key in ``domain`` (the sweep's preset and overrides)."""
@@ -101,21 +95,17 @@ class Tuning:
         return grid, self._scores(domain, variant, grid, records) is not None
 
     def _scores(self, domain: str, variant: str, grid: dict[str, list[float]], records: Recorded) -> list[float] | None:
-        """The score of each setting of the grid (``_product`` order) by ``runners.runs.selection``'s rule,
+        """The score of each setting of the grid (``cells`` order) by ``runners.runs.selection``'s rule,
         signed so that higher is better; None while one of its runs has no record."""
         runs = self._runs(domain, variant, grid, records)
         if runs is None:
             return None
-        scores = []
-        for found in runs:
-            row, = candidates(found)
-            scores.append(row["mean"] if row["mode"] == "max" else -row["mean"])
-        return scores
+        return [row["mean"] if row["mode"] == "max" else -row["mean"] for (row,) in map(candidates, runs)]
 
     def _runs(self, domain: str, variant: str, grid: dict[str, list[float]], records: Recorded) -> list[list[RunRecord]] | None:
-        """The records of each setting of the grid (``_product`` order), None while one of them has no record."""
+        """The records of each setting of the grid (``cells`` order), None while one of them has no record."""
         found = []
-        for settings in _product(grid):
+        for settings in cells(grid):
             values = {key: self.value(domain, key, factor) for key, factor in settings.items()}
             runs = [rec for rec, flat in records if rec.domain == domain and rec.variant == variant
                     and rec.seed in self.seeds and all(_close(flat.get(k), v) for k, v in values.items())]
@@ -142,7 +132,7 @@ class Tuning:
         return [self._args(domain, variant, seed, self.out / "select",
                            {k: self.value(domain, k, f) for k, f in settings.items()})
                 for domain in self.domains for variant in self.variants
-                for settings in _product(self._grid(domain, variant, records)[0]) for seed in self.seeds]
+                for settings in cells(self._grid(domain, variant, records)[0]) for seed in self.seeds]
 
     def _records(self) -> Recorded:
         found, _ = read_records(self.out / "select") if (self.out / "select").is_dir() else ([], [])
@@ -165,7 +155,7 @@ class Tuning:
                 grid, complete = self._grid(domain, variant, records)
                 if not complete:
                     return None
-                settings = _product(grid)[_best(self._scores(domain, variant, grid, records))]
+                settings = cells(grid)[_best(self._scores(domain, variant, grid, records))]
                 values = {k: self.value(domain, k, f) for k, f in settings.items()}
                 found = self.margin(domain, variant, grid, records)
                 if found is not None:  # one key: its margin, and the curve's choice under rule: curve
@@ -174,13 +164,11 @@ class Tuning:
                     margins.setdefault(domain, {})[variant] = found.as_json()
                     print(f"select: {domain} / {variant}: {key}={values[key]:g} ({self.rule} rule); {found.describe()}")
                 picked.setdefault(domain, {})[variant] = values
-        selection = {"keys": self.keys, "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
+        selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
                      "confirm_seeds": self.confirm_seeds, "label": self.label, "rule": self.rule,
                      "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked,
                      "margins": margins}
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.file.write_text(json.dumps(selection, indent=1) + "\n")
-        return selection
+        return self._keep(selection)
 
     def _covering(self, selection: dict, source: Path, why: str) -> dict:
         """``selection`` if it chose for every domain and variant of this sweep, else a ``ConfigError`` naming what
@@ -190,8 +178,8 @@ class Tuning:
             raise ConfigError(f"{source} has no choice for {', '.join(lacking)}: {why}")
         return selection
 
-    def _borrow(self) -> dict | None:
-        """``use``: the other sweep's choices for this sweep's domains and variants (None until it has them);
+    def _borrow(self) -> dict:
+        """``use``: the other sweep's choices for this sweep's domains and variants (an error until it has them);
         the recipe is this sweep's own, which may differ from the other's in what the choices do not set."""
         source = Path(self.use) / SELECTION_FILE
         if not source.exists():
@@ -202,6 +190,9 @@ class Tuning:
                      "variants": self.variants, "from": str(source), "label": self.label,
                      "recipe": {d: self.recipe(d) for d in self.domains},
                      "chosen": {d: {v: other["chosen"][d][v] for v in self.variants} for d in self.domains}}
+        return self._keep(selection)
+
+    def _keep(self, selection: dict) -> dict:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.file.write_text(json.dumps(selection, indent=1) + "\n")
         return selection
@@ -222,11 +213,9 @@ def _close(a, b) -> bool:
     return a is not None and abs(float(a) - float(b)) <= 1e-9 * max(abs(float(b)), 1e-30)
 
 
-def _product(grid: dict[str, list[float]]) -> list[dict[str, float]]:
-    combos = [{}]
-    for key, factors in grid.items():
-        combos = [{**combo, key: f} for combo in combos for f in factors]
-    return combos
+def cells(grid: dict[str, list]) -> list[dict]:
+    """Every combination of the grid's values, the last key's varying fastest."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
 def unique_runs(runs: list[list[str]]) -> list[list[str]]:

@@ -1,6 +1,5 @@
-"""Making a sweep's runs: each worker process claims the runs no other holds (``run_all``), and the launching
-process starts the workers, follows what they report over their pipes and replaces one that a signal killed
-mid-run (``run_workers``). See ``runners.commands.sweep`` for the rules.
+"""Making a sweep's runs in worker processes (``run_all``) that the launching process starts and follows over
+their pipes (``run_workers``). See ``runners.commands.sweep`` for the rules.
 
 Local sweeps keep this loop rather than submitit's ``LocalExecutor`` (which ``slurm.py`` uses for clusters):
 that executor starts a process per job at submission with no cap on how many run at once, pays the
@@ -74,10 +73,10 @@ def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dic
 
 
 def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool, snapshots: Sequence[float] = ()) -> dict:
-    """Run a run whose lock this process holds (and, with ``robustness``, attack it if it is a classifier;
-    with ``snapshots``, test its snapshots)."""
-    from runners.runs.robust_accuracy import evaluate_run  # launching process does without it
-    from runners.runs.snapshot_tests import evaluate_curve  # imported here: Lightning is slow to import, and the
+    """Make a run whose lock this process holds, then attack it or test its snapshots as ``run_all`` says."""
+    # imported here: Lightning is slow to import, and the launching process does without it
+    from runners.runs.robust_accuracy import evaluate_run
+    from runners.runs.snapshot_tests import evaluate_curve
     from runners.runs.training import run
 
     start = time.monotonic()
@@ -102,16 +101,16 @@ def _spawn(cmd: list[str], env: dict, report_fd: int) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, pass_fds=(report_fd,))
 
 
-def run_workers(cmd: list[str], count: int, progress: Progress, threads: int | None = None) -> int:
-    """Make the runs in ``count`` worker processes, each running ``cmd`` (a ``quest`` command line that takes
-    ``--set`` and ``--report-fd``) with ``threads`` CPU threads (None: its share of the machine's cores; fewer
-    where something else runs beside the sweep, whose threads would otherwise spin against it), and feed
-    ``progress`` with what they
-    report until all have exited; returns the worst exit status among them. A worker killed by a signal
-    while making runs fails them (``_killed``) and is replaced; one killed between runs is not, and counts
-    as status 1. Stopped here (SIGINT, SIGTERM), it passes SIGTERM on to the workers and follows them to
-    their end, so that what they report of their stopped runs is heard."""
-    threads = threads or max(1, (os.cpu_count() or 1) // count)
+def run_workers(cmd: list[str], count: int, jobs: int, progress: Progress, threads: int | None = None) -> int:
+    """Make ``jobs`` (runs, or chunks of them) in ``count`` worker processes, no more than there are jobs, each
+    running ``cmd`` (a ``quest`` command line that takes ``--set`` and ``--report-fd``) with ``threads`` CPU threads
+    (None: its share of the machine's cores), and feed ``progress`` what they report, then show its summary.
+    Returns the worst exit status of the workers and the runs. A worker killed by a signal while making runs fails
+    them (``_killed``) and is replaced; one killed between runs counts as status 1. Stopped here (SIGINT, SIGTERM),
+    it passes SIGTERM on to the workers and follows them to their end, so that their stopped runs are heard of."""
+    progress.workers = max(1, min(count, jobs))
+    progress.show()
+    threads = threads or max(1, (os.cpu_count() or 1) // progress.workers)
     cmd = [*cmd, "--set", f"threads={threads}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     workers: dict[int, subprocess.Popen] = {}  # the read end of each worker's pipe -> the worker
@@ -121,17 +120,19 @@ def run_workers(cmd: list[str], count: int, progress: Progress, threads: int | N
         workers[read] = _spawn(cmd + ["--report-fd", str(write)], env, write)
         os.close(write)  # the worker holds the only write end: end of file on the pipe means it exited
 
-    for _ in range(count):
+    for _ in range(min(count, jobs)):
         start()
     partial, running = {}, {}  # each pipe's incomplete last line, and the runs its worker is making
     try:
-        return _follow(workers, partial, running, progress, start)
+        code = _follow(workers, partial, running, progress, start)
     except (Stopped, KeyboardInterrupt):
         for worker in workers.values():
             with suppress(ProcessLookupError):
                 worker.send_signal(signal.SIGTERM)
         _follow(workers, partial, running, progress, start=None)
         raise
+    progress.summary()
+    return max(code, progress.code())
 
 
 def report_to(fd: int, work: Callable[[Callable[[dict], None]], object]) -> int:
