@@ -14,9 +14,8 @@ class CommandParser(argparse.ArgumentParser):
     """A command's parser: ``--help`` shows its description as written (a module docstring); an error is the one
     line ``<prog>: error: <what>``, without the usage block argparse prints before it."""
 
-    def __init__(self, prog: str, description: str | None = None, **options):
-        options.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(prog=prog, description=description, **options)
+    def __init__(self, prog: str, description: str | None = None):
+        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

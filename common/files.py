@@ -10,6 +10,7 @@ Only the standard library and PyYAML: the CLI reads its inputs before torch load
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import stat
@@ -56,10 +57,9 @@ def regular_file(path: str | Path, what: str) -> Path:
     open3d); else a ``FileError`` saying what it is."""
     path = Path(path)
     try:
-        info = os.stat(path)
+        _check(path, os.stat(path), what, None)
     except OSError as err:
         raise FileError(path, os_reason(err, what)) from None
-    _check(path, info, what, None)
     return path
 
 
@@ -171,8 +171,6 @@ def read_yaml(path: str | Path, what: str, max_bytes: int) -> Any:
 def read_table(path: str | Path, what: str, max_bytes: int, **options):
     """A CSV file as a pandas frame (``options`` are ``pandas.read_csv``'s), read as ``read_bytes`` reads: a file
     that is empty, binary, not UTF-8 or not of the columns ``options`` ask for is a ``FileError`` naming it."""
-    import io
-
     import pandas as pd  # here: the CLI's input checks run before pandas loads
 
     data = read_bytes(path, what, max_bytes)

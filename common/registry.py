@@ -1,13 +1,10 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
-A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus its primary metric
-(logged as ``val/<metric>`` and ``test/<metric>``), whether lower or higher is better, the names of its
-datasets, its typed config and any commands of its own. The config check takes the valid ``data.dataset`` values from those names,
-so naming them (``quest list``, the config check) loads no data code; the domain's datamodule maps each name to
-its loader itself. A command is ``quest <name>`` run by the ``main(argv)`` of the module it names
-(``"domains.language.generate"``). Domains come from a package scanned by ``discover`` (the project's
-``domains/``), from the ``quest.domains`` entry-point group (an entry point names a module that registers on
-import), or from code that calls ``register_domain``.
+A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus what ``register_domain`` is
+given. The config check takes the valid ``data.dataset`` values from its dataset names, so naming them (``quest
+list``, the config check) loads no data code; the domain's datamodule maps each name to its loader itself. Domains
+come from a package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains`` entry-point
+group (an entry point names a module that registers on import), or from code that calls ``register_domain``.
 
 A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
 ``config.py`` (its typed config: a ``common.schema.RunConfig`` subclass, pydantic only), ``data.py`` (datamodule
@@ -80,7 +77,7 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
 
     Args:
         name: The domain's name (``domain=<name>``).
-        metric: Its primary metric: what checkpoints, selection and tables go by.
+        metric: Its primary metric (logged as ``val/<metric>`` and ``test/<metric>``): what checkpoints, selection and tables go by.
         mode: ``"min"`` or ``"max"``: which way ``metric`` is better.
         datasets: The names ``data.dataset`` may take.
         config: Its ``RunConfig`` subclass: its own sections and its defaults of the shared ones.
@@ -126,13 +123,9 @@ def package_domains() -> dict[str, str]:
     Returns:
         Domain name -> its package's dotted name.
     """
-    found = {}
-    for package in _PACKAGES:
-        module = importlib.import_module(package)
-        for info in pkgutil.iter_modules(module.__path__):
-            if info.ispkg and not info.name.startswith("_"):
-                found[info.name] = f"{package}.{info.name}"
-    return found
+    return {info.name: f"{package}.{info.name}" for package in _PACKAGES
+            for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
+            if info.ispkg and not info.name.startswith("_")}
 
 
 def _entry_points() -> dict[str, Any]:
@@ -225,9 +218,8 @@ def domain_schema(name: str) -> tuple[type[RunConfig], dict]:
         raise ConfigError(err.args[0]) from None
     path = domain.presets or CONFIG_DIR / "domain" / f"{name}.yaml"
     presets = _read(path) if path.exists() else {}
-    if set(presets) - {"presets"}:
-        raise ConfigError(f"{path}: a domain's YAML file holds its presets only, not "
-                          f"{', '.join(sorted(set(presets) - {'presets'}))}")
+    if others := set(presets) - {"presets"}:
+        raise ConfigError(f"{path}: a domain's YAML file holds its presets only, not {', '.join(sorted(others))}")
     return domain.config, presets.get("presets", {})
 
 

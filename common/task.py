@@ -22,7 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
 from common.metrics import MajorityClassAccuracy
-from common.schema import SCHEDULES, Optim
+from common.schema import Optim
 
 # ``lamb``: timm's Lamb (You et al. 2020), DeiT-III's optimiser: Adam's bias-corrected step plus weight decay,
 # rescaled per tensor by the trust ratio ‖w‖ / ‖step‖. Groups without weight decay (biases, norms, LayerScale:
@@ -304,36 +304,28 @@ def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim:
 
 
 def lr_schedule(optim: Optim, total: int):
-    """``lr_factor`` as the ``optim`` config section sets it up, for a run of ``total`` optimiser steps."""
-    return lr_factor(total, optim.schedule, warmup=optim.warmup_steps, min_ratio=optim.min_lr_ratio,
-                     cooldown=optim.cooldown_steps, power=optim.poly_power)
-
-
-def lr_factor(total: int, schedule: str, *, warmup: int = 0, min_ratio: float = 0.0, cooldown: int = 0,
-              power: float = 0.9):
-    """The learning-rate multiplier per 0-based step, for ``LambdaLR``: linear warm-up to 1 over ``warmup`` steps; then
-    ``schedule`` down to ``min_ratio`` (a fraction of the base rate) by step ``total - cooldown`` — ``cosine``,
-    ``poly`` (``(1 - progress) ** power``, Segmenter's schedule) or ``constant`` (stays at 1); then ``min_ratio``
-    for the last ``cooldown`` steps (DeiT's cool-down epochs). A ``schedule`` not in ``SCHEDULES`` is a ValueError."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    decay_end = max(warmup + 1, total - cooldown)
+    """The learning-rate multiplier per 0-based step of a run of ``total`` optimiser steps, for ``LambdaLR``, as the
+    ``optim`` section sets it: linear warm-up to 1 over ``warmup_steps``; then ``schedule`` down to ``min_lr_ratio`` (a
+    fraction of the base rate) by step ``total - cooldown_steps`` — ``cosine``, ``poly`` (``(1 - progress) **
+    poly_power``, Segmenter's schedule) or ``constant`` (stays at 1); then ``min_lr_ratio`` for the last
+    ``cooldown_steps`` (DeiT's cool-down epochs)."""
+    warmup, min_ratio = optim.warmup_steps, optim.min_lr_ratio
+    decay_end = max(warmup + 1, total - optim.cooldown_steps)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if schedule == "constant":
+        if optim.schedule == "constant":
             return 1.0
         progress = min(1.0, (step - warmup) / (decay_end - warmup))
-        shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else (1 - progress) ** power
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if optim.schedule == "cosine" else (1 - progress) ** optim.poly_power
         return min_ratio + (1 - min_ratio) * shape
 
     return factor
 
 
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
-    """Name -> metric over ``num_classes`` classes, in this order: ``acc`` (overall, the headline), ``macc`` (mean
-    per-class accuracy) and ``acc_baseline`` (always the most frequent class)."""
+    """Name -> metric over ``num_classes`` classes, the headline ``acc`` first (``Task``'s ``metrics``)."""
     return {"acc": MulticlassAccuracy(num_classes, average="micro"),
             "macc": MulticlassAccuracy(num_classes, average="macro"),
             "acc_baseline": MajorityClassAccuracy(num_classes)}

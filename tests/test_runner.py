@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 from pydantic import ValidationError
 
 from common.records import RecordError, RunRecord, read_record, write_record
-from common.task import lr_factor
+from common.schema import Optim
+from common.task import lr_schedule
 from runners.cli import main as cli
 from runners.config import ConfigError, compose, run_directory
 from runners.runs.training import check_settings, device_batch, train
@@ -275,15 +276,15 @@ def test_global_batch_splits_over_devices_and_accumulation():
 
 
 def test_learning_rate_schedules():
-    cosine = lr_factor(100, "cosine", warmup=10, min_ratio=0.1, cooldown=20)
+    cosine = lr_schedule(Optim(schedule="cosine", warmup_steps=10, min_lr_ratio=0.1, cooldown_steps=20), 100)
     assert [cosine(s) for s in (0, 9)] == pytest.approx([0.1, 1.0])
     assert cosine(45) == pytest.approx(0.55)  # half way from the warm-up's end to the cool-down's start
     assert [cosine(s) for s in (80, 99)] == pytest.approx([0.1, 0.1])  # the cool-down holds the minimum
-    poly = lr_factor(100, "poly", power=0.9)
+    poly = lr_schedule(Optim(schedule="poly", poly_power=0.9), 100)
     assert poly(50) == pytest.approx(0.5 ** 0.9) and poly(100) == 0.0
-    assert lr_factor(100, "constant", warmup=4)(50) == 1.0
-    with pytest.raises(ValueError, match="unknown schedule"):
-        lr_factor(100, "step")
+    assert lr_schedule(Optim(schedule="constant", warmup_steps=4), 100)(50) == 1.0
+    with pytest.raises(ValidationError, match="schedule"):  # the schema refuses a schedule lr_schedule lacks
+        Optim(schedule="step")
 
 
 def test_quest_list_names_every_domain_its_commands_and_the_variants(capsys):

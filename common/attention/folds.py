@@ -29,11 +29,6 @@ def qknorm_gain_init(seq_len: int | None, head_dim: int) -> float:
     return math.sqrt(head_dim)
 
 
-def _per_head(x: Tensor, like: Tensor) -> Tensor:
-    """A per-head vector [H] shaped to broadcast against q with heads on dim 1 ([B, H, N, D] or [N, H, D])."""
-    return x.view(-1, *([1] * (like.dim() - 2)))
-
-
 class QKFold(nn.Module):
     """Folds a variant into (q, k) for one attention layer, so that plain dot-product attention with
     the returned scale gives the variant's logits. Subclasses add learnable scales: ``logit_gain`` (one factor
@@ -124,7 +119,7 @@ class LayerGain(QKFold):
 
     def logit_gain(self, like: Tensor) -> Tensor:
         """The learnable gain, shaped to broadcast against ``like``."""
-        return _per_head(self.gain, like)
+        return self.gain.view(-1, *([1] * (like.dim() - 2)))  # heads on dim 1: [B, H, N, D] or [N, H, D]
 
     def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
         """The logits written out: g · q·kᵀ."""

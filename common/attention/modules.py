@@ -235,8 +235,7 @@ def attention_layer(layer: type[nn.Module] = MultiheadAttention, /, **settings) 
         ValueError: If ``settings["variant"]`` names no variant.
     """
     accepted = [name for name in inspect.signature(layer).parameters if name not in ("self", "dim", "num_heads")]
-    unknown = [name for name in settings if name not in accepted]
-    if unknown:
+    if unknown := [name for name in settings if name not in accepted]:
         near = difflib.get_close_matches(unknown[0], accepted, n=1)
         raise TypeError(f"{layer.__name__} takes no attention setting {unknown[0]!r}"
                         + (f"; did you mean {near[0]}?" if near else f"; it takes {', '.join(accepted)}"))

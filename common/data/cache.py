@@ -1,5 +1,4 @@
-"""An on-disk cache for generated or featurised datasets, keyed by ``short_hash``: written atomically, read
-as data only (``weights_only=True``), rebuilt rather than trusted when it does not load."""
+"""An on-disk cache for generated or featurised datasets, keyed by ``short_hash`` (``cached``)."""
 from __future__ import annotations
 
 import errno
@@ -32,28 +31,6 @@ UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIS
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj, path)`` through a temporary file beside it, so a reader never sees half a file; a
-    folder that cannot be written, or a disk that fills up, is the user's to fix (``cache_dir``), named in one
-    line, with no temporary file left."""
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as file:  # torch writes through Python's file: a full disk is an OSError here
-            torch.save(obj, file)
-        os.replace(tmp, path)
-    except OSError as err:
-        if err.errno not in UNWRITABLE + FULL:
-            raise
-        raise DataError(f"cannot write the cache file {path} ({err.strerror}); point cache_dir= at a writable "
-                        "folder with space") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def refused_global(err: pickle.UnpicklingError) -> str | None:
     """The global that ``torch.load(weights_only=True)`` refused to build (a file that would have run code),
     or None where the file is simply not one torch wrote."""
@@ -64,7 +41,9 @@ def refused_global(err: pickle.UnpicklingError) -> str | None:
 
 def cached(path: str | Path, build: Callable[[], Any]) -> Any:
     """What ``build()`` returns, kept at ``path``: read back when the file is there, else built and saved
-    atomically (so concurrent runs never read half a file). Delete the file to rebuild.
+    atomically, through a temporary file beside it, so concurrent runs never read half a file (a folder that
+    cannot be written, or a full disk, is the user's to fix: ``cache_dir``, named in one line). Delete the file
+    to rebuild.
 
     A cache folder may be shared (a cluster's), so its files are data, never code: they hold tensors and
     plain containers only, are read with ``weights_only=True``, and carry the file's own name as their key
@@ -81,5 +60,19 @@ def cached(path: str | Path, build: Callable[[], Any]) -> Any:
             problem = f"unreadable: {type(err).__name__}"
         log.warning("rebuilding the cache %s (%s)", path, problem)
     obj = build()
-    atomic_save({"key": path.name, "value": obj}, path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as file:  # torch writes through Python's file: a full disk is an OSError here
+            torch.save({"key": path.name, "value": obj}, file)
+        os.replace(tmp, path)
+    except OSError as err:
+        if err.errno not in UNWRITABLE + FULL:
+            raise
+        raise DataError(f"cannot write the cache file {path} ({err.strerror}); point cache_dir= at a writable "
+                        "folder with space") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
     return obj

@@ -12,7 +12,6 @@ high-water mark is reset first, so the imports' peak does not count), on a GPU
 from __future__ import annotations
 
 import json
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 from common.arguments import CommandParser, positive_int, shape, shapes
 from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
+from common.errors import ConfigError
+from common.schema import COMPILE_MODES
 
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 
@@ -48,8 +49,16 @@ def main(argv: list[str]) -> int:
                         help="where one whole quest train run's time goes (a fresh process; repeatable): start and "
                         "imports, data and model, fit, checkpoint writes, test")
     args = parser.parse_args(argv)
-    if args.model or args.fixed_cost:
-        return model_bench(args)
+    if args.compile and args.model and args.compile not in COMPILE_MODES:
+        raise ConfigError(f"--compile {args.compile!r} is not a torch.compile mode; choose from {', '.join(COMPILE_MODES)}")
+    results = model_bench(args) if args.model or args.fixed_cost else attention_bench(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def attention_bench(args) -> dict:
+    """The attention kernels' times at ``--shapes`` and their memory at ``--long``, printed."""
     result = {"device": args.device, "dtype": args.dtype, "layout": args.layout, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "repeats": args.repeats, "long_shape": args.long, "shapes": {}}
     for dims in args.shapes:
@@ -68,22 +77,19 @@ def main(argv: list[str]) -> int:
     columns = list(result["shapes"])
     print(f"{'variant':22s}" + "".join(f"{c:>18s}" for c in columns))
     print(f"{'sdpa (ms)':22s}" + "".join(f"{result['shapes'][c]['sdpa_ms']:18.2f}" for c in columns))
-    for v in VARIANTS:
-        print(f"{v:22s}" + "".join(f"{result['shapes'][c]['ratio'][v]:18.3f}" for c in columns))
-    for n in NORMALISATIONS:
-        print(f"{n:22s}" + "".join(f"{result['shapes'][c]['normalisation'][n]:18.3f}" for c in columns))
+    for kind, names in (("ratio", VARIANTS), ("normalisation", NORMALISATIONS)):
+        for name in names:
+            print(f"{name:22s}" + "".join(f"{result['shapes'][c][kind][name]:18.3f}" for c in columns))
     print(f"\nmemory of one forward+backward above the memory held before it, {list(args.long)}:")
     for name, mb in memory.items():
         share = f"  ({mb / memory['standard']:.2f}× standard)" if memory["standard"] > 0 else ""
         print(f"  {name:32s} {mb:10.1f} MB{share}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0
+    return result
 
 
-def model_bench(args) -> int:
+def model_bench(args) -> list[dict]:
     """``--model``: per model, every variant's bare training step over standard's, and the loop overhead;
-    ``--fixed-cost``: where one whole run's time goes."""
+    ``--fixed-cost``: where one whole run's time goes. Printed; returns the results."""
     from runners.runs.stepbench import fixed_cost, measure  # Lightning and the domains: only here
 
     if args.compile and args.model:
@@ -109,33 +115,23 @@ def model_bench(args) -> int:
     print(f"{'run':36s}" + "".join(f"{c:>{width}s}" for c in columns))
     for result, row in zip(results, rows):
         print(f"{' '.join(result['config']):36s}" + "".join(f"{cell:>{width}s}" for cell in row))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    return results
 
 
-def compiled_bench(args) -> int:
+def compiled_bench(args) -> list[dict]:
     """``--model ... --compile``: per model and variant, the bare step eager and compiled side by side."""
-    from common.schema import COMPILE_MODES
     from runners.runs.compilebench import measure_compiled
 
-    if args.compile not in COMPILE_MODES:
-        print(f"quest bench: --compile {args.compile!r} is not a torch.compile mode; choose from "
-              f"{', '.join(COMPILE_MODES)}", file=sys.stderr)
-        return 2
     results = [measure_compiled(model, list(VARIANTS), args.steps, args.repeats, args.compile) for model in args.model]
-    columns = ["eager it/s", "compiled it/s", "speed-up", "compile s cold", "warm", "MB eager", "MB compiled",
-               "run speed-up"]
-    keys = ["eager_steps_per_s", "compiled_steps_per_s", "speedup", "compile_cold_s", "compile_warm_s",
-            "peak_mb_eager", "peak_mb_compiled", "run_speedup"]
+    columns = {"eager it/s": "eager_steps_per_s", "compiled it/s": "compiled_steps_per_s", "speed-up": "speedup",
+               "compile s cold": "compile_cold_s", "warm": "compile_warm_s", "MB eager": "peak_mb_eager",
+               "MB compiled": "peak_mb_compiled", "run speed-up": "run_speedup"}
+    width = max(len(c) for c in columns) + 2
     for result in results:
         print(f"{' '.join(result['config'])}: training step on cpu ({result['threads']} threads), eager and "
               f"torch.compile(mode={result['mode']!r}), median of {result['rounds']} rounds of {result['steps']} steps; "
               f"run speed-up: {result['run_steps']} steps, warm compile paid once")
-        width = max(len(c) for c in columns) + 2
         print(f"{'variant':18s}" + "".join(f"{c:>{width}s}" for c in columns))
         for variant, row in result["variants"].items():
-            print(f"{variant:18s}" + "".join(f"{row[key]:>{width}.{3 if 'speed' in key else 1}f}" for key in keys))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+            print(f"{variant:18s}" + "".join(f"{row[key]:>{width}.{3 if 'speed' in key else 1}f}" for key in columns.values()))
+    return results

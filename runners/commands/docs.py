@@ -33,8 +33,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--build", metavar="DIR", help="build the site into DIR in strict mode instead of serving it")
     parser.add_argument("--addr", metavar="HOST:PORT", help="where to serve it (default 127.0.0.1:8000)")
     args = parser.parse_args(argv)
-    missing = [name for name in NEEDED if importlib.util.find_spec(name.split(".")[0]) is None]
-    if missing:
+    if missing := [name for name in NEEDED if importlib.util.find_spec(name.split(".")[0]) is None]:
         raise ConfigError(f"quest docs needs {', '.join(missing)}: pip install -e '.[test]'")
     if not CONFIG.is_file():
         raise ConfigError(f"{CONFIG} is missing: quest docs runs from a checkout of the project")

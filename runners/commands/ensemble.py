@@ -10,11 +10,10 @@ under its lock while the chunk trains), with one progress line for the whole swe
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from common.arguments import CommandParser, positive_int
-from runners.commands import THREADS_HELP
+from runners.commands import add_sweep_arguments
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan, recorded_status
 from runners.sweeps.ensemble import chunks, run_chunks
 from runners.sweeps.progress import Progress
@@ -24,16 +23,9 @@ from runners.sweeps.workers import report_to, run_workers
 
 def main(argv: list[str]) -> int:
     parser = CommandParser("quest ensemble", __doc__)
-    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=positive_int, default=1, help="processes sharing the chunks and the CPU threads")
-    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    add_sweep_arguments(parser, "processes sharing the chunks and the CPU threads")
     parser.add_argument("--members", type=positive_int, default=128, help="most runs trained together (default 128)")
-    parser.add_argument("--output-dir", help="override the sweep's output_dir")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
-    parser.add_argument("--redo", choices=("diverged", "all"),
-                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
     parser.add_argument("--dry-run", action="store_true", help="list the chunks and exit")
-    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a launch
     args = parser.parse_args(argv)
     runs = expand(load_sweep(args.sweep), args.output_dir, args.set)
     progress = Progress(runs)

@@ -25,9 +25,8 @@ def data_rate(datamodule, task, batches: int) -> float:
     """Samples/s of the training loader alone, after one batch to start its workers."""
     loader = iter(datamodule.train_dataloader())
     next(loader)
-    start, count = time.perf_counter(), 0
-    for batch in itertools.islice(loader, batches):
-        count += len(task.unpack(batch)[1])
+    start = time.perf_counter()
+    count = sum(len(task.unpack(batch)[1]) for batch in itertools.islice(loader, batches))
     return count / (time.perf_counter() - start)
 
 

@@ -19,9 +19,6 @@ from common.attention import get_variant
 from common.checkpoint import run_config
 from runners.runs.robust_accuracy import evaluate_run
 
-ELLIPTICAL_NOTE = ("elliptical variants compute their attention metric without gradient: white-box attacks "
-                   "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
-
 
 def main(argv: list[str]) -> int:
     parser = CommandParser("quest robustness", __doc__)
@@ -34,8 +31,8 @@ def main(argv: list[str]) -> int:
         parser.error("no run directory or checkpoint given")
     for path in runs:
         results = evaluate_run(path, overrides)
-        variant = run_config(path, key="run")[2].attention.variant
         print(f"{path}: " + " ".join(f"{k}={v:.4g}" for k, v in results.items()))
-        if get_variant(variant).elliptical:
-            print(f"  note: {ELLIPTICAL_NOTE}")
+        if get_variant(run_config(path, key="run")[2].attention.variant).elliptical:
+            print("  note: elliptical variants compute their attention metric without gradient: white-box attacks "
+                  "treat it as a constant, so these numbers may overstate robustness (gradient masking)")
     return 0

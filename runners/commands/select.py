@@ -12,21 +12,17 @@ Test metrics are not read.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from common.arguments import CommandParser
+from common.arguments import CommandParser, whole
 from runners.runs import rule_simulation
 from runners.runs.selection import chosen, effects_table, grids, group_margins, margins_table, overrides, select, selection_table
 
 
 def _seed_counts(text: str) -> list[int]:
-    counts = [int(n) for n in text.split(",") if n.strip().isdigit()]
-    if len(counts) != len(text.split(",")) or not all(1 < n <= 1000 for n in counts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seed counts from 2 to 1000")
-    return counts
+    return [whole(2, 1000)(n) for n in text.split(",")]
 
 
 def main(argv: list[str]) -> int:

@@ -47,9 +47,9 @@ import sys
 import time
 from pathlib import Path
 
-from common.arguments import CommandParser, positive_int
+from common.arguments import CommandParser
 from common.errors import Stopped
-from runners.commands import THREADS_HELP
+from runners.commands import add_sweep_arguments
 from runners.results.document import write_results
 from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan
@@ -100,19 +100,12 @@ def launch(spec: Sweep, args: argparse.Namespace, argv: list[str], stage: str, r
 
 def main(argv: list[str]) -> int:
     parser = CommandParser("quest sweep", __doc__)
-    parser.add_argument("sweep", help="a sweep YAML, or the name of one in configs/sweep/")
-    parser.add_argument("--workers", type=positive_int, default=1, help="local worker processes")
-    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    add_sweep_arguments(parser, "local worker processes")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                         help="slurm: one job array through submitit, settings from the sweep's `slurm:` section")
-    parser.add_argument("--output-dir", help="override the sweep's output_dir")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
-    parser.add_argument("--redo", choices=("diverged", "all"),
-                        help="also rerun the diverged runs, or every run (failed runs are always rerun)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     parser.add_argument("--aggregate", metavar="RESULTS_MD",
                         help="aggregate the sweep's runs into this file at the end")
-    parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)  # set for the workers of a sweep
     parser.add_argument("--stage", choices=("select", "confirm"), help=argparse.SUPPRESS)  # the workers' stage
     args = parser.parse_args(argv)
     spec = load_sweep(args.sweep)

@@ -18,10 +18,6 @@ metric yet). One whose domain cannot rank variants (``runners.results.stats.atte
 runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file. A pair
 with a run that did not finish ok is dropped and counted. A hypothesis with a ``target`` is *powered* where its
 minimum detectable effect (``stats.detectable``, the formula the first plan registered) is at most the target.
-
-Several plans (a replication with new seeds) are each tested on their own runs, with their own Holm family, and
-shown side by side per hypothesis id. A plan whose seeds are not all run yet is tested on the seeds present and
-labelled "k of N seeds", not the registered analysis; one with none says its runs are not yet made.
 """
 from __future__ import annotations
 
@@ -209,13 +205,6 @@ def claim_differences(runs: pd.DataFrame, h: Hypothesis, seeds: list[int]) -> tu
     return sign * (pairs["variant"] - pairs["against"]), len(dropped)
 
 
-def _seeds_run(runs: pd.DataFrame, h: Hypothesis, seeds: list[int]) -> int:
-    """How many of the plan's seeds have a run of both sides of ``h``'s contrast, finished or not."""
-    wanted = runs[(runs["domain"] == h.domain) & runs["seed"].isin(seeds)]
-    variant, against = (set(wanted.loc[wanted["variant"] == getattr(h, side), "seed"]) for side in ("variant", "against"))
-    return len(variant & against)
-
-
 def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """One row per hypothesis: the seeds run, n, the difference (positive favours the claimed variant), its 95%
     interval, p, Holm p over the family, minimum detectable effect at ``mde_level``, the target (NaN where none), and
@@ -225,13 +214,15 @@ def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     rows = []
     for h in plan.hypotheses:
         diff, dropped = claim_differences(confirm, h, h.seeds)
+        wanted = confirm[(confirm["domain"] == h.domain) & confirm["seed"].isin(h.seeds)]
+        both = set.intersection(*(set(wanted.loc[wanted["variant"] == side, "seed"]) for side in (h.variant, h.against)))
         domain_recipe = recipe[recipe["domain"] == h.domain]
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
         rows.append({"id": h.id, "claim": h.claim, "domain": h.domain, "metric": h.metric,
                      "contrast": f"{h.variant} − {h.against}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
                      "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": np.nan if h.target is None else h.target,
-                     "seeds": _seeds_run(confirm, h, h.seeds), "planned": len(h.seeds),
+                     "seeds": len(both), "planned": len(h.seeds),  # seeds with both sides run, finished or not
                      "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
     table["p_holm"] = holm(table.loc[table["ranks"] & table["p"].notna(), "p"])  # NaN outside the family
@@ -290,27 +281,19 @@ def _verdict(row: pd.Series, alpha: float) -> str:
     return "supported" if row["diff"] > 0 else "contradicted"
 
 
-def _commit_of(path: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent,
-                              capture_output=True, text=True, check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _precedes(first: str, later: str, where: Path) -> bool:
-    return subprocess.run(["git", "merge-base", "--is-ancestor", first, later], cwd=where,
-                          capture_output=True).returncode == 0
-
-
 def provenance(path: Path, runs: pd.DataFrame) -> str:
     """Whether the plan's commit is an ancestor of every confirmatory run's commit (read from its record)."""
-    planned = _commit_of(path)
-    if planned is None:
+    try:
+        planned = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        planned = ""
+    if not planned:
         return f"`{path}` is not committed: nothing shows the plan came before the runs."
     # records load_runs has read already
     commits = {(read_record(run_dir).git_commit or "unknown").removesuffix("+dirty") for run_dir in runs["run_dir"]}
-    later = [c for c in commits if c != "unknown" and _precedes(planned, c, path.parent)]
+    later = [c for c in commits if c != "unknown" and subprocess.run(
+        ["git", "merge-base", "--is-ancestor", planned, c], cwd=path.parent, capture_output=True).returncode == 0]
     verdict = ("every run's commit descends from it" if len(later) == len(commits) else
                f"{len(commits) - len(later)} of {len(commits)} run commits do not descend from it (or are unknown)")
     return f"The plan was committed in `{planned[:12]}`; {verdict}."
@@ -379,17 +362,13 @@ def _described(c: Confirmation) -> str:
     partial = (f" Runs so far: {c.progress}; the tests use the seeds present and are not the registered analysis "
                f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
     own = " (some claims on a part of them, as the plan says)" if (c.table["planned"] < c.planned).any() else ""
+    level = mde_level(c.plan)
+    at = (f"α = {level:g}" if level == c.plan.alpha
+          else f"Holm's first step α/{len(c.plan.hypotheses)} = {level:.2g}, the level the plan was sized at")
     return (f"Pre-registered in `{c.path}`: {c.plan.protocol} protocol, seeds {seed_text(c.plan.seeds)} only{own}, two-sided "
             f"paired t-tests by seed, α = {c.plan.alpha}, Holm's correction over the {tested} hypotheses tested; "
-            f"MDEs at 80% power and {_level_text(c.plan)}. "
+            f"MDEs at 80% power and {at}. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
-
-
-def _level_text(plan: Plan) -> str:
-    level = mde_level(plan)
-    if level == plan.alpha:
-        return f"α = {level:g}"
-    return f"Holm's first step α/{len(plan.hypotheses)} = {level:.2g}, the level the plan was sized at"
 
 
 def _verdict_counts(c: Confirmation) -> str:
@@ -418,7 +397,9 @@ def section(runs: pd.DataFrame, confirmations: Sequence[Confirmation]) -> list[s
         return ["## Confirmatory tests", "", _described(c), "",
                 pd.concat([_claims_of(c), _results(c)], axis=1).to_markdown(index=False), "",
                 f"Verdicts: {_verdict_counts(c)}.", "", *_second_setting_lines(c.second)]
-    names = _names(confirmations)
+    names = [c.path.stem for c in confirmations]  # a plan's columns: the file's stem, or its path where two coincide
+    if len(set(names)) < len(names):
+        names = [str(c.path) for c in confirmations]
     lines = ["## Confirmatory tests", "", f"{len(confirmations)} pre-registered plans, each tested on its own runs "
              "(its protocol and seeds) with its own Holm family; per hypothesis, each plan's columns side by side "
              "(— where the plan does not hold the hypothesis; differences signed so that + favours the claim).", ""]
@@ -426,12 +407,6 @@ def section(runs: pd.DataFrame, confirmations: Sequence[Confirmation]) -> list[s
     lines += ["", _side_by_side(confirmations, names).to_markdown(index=False), ""]
     lines += [f"Verdicts, {name}: {_verdict_counts(c)}." for name, c in zip(names, confirmations)]
     return [*lines, "", *(line for name, c in zip(names, confirmations) for line in _second_setting_lines(c.second, name))]
-
-
-def _names(confirmations: Sequence[Confirmation]) -> list[str]:
-    """A short name per plan for its columns: the file's stem, or its path where two stems coincide."""
-    stems = [c.path.stem for c in confirmations]
-    return stems if len(set(stems)) == len(stems) else [str(c.path) for c in confirmations]
 
 
 def _claims_of(c: Confirmation) -> pd.DataFrame:
@@ -454,8 +429,8 @@ def _side_by_side(confirmations: Sequence[Confirmation], names: list[str]) -> pd
 
 def headline(confirmations: Sequence[Confirmation]) -> list[str]:
     """For the top of RESULTS.md, per plan: what it found, and what its sizes cannot show."""
-    lines = ["Pre-registered confirmatory tests, in brief (the numbers are under “Confirmatory tests”):", ""]
-    return lines + [f"- {_found(c)} {_cannot_show(c)}" for c in confirmations]
+    return ["Pre-registered confirmatory tests, in brief (the numbers are under “Confirmatory tests”):", "",
+            *(f"- {_found(c)} {_cannot_show(c)}" for c in confirmations)]
 
 
 def _found(c: Confirmation) -> str:

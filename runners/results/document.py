@@ -60,14 +60,13 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
             parts += ["", *headline]
         if (one_seed := runs.groupby([*GROUP, "variant"], dropna=False)["seed"].nunique().max() <= 1):
             parts += ["", ONE_SEED]
-        borrowed = tables.borrowed_ablations(runs)
         parts += ["", *describe_launches(launches), *extra, "## Across domains", ""]
         if one_seed:  # nothing to rank or test: say so instead of a table of dashes
             parts += ["One seed per variant: no ranking and no verdict (see the top of this page); each domain's "
                       "table below shows what every variant scored.", ""]
         else:
             parts += [tables.summary_table(runs).to_markdown(), "",
-                      *([borrowed, ""] if borrowed else []),
+                      *([borrowed, ""] if (borrowed := tables.borrowed_ablations(runs)) else []),
                       "Tables where each variant is better than, not different from, or worse than `standard` "
                       "(primary metric, α = 0.05, Holm-corrected over every test this table counts; only tables that "
                       "learn and whose attention ablation is detectable, as in the ranks above (a table without its own "
@@ -231,8 +230,7 @@ def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
     if group is None or group.empty:
         raise ConfigError(f"{source}: no runs make the table {where['table']!r}")
     ok = group[group["status"] == "ok"]
-    lacking = [m for m in where["metrics"] if m not in ok or ok[m].isna().all()]
-    if lacking:
+    if lacking := [m for m in where["metrics"] if m not in ok or ok[m].isna().all()]:
         raise ConfigError(f"{source}: table {where['table']!r} has no metric {', '.join(lacking)}")
     cells = []
     for variant in where.get("variants") or variant_order(ok["variant"]):

@@ -45,10 +45,9 @@ def equivalents(ok: pd.DataFrame) -> dict[str, str]:
     found: dict[str, str] = {}
     order = variant_order(by_variant)
     for i, variant in enumerate(order):
-        for earlier in order[:i]:
-            if earlier in found:
-                continue
-            a, b = by_variant[variant], by_variant[earlier]
+        a = by_variant[variant]
+        for earlier in [v for v in order[:i] if v not in found]:
+            b = by_variant[earlier]
             if len(a) and a.index.equals(b.index) and a.index.is_unique and np.allclose(a, b, rtol=TIE_RTOL, atol=0,
                                                                                      equal_nan=True):
                 found[variant] = earlier

@@ -40,8 +40,7 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     and the paired difference to `standard` on the primary metric."""
     primary = runs["primary_metric"].iloc[0]
     ok = runs[runs["status"] == "ok"]
-    metrics = [c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()]
-    metrics = sorted(metrics, key=lambda m: (m != primary, m))
+    metrics = sorted((c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()), key=lambda m: (m != primary, m))
     variants = variant_order(runs["variant"])
     grouped = ok.groupby("variant")[metrics]
     means = grouped.mean().reindex(variants)
@@ -50,9 +49,9 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     for m in metrics:
         way = direction(runs, m)  # None: no record says, so no arrow and no best
         cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
-        contenders = means[m].where(~means.index.isin(list(ABLATIONS)))  # an ablation is never the best
-        table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells if way is None else _bold_best(cells, contenders,
-                                                                                                   way == "min")
+        if way is not None:  # an ablation is never the best
+            cells = _bold_best(cells, means[m].where(~means.index.isin(list(ABLATIONS))), way == "min")
+        table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
     for status in ("diverged", "failed", "stopped"):
         counts = [int(((runs["variant"] == v) & (runs["status"] == status)).sum()) for v in variants]
@@ -179,7 +178,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         if primary in ok:
             mean = ok.groupby("variant")[primary].mean().reindex(variants)
             half = ok.groupby("variant")[primary].agg(stats.half_width).reindex(variants)
-        else:
+        else:  # no run logged it
             mean = half = pd.Series(np.nan, index=variants)
         same = stats.equivalents(ok)
         table[name] = [_fmt(mean[v], half[v]) for v in variants]

@@ -97,10 +97,8 @@ def bucket(score: float) -> float:
 
 def _curve(grid: Grid, best: float, values: list[float]) -> tuple[float | None, float | None, float | None]:
     at = values.index(best)
-    if at in (0, len(values) - 1):
-        return None, None, None
     three = values[at - 1:at + 2]
-    if not all(math.isfinite(s) for v in three for s in grid[v].values()):
+    if at in (0, len(values) - 1) or not all(math.isfinite(s) for v in three for s in grid[v].values()):
         return None, None, None
     x = [math.log(v) for v in three]
     seeds = sorted(set.intersection(*(set(grid[v]) for v in three)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from contextlib import suppress
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -33,10 +34,8 @@ def _cpu_model() -> str:
 def versions() -> dict:
     found = {"python": platform.python_version()}
     for package in PACKAGES:
-        try:
+        with suppress(PackageNotFoundError):
             found[package] = version(package)
-        except PackageNotFoundError:
-            pass
     return found
 
 

@@ -21,9 +21,9 @@ SCENARIOS = ("anywhere", "on a value")
 DRAWS = 4000
 
 
-def shape(grid: Grid) -> tuple[float, float, float] | None:
-    """(curvature per log-step squared, noise sd of one run, log-step) of a one-key grid of three or more values whose
-    runs all finished, None where it has fewer or its mean scores are not concave."""
+def shape(grid: Grid) -> tuple[float, float] | None:
+    """(curvature per log-step squared, noise sd of one run) of a one-key grid of three or more values whose runs all
+    finished, None where it has fewer or its mean scores are not concave."""
     values = sorted(grid)
     if len(values) < 3 or not all(math.isfinite(s) for v in values for s in grid[v].values()):
         return None
@@ -33,7 +33,7 @@ def shape(grid: Grid) -> tuple[float, float, float] | None:
     spread = [np.var(list(grid[v].values()), ddof=1) for v in values if len(grid[v]) > 1]
     if curvature <= 0 or not spread:
         return None
-    return float(curvature), float(math.sqrt(np.mean(spread))), step
+    return float(curvature), float(math.sqrt(np.mean(spread)))
 
 
 def regrets(curvature: float, sd: float, seeds: int, scenario: str, rng: np.random.Generator) -> tuple[float, float]:
@@ -64,10 +64,9 @@ def table(grids: dict[tuple, Grid], seed_counts: list[int]) -> list[str]:
              "| group | curvature | run sd | scenario | " + " | ".join(f"{n} seeds" for n in seed_counts) + " |",
              "|---|---|---|---|" + "---|" * len(seed_counts)]
     for group, grid in grids.items():
-        found = shape(grid)
-        if found is None:
+        if (found := shape(grid)) is None:
             continue
-        curvature, sd, _ = found
+        curvature, sd = found
         for scenario in SCENARIOS:
             rng = np.random.default_rng(0)
             cells = [regrets(curvature, sd, n, scenario, rng) for n in seed_counts]

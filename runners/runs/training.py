@@ -8,10 +8,9 @@ later (data read lazily) removes what the run built too. A run that fails while 
 ``status: failed`` (traceback in ``error.log``, one per rank under DDP) and exits 1. On a full disk the
 partial checkpoints are removed and the record says so, or stderr when even the record cannot be written.
 
-A run is built beside its directory and takes its place only with its record (``runners.runs.rundir``), so a
-rerun that is killed, stopped or refused leaves the earlier result as it was. SIGINT and SIGTERM (Ctrl-C, a
-scheduler's preemption) raise ``Stopped``: the run is recorded as ``status: stopped`` with the signal and
-the step it reached, unless an earlier result is there to keep, and the command exits 128 + the signal.
+A run is built beside its directory and takes its place only with its record (``runners.runs.rundir``).
+SIGINT and SIGTERM raise ``Stopped``: the run is recorded as ``status: stopped`` with the signal and the step
+it reached, unless an earlier result is there to keep, and the command exits 128 + the signal.
 """
 from __future__ import annotations
 
@@ -151,19 +150,6 @@ def check_settings(cfg: DictConfig) -> dict[str, int] | None:
     return device_batch(cfg.data.batch_size, trainer.world_size, trainer.accumulate_grad_batches)
 
 
-def progress_display(cfg: DictConfig, monitor: str) -> tuple[bool, list[ProgressLines]]:
-    """Whether the run shows Lightning's progress bar, and the ``ProgressLines`` it prints instead. One rule
-    for every domain (``progress.style``): ``auto`` is the bar on an interactive terminal and lines on a log
-    file or a pipe, where each refresh of a bar would be a line of its own. ``trainer.enable_progress_bar=false``
-    turns the bar off whatever the style."""
-    style = cfg.progress.style  # one of common.schema.PROGRESS_STYLES, checked when the config was composed
-    if style == "auto":
-        style = "bar" if sys.stdout.isatty() else "lines"
-    bar = style == "bar" and cfg.trainer.get("enable_progress_bar", True) is not False
-    lines = [ProgressLines(cfg.progress.every_n_steps, monitor)] if style == "lines" else []
-    return bar, lines
-
-
 def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[str, int]:
     """``data.batch_size`` is the global batch: the samples behind one optimiser step, over all devices and
     accumulation steps, so a preset means the same recipe on 1 GPU or 64 (its learning rate goes with it).
@@ -180,10 +166,17 @@ def run_trainer(cfg: DictConfig, build_dir: Path, loggers: list, monitor: str | 
                 snapshots: Sequence[float] = (), **trainer) -> pl.Trainer:
     """The Lightning trainer of a run, with what it records by: the best checkpoint on ``monitor``, the attention
     probes, the divergence watch, the progress display and any ``snapshots`` (``trainer``: settings over
-    ``cfg.trainer``, for ``quest bench --model``, which times this loop)."""
+    ``cfg.trainer``, for ``quest bench --model``, which times this loop). The display is one rule for every
+    domain (``progress.style``): ``auto`` is the bar on an interactive terminal and ``ProgressLines`` on a log
+    file or a pipe, where each refresh of a bar would be a line of its own; ``trainer.enable_progress_bar=false``
+    turns the bar off whatever the style."""
     checkpoint = BestCheckpoint(dirpath=build_dir / "checkpoints", filename="best", monitor=monitor, mode=mode,
                                 save_last=True, enable_version_counter=False)
-    bar, lines = progress_display(cfg, monitor)
+    style = cfg.progress.style  # one of common.schema.PROGRESS_STYLES, checked when the config was composed
+    if style == "auto":
+        style = "bar" if sys.stdout.isatty() else "lines"
+    bar = style == "bar" and cfg.trainer.get("enable_progress_bar", True) is not False
+    lines = [ProgressLines(cfg.progress.every_n_steps, monitor)] if style == "lines" else []
     return pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar, **trainer}, default_root_dir=build_dir,
                       logger=loggers, enable_model_summary=False,
                       callbacks=[checkpoint, ProbeCallback(**cfg.probes), DivergenceCallback(**cfg.divergence), *lines,
@@ -235,19 +228,14 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: Ru
         record.fail(f"{type(err).__name__}: {_first_line(err)}")
         if _no_space(err):
             shutil.rmtree(build_dir / "checkpoints", ignore_errors=True)  # partial checkpoints free the space
-            record.error = f"no space left on {_users_path(getattr(err, 'filename', None), build_dir)}"
+            # where the write failed, as the user knows it: under the run directory's name, elsewhere the run directory
+            filename, where = getattr(err, "filename", None), final_path(build_dir)
+            if filename and Path(filename).is_relative_to(build_dir):
+                where /= Path(filename).relative_to(build_dir)
+            record.error = f"no space left on {where}"
         rank = rank_zero_only.rank
         write_text(build_dir / ("error.log" if rank == 0 else f"error.rank{rank}.log"), traceback.format_exc())
     return trainer.is_global_zero if trainer is not None else rank_zero_only.rank == 0
-
-
-def _users_path(filename: str | None, build_dir: Path) -> Path:
-    """Where a write failed, as the user knows it: a file of the build directory under the run directory's
-    name, and any other file (a library's temporary one, elsewhere) as the run directory."""
-    run_dir = final_path(build_dir)
-    if filename and Path(filename).is_relative_to(build_dir):
-        return run_dir / Path(filename).relative_to(build_dir)
-    return run_dir
 
 
 def _no_space(err: BaseException) -> bool:

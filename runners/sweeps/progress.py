@@ -39,19 +39,17 @@ class Progress:
     def count(self, status: str) -> int:
         return sum(o["status"] == status for o in self.outcomes.values())
 
-    def line(self) -> str:
+    def show(self) -> None:
+        """Print the progress line if a run has been settled since the last one (outcomes only grow)."""
         done, total = len(self.outcomes), len(self.runs)
+        if done == self.shown:
+            return
+        self.shown = done
         walls = [o["wall_s"] for o in self.outcomes.values() if o["wall_s"] is not None]
         eta = f"{math.ceil(fmean(walls) * (total - done) / self.workers / 60)} min" if walls else "–"
         counts = [f"{done}/{total} done", f"{self.count('diverged')} diverged", f"{self.count('failed')} failed"]
         counts += [f"{self.count('invalid')} invalid"] if self.count("invalid") else []
-        return " · ".join(counts + [f"eta {eta}"])
-
-    def show(self) -> None:
-        """Print the progress line if a run has been settled since the last one (outcomes only grow)."""
-        if len(self.outcomes) != self.shown:
-            self.shown = len(self.outcomes)
-            print(f"sweep: {self.line()}", flush=True)
+        print(f"sweep: {' · '.join(counts + [f'eta {eta}'])}", flush=True)
 
     def describe(self, outcome: dict) -> str:
         given = dict(arg.partition("=")[::2] for arg in self.runs[outcome["index"]])  # the last one wins, as in compose
