@@ -58,18 +58,18 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
     if not config_path.is_file():
         raise ConfigError(f"{key}: {run_dir} is not a run directory (no config.yaml beside checkpoints/)")
     try:
-        data = read_yaml(config_path, "run config", MAX_CONFIG_BYTES)
+        saved = read_yaml(config_path, "run config", MAX_CONFIG_BYTES)
     except FileError as err:  # truncated, not YAML, too large, not a file
         raise ConfigError(f"{key}: {config_path} is not a readable run config ({err.reason})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("domain"), str):
+    if not isinstance(saved, dict) or not isinstance(saved.get("domain"), str):
         raise ConfigError(f"{key}: {config_path} is not a run config (no domain: key)")
-    if found := interpolation(data, "config"):
+    if found := interpolation(saved, "config"):
         raise ConfigError(f"{key}: {config_path} is not a run config: {found[0]} holds an interpolation "
                           f"{found[1]!r}, which a run's resolved config never has (refused, not resolved)")
-    if domain is not None and data["domain"] != domain:
-        raise ConfigError(f"{key}: {run_dir} is a {data['domain']!r} run, not a {domain!r} run")
+    if domain is not None and saved["domain"] != domain:
+        raise ConfigError(f"{key}: {run_dir} is a {saved['domain']!r} run, not a {domain!r} run")
     try:
-        return run_dir, checkpoint, OmegaConf.create(data)
+        return run_dir, checkpoint, OmegaConf.create(saved)
     except OmegaConfBaseException as err:  # a key OmegaConf cannot hold (null)
         raise ConfigError(f"{key}: {config_path} is not a run config ({error_line(err)})") from None
 
