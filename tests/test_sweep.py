@@ -215,6 +215,24 @@ def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_r
     assert fake_run.executions() == []
 
 
+def test_a_run_another_worker_just_failed_is_reported_with_its_error(toy_domain, tmp_path, fake_run, monkeypatch):
+    """The worker that made a failed run may report it after another worker found it settled: whichever word the
+    launcher hears first (the first stands), it carries the run's error."""
+    args = one_run(tmp_path)
+    claimed, reported = workers.claimed, []
+
+    @contextmanager
+    def failed_meanwhile(run_dir):
+        write_record(run_dir, fake_record(compose(args), "failed"))
+        with claimed(run_dir) as mine:
+            yield mine
+
+    monkeypatch.setattr(workers, "claimed", failed_meanwhile)
+    workers.run_all([args], report=reported.append)
+    assert [(o["status"], o["error"]) for o in reported] == [("failed", "RuntimeError: broken")]
+    assert fake_run.executions() == []
+
+
 def test_a_lock_dies_with_its_holder(toy_domain, tmp_path, fake_run):
     args = one_run(tmp_path)
     run_dir = run_directory(compose(args))

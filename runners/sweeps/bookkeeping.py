@@ -100,8 +100,8 @@ def settled(run_dir: Path) -> tuple[str, str | None] | None:
     status = recorded_status(run_dir)
     if status == "stopped":
         return None
-    if status is not None:
-        return status, None
+    if status is not None:  # with its error: a worker that finds a run just made may report it before its maker does
+        return status, read_record(run_dir).error if status == "failed" else None
     return tuple(json.loads(note)) if note.startswith("[") else None  # else empty, or an old "host pid" lock
 
 
