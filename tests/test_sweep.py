@@ -199,18 +199,23 @@ def test_one_run_hammered_by_many_processes_runs_once(toy_domain, tmp_path, fake
     assert fake_run.executions() == list(range(6))
 
 
-def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_run, monkeypatch):
-    """Another process finishes the run and lets it go just before this one takes its lock: not run again."""
-    args = one_run(tmp_path)
+def finished_meanwhile(monkeypatch, args: list[str], status: str) -> None:
+    """Another process finishes the run ``args`` as ``status`` and lets it go just before a worker takes its lock."""
     claimed = workers.claimed
 
     @contextmanager
-    def finished_meanwhile(run_dir):
-        write_record(run_dir, fake_record(compose(args), "ok"))
+    def finished_first(run_dir):
+        write_record(run_dir, fake_record(compose(args), status))
         with claimed(run_dir) as mine:
             yield mine
 
-    monkeypatch.setattr(workers, "claimed", finished_meanwhile)
+    monkeypatch.setattr(workers, "claimed", finished_first)
+
+
+def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_run, monkeypatch):
+    """Another process finishes the run and lets it go just before this one takes its lock: not run again."""
+    args = one_run(tmp_path)
+    finished_meanwhile(monkeypatch, args, "ok")
     assert workers.run_all([args])["skipped"] == 1
     assert fake_run.executions() == []
 
@@ -218,16 +223,8 @@ def test_the_record_is_read_after_the_lock_is_taken(toy_domain, tmp_path, fake_r
 def test_a_run_another_worker_just_failed_is_reported_with_its_error(toy_domain, tmp_path, fake_run, monkeypatch):
     """The worker that made a failed run may report it after another worker found it settled: whichever word the
     launcher hears first (the first stands), it carries the run's error."""
-    args = one_run(tmp_path)
-    claimed, reported = workers.claimed, []
-
-    @contextmanager
-    def failed_meanwhile(run_dir):
-        write_record(run_dir, fake_record(compose(args), "failed"))
-        with claimed(run_dir) as mine:
-            yield mine
-
-    monkeypatch.setattr(workers, "claimed", failed_meanwhile)
+    args, reported = one_run(tmp_path), []
+    finished_meanwhile(monkeypatch, args, "failed")
     workers.run_all([args], report=reported.append)
     assert [(o["status"], o["error"]) for o in reported] == [("failed", "RuntimeError: broken")]
     assert fake_run.executions() == []

@@ -132,12 +132,13 @@ class Chunk:
         for e in which[~finite[which]].tolist():
             self.members[e].diverge(step, "non-finite training loss")  # Lightning skips that step's update
         still = ~self.active | ~finite  # finished members, and members whose step is skipped
-        kept = {name: p[still].clone() for name, p in self.params.items()}
+        kept = {name: p[still].clone() for name, p in self.params.items()} if still.any() else None
         if self.cfg.trainer.gradient_clip_val:
             clip_grad_norms_(grads, self.clip_order, self.cfg.trainer.gradient_clip_val)
         self.optimizer.step(self.params, grads, factor)
-        for name, param in self.params.items():
-            param[still] = kept[name]
+        if kept is not None:
+            for name, param in self.params.items():
+                param[still] = kept[name]
         self._after_step(which, losses, stats, max_logits, step, epoch)
 
     @torch.no_grad()
