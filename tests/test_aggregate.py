@@ -419,7 +419,7 @@ def write_tuned_sweep(root, commit=None, gain=0.3, label=None, seeds=(0, 1, 2)):
     root.mkdir(parents=True, exist_ok=True)
     (root / "selection.json").write_text(json.dumps({
         "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": list(seeds), "confirm_seeds": list(seeds),
-        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": label,
+        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": label, "variants": ["standard", "quest"],
         "chosen": {d: {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}} for d in "ab"}}))
     for domain, domain_gain, cost in (("a", gain, 0.5), ("b", 0.0, 0.0)):
         for variant, lr, shift in (("standard", 1e-3, 0), ("quest", 1e-3, 0), ("quest", 3e-3, -domain_gain),
@@ -575,7 +575,7 @@ def write_second_setting(tmp_path):
         root.mkdir()
         (root / "selection.json").write_text(json.dumps({
             "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [0, 1, 2], "confirm_seeds": [0, 1, 2],
-            "label": label, "recipe": {"a": {"optim.lr": 1e-3}},
+            "label": label, "recipe": {"a": {"optim.lr": 1e-3}}, "variants": ["standard", "quest", "qknorm", "uniform"],
             "chosen": {"a": {v: {"optim.lr": 1e-3} for v in ("standard", "quest", "qknorm", "uniform")}},
             **({"from": "runs/main/selection.json"} if label else {})}))
         for variant, gain in (("standard", 0.0), ("quest", 0.3), ("qknorm", qknorm_gain), *(() if label else [("uniform", -9.0)])):

@@ -101,7 +101,7 @@ def test_a_bad_line_of_the_launch_log_is_skipped_and_named(tmp_path, caplog):
     log = runs / "launches.jsonl"
     assert warnings_of(caplog) == [
         f"skipping a launch: {log} line 2: not valid JSON (Unterminated string starting at: line 1 column 13)",
-        f"skipping a launch: {log} line 3 lacks or mistypes hardware",
+        f"skipping a launch: {log} line 3: hardware expects mapping",
         f"skipping a launch: {log} line 4: nested more than {MAX_NESTING} deep"]
     assert "How these runs were made (1 sweep launch, 1 min of wall time in all)" in out.read_text()
 
@@ -132,7 +132,11 @@ hypotheses:
     ("--anchors", "anchors.yaml", "- [a list]\n", "the anchors are a YAML list of mappings"),
     ("--anchors", "anchors.yaml", "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n", "holds a YAML alias (*a)"),
     ("--anchors", "anchors.yaml", "- {experiment: e, paper: p, nearest: n, agreement: a, measured: [x]}\n",
-     "anchor 'e': measured: is {table: <domain/dataset/preset>, metrics: [names], variants: [names] (optional)}"),
+     "anchor 'e': measured is {table: <domain/dataset/preset>, metrics: [names], variants: [names] (optional)}"),
+    ("--anchors", "anchors.yaml", "- {experiment: e, paper: p, nearest: n, agreement: a}\n",
+     "anchor 'e': needs one of measured or see"),
+    ("--anchors", "anchors.yaml", "- {experiment: e, paper: 58, nearest: n, agreement: a, see: s}\n",
+     "anchor 'e': paper expects str"),
 ])
 def test_a_broken_plan_anchors_or_notes_file_is_one_line_and_writes_nothing(tmp_path, capsys, option, name, content,
                                                                            problem):

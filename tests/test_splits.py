@@ -99,18 +99,19 @@ def test_groups_asked_for_wrongly_are_one_line_data_errors(groups, message):
         split_names(clips(speakers=8), (0.8, 0.1, 0.1), 0, groups)
 
 
-def test_groups_without_a_pattern_or_of_the_wrong_kind_are_data_errors():
-    """``grouping`` reads a typed data section; a plugin's may hold any value (typed from its defaults)."""
-    from types import SimpleNamespace as Section
-
+def test_groups_without_a_pattern_are_a_data_error_and_of_the_wrong_kind_a_config_error():
+    """``grouping`` reads a typed data section: the domain's types refuse a negative count before it runs."""
     from common.data import grouping
+    from common.errors import ConfigError
+    from domains.segmentation.config import Data
+    from runners.config import compose
 
-    assert grouping(Section(group_pattern=None)) is None
-    assert grouping(Section(group_pattern=SPEAKER, val_groups=[1], test_groups=2)) == Grouping(SPEAKER, ["1"], 2)
+    assert grouping(Data(group_pattern=None)) is None
+    assert grouping(Data(group_pattern=SPEAKER, val_groups=[1], test_groups=2)) == Grouping(SPEAKER, ["1"], 2)
     with pytest.raises(DataError, match="need data.group_pattern"):
-        grouping(Section(group_pattern=None, val_groups=2))
-    with pytest.raises(DataError, match="data.test_groups must be a number of groups or a list"):
-        grouping(Section(group_pattern=SPEAKER, test_groups=-1))
+        grouping(Data(group_pattern=None, val_groups=2))
+    with pytest.raises(ConfigError, match=r"'data.test_groups' must be >= 0"):
+        compose(["domain=segmentation", "data.test_groups=-1"])
 
 
 def test_a_random_split_is_the_seeded_split_of_the_names():

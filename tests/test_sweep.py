@@ -149,11 +149,11 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
     assert sweep.main([spec]) == 0
     assert sweep.main([spec]) == 0  # the second launch finds everything recorded
     first, second = read_launches(tmp_path / "runs")
-    assert first["command"] == f"quest sweep {spec}" and first["workers"] == 1
-    assert first["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
-    assert second["ran"] == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0, "stopped": 0}
-    assert first["hardware"]["cpus"] == os.cpu_count() and first["wall_s"] >= 0
-    assert first["finished"] and second["finished"]
+    assert first.command == f"quest sweep {spec}" and first.workers == 1
+    assert first.ran == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
+    assert second.ran == {"ok": 0, "diverged": 0, "failed": 0, "invalid": 0, "stopped": 0}
+    assert first.hardware.cpus == os.cpu_count() and first.wall_s >= 0
+    assert first.finished and second.finished
     header = "\n".join(describe_launches([first, second]))
     assert header.startswith("How these runs were made (2 sweep launches,")
     assert "ran 1 ok, 1 diverged;" in header and "ran nothing (every run was recorded)" in header
@@ -167,7 +167,7 @@ def test_each_launch_is_logged_and_aggregate_states_how_the_runs_were_made(toy_d
         sweep.main([spec, "--redo", "all"])
     assert stop.value.exit_code == 130
     stopped = read_launches(tmp_path / "runs")[-1]  # the worker (a thread: it cannot be stopped) finished both
-    assert not stopped["finished"] and stopped["ran"] == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
+    assert not stopped.finished and stopped.ran == {"ok": 1, "diverged": 1, "failed": 0, "invalid": 0, "stopped": 0}
     assert "(stopped before the end)" in "\n".join(describe_launches([stopped]))
 
 
@@ -357,7 +357,7 @@ def test_sigterm_stops_a_background_launch_and_logs_it(toy_domain, tmp_path, fak
     launcher.join(20)
     assert launcher.exitcode == 143  # stopped on purpose by SIGTERM: neither ok nor a crash
     (stopped,) = read_launches(tmp_path / "runs")
-    assert not stopped["finished"] and stopped["ran"]["ok"] == 0
+    assert not stopped.finished and stopped.ran["ok"] == 0
 
 
 @pytest.mark.parametrize("text, message", [
@@ -402,7 +402,7 @@ def test_a_run_that_kills_its_worker_fails_and_the_sweep_goes_on(toy_domain, tmp
     assert recorded(tmp_path) == {0: "ok", 1: "failed", 2: "ok"}  # a new worker took the dead one's place
     (killed,) = [r for r in map(read_record, tmp_path.rglob("record.json")) if r.seed == 1]
     assert killed.error == "killed by signal 11 (SIGSEGV)"
-    assert read_launches(tmp_path / "runs")[0]["finished"]
+    assert read_launches(tmp_path / "runs")[0].finished
     assert sweep.main([spec]) == 1 and sorted(fake_run.executions()) == [0, 1, 1, 2]  # retried, as failed runs are
 
 

@@ -192,9 +192,9 @@ def test_the_launch_log_says_where_the_sweep_tracked_its_runs(toy_domain, tmp_pa
     (tmp_path / "sweep.yaml").write_text(json.dumps(spec))
     assert sweep.main([str(tmp_path / "sweep.yaml")]) == 0
     (launch,) = read_launches(tmp_path / "runs")
-    assert launch["trackers"] == {"mlflow": f"file:{tmp_path / 'mlruns'} / quest-test",
+    assert launch.trackers == {"mlflow": f"file:{tmp_path / 'mlruns'} / quest-test",
                                   "wandb": f"quest-test (offline, {tmp_path / 'wandb'})"}
     header = "\n".join(describe_launches([launch]))
     assert f"tracked in MLflow file:{tmp_path / 'mlruns'} / quest-test, W&B quest-test (offline," in header
     assert sweep.main([str(tmp_path / "sweep.yaml")]) == 0  # nothing left to run: nothing sent anywhere
-    assert "trackers" not in read_launches(tmp_path / "runs")[-1]
+    assert read_launches(tmp_path / "runs")[-1].trackers == {}

@@ -62,11 +62,12 @@ def test_selection_then_confirmation(tmp_path, scored_run, capsys):
     labelled = sorted(zip(table["variant"], table["seed"], table["protocol"]))
     assert labelled == [("quest", 0, "same recipe"), ("quest", 0, "tuned"), ("quest", 1, "tuned"),
                         ("standard", 0, "same recipe"), ("standard", 0, "tuned"), ("standard", 1, "tuned")]
-    # the choice stands: a second launch makes nothing and keeps selection.json as it is
+    # the choice stands: a second launch makes nothing and keeps selection.json as it is, byte for byte
     scored_run.clear()
-    (tmp_path / "runs" / "selection.json").write_text(json.dumps({**selection, "note": "kept"}))
+    kept = json.dumps(selection)  # on one line, unlike the written file
+    (tmp_path / "runs" / "selection.json").write_text(kept)
     assert sweep.main([tuned_spec(tmp_path)]) == 0
-    assert scored_run == [] and "note" in json.loads((tmp_path / "runs" / "selection.json").read_text())
+    assert scored_run == [] and (tmp_path / "runs" / "selection.json").read_text() == kept
 
 
 def test_extension_stops_at_its_count_and_ties_go_to_the_earlier_value(tmp_path, scored_run, monkeypatch):
@@ -194,7 +195,12 @@ def test_without_confirm_seeds_the_tuned_runs_take_the_sweeps_seeds(tmp_path, sc
                                                                 ("standard", 20, 1e-3), ("standard", 21, 1e-3)]
 
 
-@pytest.mark.parametrize("text", ["{broken", '{"keys": []}', "[1]"])
+COMPLETE = {"keys": ["optim.lr"], "seeds": [100], "recipe_seeds": [], "confirm_seeds": [0], "variants": ["quest"],
+            "recipe": {"toy": {"optim.lr": 1e-3}}, "chosen": {"toy": {"quest": {"optim.lr": 1e-3}}}}
+
+
+@pytest.mark.parametrize("text", ["{broken", '{"keys": []}', "[1]", json.dumps({**COMPLETE, "note": "a key it lacks"}),
+                                  json.dumps({**COMPLETE, "seeds": ["100"]})])
 def test_a_broken_selection_file_is_one_line_for_the_sweep_and_the_aggregation(tmp_path, scored_run, capsys, text):
     from runners.cli import main as cli
 

@@ -58,16 +58,13 @@ class Grouping(NamedTuple):
 
 
 def grouping(data: Model) -> Grouping | None:
-    """The grouped split ``data`` asks for (``data.group_pattern``, ``data.val_groups``, ``data.test_groups``);
-    None for a random one."""
+    """The grouped split ``data`` asks for (``data.group_pattern``, ``data.val_groups``, ``data.test_groups``, each a
+    count or a list of names as the domain's section types them); None for a random one, or a section without them."""
     pattern, val, test = (getattr(data, key, None) for key in ("group_pattern", "val_groups", "test_groups"))
     if pattern is None:
         if val is not None or test is not None:
             raise DataError("data.val_groups and data.test_groups need data.group_pattern, which says what a group is")
         return None
-    for key, value in (("val_groups", val), ("test_groups", test)):
-        if not (value is None or isinstance(value, list) or (isinstance(value, int) and value >= 0)):
-            raise DataError(f"data.{key} must be a number of groups or a list of group names, got {value!r}")
     return Grouping(pattern, [str(v) for v in val] if isinstance(val, list) else val,
                     [str(v) for v in test] if isinstance(test, list) else test)
 

@@ -9,17 +9,21 @@ import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_text, read_yaml
+from common.typed import Model, first_problem, said
 from runners.results import confirmatory, tables
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats, variant_order
 from runners.results.index import write_index
 from runners.results.stats import CLEAR_MARGIN, attention_matters, half_width, learns
-from runners.runs.launches import describe_launches, read_launches
-from runners.runs.selection import SELECTION_FILE, grids, group_margins, margins_table, read_selection, select
+from runners.runs.launches import Launch, describe_launches, read_launches
+from runners.runs.selection import SELECTION_FILE, Selection, grids, group_margins, margins_table, read_selection, select
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
@@ -37,7 +41,7 @@ ONE_SEED = ("**One seed per variant: a demo, not a comparison.** Each variant ra
 
 def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | None = None,
            sources: list[str] | None = None, skipped: Sequence[tuple[str, str]] = (),
-           reports: Sequence[str] = (), launches: Sequence[dict] = (), anchors: Sequence[str] = (),
+           reports: Sequence[str] = (), launches: Sequence[Launch] = (), anchors: Sequence[str] = (),
            extra: Sequence[str] = (), headline: Sequence[str] = ()) -> str:
     """RESULTS.md: ``plots`` maps a (domain, dataset, preset) group to its images; ``skipped`` lists
     (path, reason) of the records left out, in a footnote; ``reports`` are sections added at the end;
@@ -89,8 +93,8 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                 continue
             parts += [f"{len(group)} runs.", "", tables.domain_table(group).to_markdown(), "",
                       tables.significance_line(group), ""]
-            said = (learns(group), attention_matters(group))  # each None where the table cannot tell
-            facts = [*tables.ablation_lines(group), *(found[1] for found in said if found), budget_line(group)]
+            verdicts = (learns(group), attention_matters(group))  # each None where the table cannot tell
+            facts = [*tables.ablation_lines(group), *(found[1] for found in verdicts if found), budget_line(group)]
             parts += [line for fact in facts if fact for line in (fact, "")]
             if (initial := tables.initial_sharpness_table(group)) is not None:
                 parts += ["How sharp each variant's attention starts (its probes before the first update, averaged "
@@ -132,49 +136,49 @@ def selection_section(run_dirs: Sequence[str], figures: Path | None = None, rela
             continue
         selection = read_selection(path)
         lines += [f"## Tuned protocol: the choices ({root})", ""]
-        if "from" in selection:  # another sweep's choices, taken as they are: its own table says them
-            setting = f" ({selection['label']})" if selection.get("label") else ""
-            lines += [f"The tuned runs here{setting} take the choices of `{selection['from']}` as they are (not chosen "
-                      f"again); confirmation seeds {selection['confirm_seeds']}.", ""]
+        if selection.source:  # another sweep's choices, taken as they are: its own table says them
+            setting = f" ({selection.label})" if selection.label else ""
+            lines += [f"The tuned runs here{setting} take the choices of `{selection.source}` as they are (not chosen "
+                      f"again); confirmation seeds {selection.confirm_seeds}.", ""]
             continue
-        rows = {domain: {"recipe": ", ".join(f"{v:.3g}" for v in selection["recipe"][domain].values()),
-                         **{variant: ", ".join(f"{v:.3g} (×{v / selection['recipe'][domain][k]:.2g})"
+        rows = {domain: {"recipe": ", ".join(f"{v:.3g}" for v in selection.recipe[domain].values()),
+                         **{variant: ", ".join(f"{v:.3g} (×{v / selection.recipe[domain][k]:.2g})"
                                                for k, v in chosen.items())
                             for variant, chosen in by_variant.items()}}
-                for domain, by_variant in selection["chosen"].items()}
-        lines += [f"{', '.join(f'`{k}`' for k in selection['keys'])} chosen per domain and variant on the validation "
-                  f"metric, mean over selection seeds {selection['seeds']} (a run that diverged or failed scores "
+                for domain, by_variant in selection.chosen.items()}
+        lines += [f"{', '.join(f'`{k}`' for k in selection.keys)} chosen per domain and variant on the validation "
+                  f"metric, mean over selection seeds {selection.seeds} (a run that diverged or failed scores "
                   f"worst; ties to the smaller value), from multiples of the recipe's value; confirmation seeds "
-                  f"{selection['confirm_seeds']}. The selection runs are under `{root}/select`.", "",
+                  f"{selection.confirm_seeds}. The selection runs are under `{root}/select`.", "",
                   pd.DataFrame(rows).T.rename_axis("domain").to_markdown(), "",
                   *margin_lines(Path(root), selection, figures, relative_to),
                   *describe_launches(read_launches(Path(root) / "select"))]
     return lines
 
 
-def margin_lines(root: Path, selection: dict, figures: Path | None, relative_to: Path) -> list[str]:
+def margin_lines(root: Path, selection: Selection, figures: Path | None, relative_to: Path) -> list[str]:
     """How sure each choice of a sweep's selection is (``runners.runs.margins``), from its selection runs, with a
     figure per domain; nothing where the selection runs are not there."""
     try:
         ranked = select(root / "select", by=("variant",))
     except FileNotFoundError:
         return []
-    lines = [f"Chosen by the {'curve' if selection.get('rule') == 'curve' else 'best grid value'} rule "
+    lines = [f"Chosen by the {'curve' if selection.rule == 'curve' else 'best grid value'} rule "
              "(`docs/selection.md`); how sure each choice is, from the selection runs:", *margins_table(ranked), ""]
-    if figures is None or len(selection["keys"]) != 1:
+    if figures is None or len(selection.keys) != 1:
         return lines
     from runners.results.plots import plot_selection  # matplotlib: only when plotting
 
-    found, shapes, (key,) = group_margins(ranked), grids(ranked), selection["keys"]
+    found, shapes, (key,) = group_margins(ranked), grids(ranked), selection.keys
     stem = re.sub(r"[^\w.-]+", "-", "-".join(root.parts[-2:]))  # records/fair, confirm3/vision: unique enough
-    for domain in selection["chosen"]:
+    for domain in selection.chosen:
         groups = [g for g in shapes if g[0] == domain and g in found]
         if not groups:
             continue
         first = next(row for row in ranked if row["group"] == groups[0])
         variants = {g[-1]: g for g in groups}  # a group is (domain, dataset, preset, variant)
         path = plot_selection({v: shapes[g] for v, g in variants.items()}, {v: found[g] for v, g in variants.items()},
-                              {v: selection["chosen"][domain].get(v, {}).get(key) for v in variants}, key=key,
+                              {v: selection.chosen[domain].get(v, {}).get(key) for v in variants}, key=key,
                               metric=first["metric"].removeprefix("val/"), sign=1 if first["mode"] == "max" else -1,
                               title=f"{domain}: selection runs under {root}/select",
                               path=figures / f"selection_{stem}_{domain}.png")
@@ -187,56 +191,80 @@ def heading(key: tuple[str, ...]) -> str:
     return " / ".join(part for part in key if part)
 
 
-def read_anchors(path: Path) -> list[dict]:
-    """The entries of an anchors file (``anchor_section``), read as data (``common.files``) and checked: a YAML list
-    of mappings, each with its keys and a ``measured`` of its shape, else a ``ConfigError`` naming the file."""
-    anchors = read_yaml(path, "anchors file", MAX_DOCUMENT_BYTES)
-    if not isinstance(anchors, list) or not all(isinstance(anchor, dict) for anchor in anchors):
-        raise ConfigError(f"{path}: the anchors are a YAML list of mappings (experiment, paper, nearest, agreement, "
-                          "and measured or see)")
-    names = lambda value: isinstance(value, list) and value and all(isinstance(name, str) for name in value)
-    for anchor in anchors:
-        missing = {"experiment", "paper", "nearest", "agreement"} - set(anchor)
-        if missing or not ("measured" in anchor) ^ ("see" in anchor):
-            raise ConfigError(f"{path}: anchor {anchor.get('experiment', '?')!r} needs experiment, paper, nearest, "
-                              "agreement and one of measured or see")
-        where = anchor.get("measured", {"table": "", "metrics": [""]})
-        if (not isinstance(where, dict) or not isinstance(where.get("table"), str) or not names(where.get("metrics"))
-                or not (where.get("variants") is None or names(where["variants"]))):
-            raise ConfigError(f"{path}: anchor {anchor['experiment']!r}: measured: is {{table: <domain/dataset/preset>, "
-                              "metrics: [names], variants: [names] (optional)}")
-    return anchors
+class Measured(Model):
+    """An anchor's cells computed from the runs."""
+
+    table: str
+    """The table of RESULTS.md: ``domain/dataset/preset``, then its protocol where it has one."""
+    metrics: Annotated[list[str], Field(min_length=1)]
+    variants: list[str] | None = None
+    """The variants shown, in this order; None: every variant of the table."""
 
 
-def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[dict], source: str) -> list[str]:
-    """"Paper anchors": per entry of ``anchors`` (a YAML list: ``experiment``, ``paper``, ``nearest``, ``agreement``,
-    and ``measured: {table: domain/dataset/preset, metrics: [...], variants: [...]}`` or ``see: <section>``), the
-    paper's numbers beside this framework's on the nearest setting it runs, the measured cells computed here
-    from the runs so that no number is copied by hand. ``anchors`` are as ``read_anchors`` checks them; a table or
-    metric the runs lack is a ``ConfigError``."""
-    rows = [{"paper experiment": anchor["experiment"], "paper": anchor["paper"], "nearest setting here": anchor["nearest"],
-             "measured here": (f"see “{anchor['see']}”" if "see" in anchor
-                               else _measured(runs, anchor["measured"], source)),
-             "agreement": anchor["agreement"]} for anchor in anchors]
+class Anchor(Model):
+    """One entry of the anchors file: the paper's numbers beside this framework's on the nearest setting."""
+
+    experiment: str
+    paper: str
+    """The paper's numbers, transcribed by hand."""
+    nearest: str
+    """The setting here that comes nearest."""
+    agreement: str
+    """How they compare, written after the numbers came out."""
+    measured: Annotated[Measured | None, said(
+        "is {table: <domain/dataset/preset>, metrics: [names], variants: [names] (optional)}")] = None
+    see: str | None = None
+    """A section of RESULTS.md with its own report, in place of ``measured``."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Anchor:
+        if (self.measured is None) == (self.see is None):
+            raise PydanticCustomError("rule", "needs one of measured or see")
+        return self
+
+
+def read_anchors(path: Path) -> list[Anchor]:
+    """The entries of an anchors file (``anchor_section``), read as data (``common.files``) and validated, else a
+    ``ConfigError`` naming the file and the entry."""
+    found = read_yaml(path, "anchors file", MAX_DOCUMENT_BYTES)
+    try:
+        return TypeAdapter(list[Anchor]).validate_python(found)
+    except ValidationError as err:
+        key, why, _ = first_problem(err)
+        index, _, field = key.partition(".")
+        if not field and err.errors()[0]["type"] in ("list_type", "model_type"):
+            raise ConfigError(f"{path}: the anchors are a YAML list of mappings (experiment, paper, nearest, "
+                              "agreement, and measured or see)") from None
+        name = found[int(index)].get("experiment", "?")
+        raise ConfigError(f"{path}: anchor {name!r}: {f'{field} {why}' if field else why}") from None
+
+
+def anchor_section(runs: pd.DataFrame | None, anchors: Sequence[Anchor], source: str) -> list[str]:
+    """"Paper anchors": per entry of ``anchors``, the paper's numbers beside this framework's on the nearest setting
+    it runs, the measured cells computed here from the runs so that no number is copied by hand; a table or metric
+    the runs lack is a ``ConfigError``."""
+    rows = [{"paper experiment": anchor.experiment, "paper": anchor.paper, "nearest setting here": anchor.nearest,
+             "measured here": (f"see “{anchor.see}”" if anchor.see else _measured(runs, anchor.measured, source)),
+             "agreement": anchor.agreement} for anchor in anchors]
     return ["## Paper anchors", "", f"The paper's reported numbers beside what this framework measured on the nearest "
             f"setting it can run (entries: `{source}`; measured cells computed from the runs above).", "",
             pd.DataFrame(rows).to_markdown(index=False), ""]
 
 
-def _measured(runs: pd.DataFrame | None, where: dict, source: str) -> str:
-    key = tuple(where["table"].split("/"))
+def _measured(runs: pd.DataFrame | None, where: Measured, source: str) -> str:
+    key = tuple(where.table.split("/"))
     key += ("",) * (len(GROUP) == len(key) + 1)  # domain/dataset/preset[/protocol]
     group = None if runs is None or len(key) != len(GROUP) else runs[(runs[GROUP] == pd.Series(key, index=GROUP)).all(axis=1)]
     if group is None or group.empty:
-        raise ConfigError(f"{source}: no runs make the table {where['table']!r}")
+        raise ConfigError(f"{source}: no runs make the table {where.table!r}")
     ok = group[group["status"] == "ok"]
-    if lacking := [m for m in where["metrics"] if m not in ok or ok[m].isna().all()]:
-        raise ConfigError(f"{source}: table {where['table']!r} has no metric {', '.join(lacking)}")
+    if lacking := [m for m in where.metrics if m not in ok or ok[m].isna().all()]:
+        raise ConfigError(f"{source}: table {where.table!r} has no metric {', '.join(lacking)}")
     cells = []
-    for variant in where.get("variants") or variant_order(ok["variant"]):
+    for variant in where.variants or variant_order(ok["variant"]):
         values = ok[ok["variant"] == variant]
         cells.append(f"{variant}: " + ", ".join(f"{m} {tables._fmt(values[m].mean(), half_width(values[m]))}"
-                                                for m in where["metrics"]))
+                                                for m in where.metrics))
     return "<br>".join(cells)
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from common.attention import VARIANTS
 from common.records import RunRecord, read_records
-from runners.runs.selection import SELECTION_FILE, leaves, read_selection
+from runners.runs.selection import SELECTION_FILE, Selection, leaves, read_selection
 
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
 # accuracies (common.perturbations), so higher is better.
@@ -74,7 +74,7 @@ def initial_sharpness(rec: RunRecord) -> dict[str, float]:
     return {column: sum(values) / len(values) for column, values in at_start.items() if values}
 
 
-def _protocols(path: Path, rec: RunRecord, selections: dict[Path, dict]) -> list[str]:
+def _protocols(path: Path, rec: RunRecord, selections: dict[Path, Selection]) -> list[str]:
     """The protocols a run belongs to: none for a selection run, else "same recipe" where its scaled settings
     are the recipe's and its seed one of the sweep's, and "tuned" where they are its variant's choice and its
     seed a confirmation seed (both where the two agree); a run of no sweep with a ``select:`` section belongs
@@ -86,11 +86,11 @@ def _protocols(path: Path, rec: RunRecord, selections: dict[Path, dict]) -> list
         return []
     selection, settings = selections[root], leaves(rec.config)
     same = lambda want: all(abs(float(settings.get(k, "nan")) - v) <= 1e-9 * abs(v) for k, v in want.items())
-    recipe = selection["recipe"].get(rec.domain, {})  # a domain not tuned has only the recipe's runs
-    chosen = selection["chosen"].get(rec.domain, {}).get(rec.variant)
-    found = [PROTOCOLS[0]] if same(recipe) and rec.seed in selection["recipe_seeds"] else []
-    found += [PROTOCOLS[1]] if chosen is not None and same(chosen) and rec.seed in selection["confirm_seeds"] else []
-    label = selection.get("label")  # a sweep's own setting (another init) keeps its tables apart
+    recipe = selection.recipe.get(rec.domain, {})  # a domain not tuned has only the recipe's runs
+    chosen = selection.chosen.get(rec.domain, {}).get(rec.variant)
+    found = [PROTOCOLS[0]] if same(recipe) and rec.seed in selection.recipe_seeds else []
+    found += [PROTOCOLS[1]] if chosen is not None and same(chosen) and rec.seed in selection.confirm_seeds else []
+    label = selection.label  # a sweep's own setting (another init) keeps its tables apart
     return [f"{name}, {label}" if label else name for name in found]
 
 

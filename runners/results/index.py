@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from runners.runs.launches import read_launches
+
 INDEX = "README.md"
 COMMAND = re.compile(r"`(quest [^`]+)`")
 HEADING = re.compile(r"^#\s+(.+?)\s*$", re.MULTILINE)
@@ -56,10 +58,10 @@ def _study(folder: Path, root: Path) -> list[str]:
 def _records(folder: Path, root: Path) -> list[str]:
     rows = ["| archived sweep | runs | made by |", "|---|---|---|"]
     for sweep in sorted(p for p in folder.iterdir() if p.is_dir()):
-        command = re.search(r'"command":\s*"([^"]+)"', _read(sweep / "launches.jsonl"))
+        first = next(iter(read_launches(sweep)), None)
         count = sum(1 for _ in sweep.rglob("record.json"))
         rows.append(f"| [{sweep.name}]({sweep.relative_to(root).as_posix()}/) | {count} | "
-                    f"{f'`{command.group(1)}`' if command else ''} |")
+                    f"{f'`{first.command}`' if first else ''} |")
     return rows
 
 

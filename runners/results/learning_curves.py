@@ -114,11 +114,11 @@ def probe_table(probes: pd.DataFrame, domain: str) -> str:
     """Markdown: per width and variant, each probe's peak (the largest over training and seeds) and its value at
     the last probed step (the largest over seeds): whether normalised keys keep query norms and logits bounded
     at each size."""
-    data = probes[probes["domain"] == domain]
-    if data.empty:
+    mine = probes[probes["domain"] == domain]
+    if mine.empty:
         return ""
-    last = data[data["step"] == data.groupby(["width", "variant", "seed"])["step"].transform("max")]
-    peak = data.groupby(["width", "variant"])[list(PROBES)].max()
+    last = mine[mine["step"] == mine.groupby(["width", "variant", "seed"])["step"].transform("max")]
+    peak = mine.groupby(["width", "variant"])[list(PROBES)].max()
     end = last.groupby(["width", "variant"])[list(PROBES)].max()
     table = pd.concat({"peak": peak, "end": end}, axis=1).swaplevel(axis=1)[[(p, w) for p in PROBES for w in ("peak", "end")]]
     table.columns = [f"{probe} {when}" for probe, when in table.columns]
@@ -151,9 +151,9 @@ def plot_curves(points: pd.DataFrame, probes: pd.DataFrame, domain: str, metrics
     for r, width in enumerate(widths):
         for c, column in enumerate(columns):
             ax, source = axes[r, c], points if column in metrics else probes
-            data = source[(source["domain"] == domain) & (source["width"] == width)] if len(source) else source
-            for variant in variant_order(data["variant"]) if len(data) else []:
-                low, mean, high = _band(data[data["variant"] == variant].groupby("step")[column], column)
+            panel = source[(source["domain"] == domain) & (source["width"] == width)] if len(source) else source
+            for variant in variant_order(panel["variant"]) if len(panel) else []:
+                low, mean, high = _band(panel[panel["variant"] == variant].groupby("step")[column], column)
                 ax.plot(mean.index, mean, marker="o" if column in metrics else None, ms=3, label=variant)
                 ax.fill_between(mean.index, low, high, alpha=0.15)
             ax.set_title(f"width {width}: {column}", fontsize=9)

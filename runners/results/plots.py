@@ -44,10 +44,10 @@ def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
             frames.append(long.assign(variant=run.variant))
     if not frames:
         return {}
-    data = pd.concat(frames)
-    data["stat"] = data["stat"].str.removeprefix("probe/")
+    samples = pd.concat(frames)
+    samples["stat"] = samples["stat"].str.removeprefix("probe/")
     return {stat: g.pivot_table(index="step", columns="variant", values="value", aggfunc="mean")
-            for stat, g in data.groupby("stat")}
+            for stat, g in samples.groupby("stat")}
 
 
 def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tuple[str, ...], list[str]]:

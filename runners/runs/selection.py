@@ -14,14 +14,19 @@ from this table cannot lean on the test set. The rule is the same wherever it is
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from statistics import fmean, stdev
+from typing import Literal
+
+from pydantic import Field, ValidationError
 
 from common.errors import ConfigError
 from common.files import FileError, MiB, read_json
 from common.records import RunRecord, read_records
+from common.typed import Model, first_problem
 from runners.config import UNHASHED
 from runners.runs.margins import Grid, Margin, bucket, margin
 
@@ -198,20 +203,53 @@ def selection_table(ranked: list[dict]) -> list[str]:
     return lines
 
 
-SELECTION_FIELDS = {"keys": list, "seeds": list, "recipe_seeds": list, "confirm_seeds": list, "recipe": dict,
-                    "chosen": dict}
+Settings = dict[str, float]  # a scaled key's dotted name -> its value
 
 
-def read_selection(path: Path) -> dict:
-    """A tuned protocol's choices (``selection.json``, written by ``runners.sweeps.tuning``), checked: a file
-    that is not one is a one-line ``ConfigError``, never a traceback."""
+class Selection(Model):
+    """A tuned protocol's choices (``selection.json``), written once by ``runners.sweeps.tuning`` and then read by
+    the sweep's later launches and by ``quest aggregate``."""
+
+    keys: list[str]
+    """The scaled keys (``optim.lr``)."""
+    seeds: list[int]
+    """The selection seeds the choices were made on (empty where ``source`` made them)."""
+    recipe_seeds: list[int]
+    """The seeds of the runs at the recipe (the same-recipe protocol)."""
+    confirm_seeds: list[int]
+    """The seeds of the runs at the choices (the tuned protocol)."""
+    label: str | None = None
+    """What sets this sweep's tables apart from another's (say, its init)."""
+    rule: Literal["best", "curve"] = "best"
+    """How a value was chosen from the grid (``runners.runs.margins``)."""
+    variants: list[str]
+    """The variants chosen for."""
+    recipe: dict[str, Settings]
+    """Per domain, the recipe's value of each key."""
+    chosen: dict[str, dict[str, Settings]]
+    """Per domain and variant, the value chosen for each key."""
+    margins: dict[str, dict[str, dict[str, float | int | str | bool | None]]] = {}
+    """Per domain and variant, the choice's margin (``Margin.as_json``), for the reader."""
+    source: str | None = Field(None, alias="from")
+    """The other sweep's ``selection.json`` whose choices these are (``select: use:``), taken as they are."""
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=1) + "\n")
+
+
+def read_selection(path: Path) -> Selection:
+    """A tuned protocol's choices, read as data (``common.files``) and validated: a file that is not one is a
+    one-line ``ConfigError``, never a traceback."""
+    spoilt = lambda why: ConfigError(f"{path}: not a selection file ({why}); delete it to choose again")
     try:
-        selection = read_json(path, "selection file", 16 * MiB)  # data (common.files); a few KiB when written
+        found = read_json(path, "selection file", 16 * MiB)  # a few KiB when written
     except FileError as err:
-        raise ConfigError(f"{path}: not a readable selection file ({err.reason}); delete it to choose again") from None
-    wrong = [key for key, kind in SELECTION_FIELDS.items()
-             if not isinstance(selection, dict) or not isinstance(selection.get(key), kind)]
-    if wrong:
-        raise ConfigError(f"{path}: not a selection file (missing or mistyped: {', '.join(wrong)}); delete it to "
-                          "choose again")
-    return selection
+        raise spoilt(f"unreadable: {err.reason}") from None
+    if not isinstance(found, dict):
+        raise spoilt("not a JSON object")
+    try:
+        return Selection.model_validate(found)
+    except ValidationError as err:
+        key, why, _ = first_problem(err)
+        raise spoilt(f"{key} {why}") from None

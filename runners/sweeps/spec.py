@@ -18,6 +18,7 @@ from common.registry import domain_names
 from common.schema import MAX_SEED
 from common.typed import Model, first_problem, said
 from runners.config import CONFIG_DIR, refuse_interpolation
+from runners.runs.selection import Selection
 from runners.sweeps.slurm import Slurm
 from runners.sweeps.tuning import Tuning, cells, unique_runs
 
@@ -195,7 +196,7 @@ def tuning(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) ->
     return Tuning(spec, Path(output_dir or spec.output_dir), partial(run_args, spec, extra=extra))
 
 
-def confirmation(spec: Sweep, selection: dict, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+def confirmation(spec: Sweep, selection: Selection, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
     """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
     each seed the sweep's own runs (unless ``select: {recipe: false}``), then each tuned variant at its choice;
     each run made once."""

@@ -24,7 +24,6 @@ is the recipe's is the same run as the recipe's and is made once.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +34,7 @@ from common.errors import ConfigError
 from common.records import RunRecord, read_records
 from runners.config import compose, run_directory
 from runners.runs.margins import Grid, Margin, bucket, margin
-from runners.runs.selection import SELECTION_FILE, candidates, leaves, read_selection
+from runners.runs.selection import SELECTION_FILE, Selection, candidates, leaves, read_selection
 
 Recorded = list[tuple[RunRecord, dict[str, object]]]  # selection runs' records, each with its settings (``leaves``)
 
@@ -139,7 +138,7 @@ class Tuning:
         return [(rec, leaves(rec.config)) for _, rec in sorted(found, key=lambda item: str(item[0]))
                 if rec.status != "stopped"]
 
-    def choose(self) -> dict | None:
+    def choose(self) -> Selection | None:
         """The choice of each domain and variant once the selection is complete (written to ``selection.json``
         and returned), None while selection runs are left; an existing ``selection.json`` stands."""
         if self.file.exists():
@@ -164,42 +163,38 @@ class Tuning:
                     margins.setdefault(domain, {})[variant] = found.as_json()
                     print(f"select: {domain} / {variant}: {key}={values[key]:g} ({self.rule} rule); {found.describe()}")
                 picked.setdefault(domain, {})[variant] = values
-        selection = {"keys": list(self.scale), "seeds": self.seeds, "recipe_seeds": self.recipe_seeds,
-                     "confirm_seeds": self.confirm_seeds, "label": self.label, "rule": self.rule,
-                     "variants": self.variants, "recipe": {d: self.recipe(d) for d in self.domains}, "chosen": picked,
-                     "margins": margins}
-        return self._keep(selection)
+        selection = Selection(keys=list(self.scale), seeds=self.seeds, recipe_seeds=self.recipe_seeds,
+                              confirm_seeds=self.confirm_seeds, label=self.label, rule=self.rule, variants=self.variants,
+                              recipe={d: self.recipe(d) for d in self.domains}, chosen=picked, margins=margins)
+        selection.write(self.file)
+        return selection
 
-    def _covering(self, selection: dict, source: Path, why: str) -> dict:
+    def _covering(self, selection: Selection, source: Path, why: str) -> Selection:
         """``selection`` if it chose for every domain and variant of this sweep, else a ``ConfigError`` naming what
         it lacks and ``why``."""
-        lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in selection["chosen"].get(d, {})]
+        lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in selection.chosen.get(d, {})]
         if lacking:
             raise ConfigError(f"{source} has no choice for {', '.join(lacking)}: {why}")
         return selection
 
-    def _borrow(self) -> dict:
+    def _borrow(self) -> Selection:
         """``use``: the other sweep's choices for this sweep's domains and variants (an error until it has them);
         the recipe is this sweep's own, which may differ from the other's in what the choices do not set."""
         source = Path(self.use) / SELECTION_FILE
         if not source.exists():
             raise ConfigError(f"select: use: {source} does not exist; run that sweep's selection first")
         other = self._covering(read_selection(source), source, "select: use: names a sweep without them")
-        self.scale = dict.fromkeys(other["keys"], [1.0])
-        selection = {**other, "recipe_seeds": self.recipe_seeds, "confirm_seeds": self.confirm_seeds,
-                     "variants": self.variants, "from": str(source), "label": self.label,
-                     "recipe": {d: self.recipe(d) for d in self.domains},
-                     "chosen": {d: {v: other["chosen"][d][v] for v in self.variants} for d in self.domains}}
-        return self._keep(selection)
-
-    def _keep(self, selection: dict) -> dict:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.file.write_text(json.dumps(selection, indent=1) + "\n")
+        self.scale = dict.fromkeys(other.keys, [1.0])
+        selection = other.model_copy(update={
+            "recipe_seeds": self.recipe_seeds, "confirm_seeds": self.confirm_seeds, "variants": self.variants,
+            "source": str(source), "label": self.label, "recipe": {d: self.recipe(d) for d in self.domains},
+            "chosen": {d: {v: other.chosen[d][v] for v in self.variants} for d in self.domains}})
+        selection.write(self.file)
         return selection
 
-    def tuned_runs(self, selection: dict) -> list[list[str]]:
+    def tuned_runs(self, selection: Selection) -> list[list[str]]:
         """Each tuned variant the sweep runs at its choice on the confirmation seeds."""
-        return [self._args(domain, variant, seed, self.out, selection["chosen"][domain][variant], combo)
+        return [self._args(domain, variant, seed, self.out, selection.chosen[domain][variant], combo)
                 for seed in self.confirm_seeds for domain in self.domains for combo in self.combos
                 for variant in self.confirmed]
 
