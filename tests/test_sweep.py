@@ -21,6 +21,7 @@ from common.records import RunRecord, read_record, write_record
 from runners.cli import main as cli
 from runners.commands import sweep
 from runners.config import compose, run_directory
+from runners.runs.rundir import lock_path
 from runners.sweeps import slurm, workers
 from runners.sweeps import spec as sweep_spec
 from runners.sweeps.progress import Progress
@@ -228,6 +229,16 @@ def test_a_run_another_worker_just_failed_is_reported_with_its_error(toy_domain,
     workers.run_all([args], report=reported.append)
     assert [(o["status"], o["error"]) for o in reported] == [("failed", "RuntimeError: broken")]
     assert fake_run.executions() == []
+
+
+@pytest.mark.parametrize("note", ['["failed", "Runtime', '["failed", "x", 3]', '[1, 2]'])
+def test_a_spoilt_lock_note_is_no_outcome_and_the_run_is_made(toy_domain, tmp_path, fake_run, note):
+    args = one_run(tmp_path)
+    run_dir = run_directory(compose(args))
+    run_dir.mkdir(parents=True)
+    lock_path(run_dir).write_text(note)
+    assert workers.run_all([args])["ok"] == 1
+    assert fake_run.executions() == [0]
 
 
 def test_a_lock_dies_with_its_holder(toy_domain, tmp_path, fake_run):

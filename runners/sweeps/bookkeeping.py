@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,13 @@ def settled(run_dir: Path) -> tuple[str, str | None] | None:
         return None
     if status is not None:  # with its error: a worker that finds a run just made may report it before its maker does
         return status, read_record(run_dir).error if status == "failed" else None
-    return tuple(json.loads(note)) if note.startswith("[") else None  # else empty, or an old "host pid" lock
+    if not note.startswith("["):  # empty, or an old "host pid" lock
+        return None
+    with suppress(ValueError):  # JSON's errors and a list of another length: a note spoilt by hand is no outcome
+        status, error = json.loads(note)
+        if isinstance(status, str) and isinstance(error, str | None):
+            return status, error
+    return None
 
 
 def note_outcome(run_dir: Path, outcome: dict) -> None:
