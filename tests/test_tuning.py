@@ -139,6 +139,7 @@ def test_a_sweep_can_use_another_sweeps_choices(tmp_path, scored_run):
     assert sweep.main([other]) == 0
     borrowed = json.loads((tmp_path / "second" / "runs" / "selection.json").read_text())
     assert borrowed["chosen"]["toy"] == {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 8e-3}}
+    assert borrowed["from"] == str(tmp_path / "runs" / "selection.json") and borrowed["label"] == "another init"
     assert not any("/select/" in where for *_, where in scored_run)
     assert sorted((v, lr) for v, _, lr, _ in scored_run) == [("quest", 1e-3), ("quest", 8e-3), ("standard", 1e-3)]
     labels = set(results_runs.load_runs(tmp_path / "second" / "runs")["protocol"])
