@@ -47,7 +47,7 @@ def write_pilot(root):
     root.mkdir(parents=True)
     (root / "selection.json").write_text(json.dumps({
         "keys": ["optim.lr"], "seeds": [100], "recipe_seeds": list(SEEDS), "confirm_seeds": list(SEEDS),
-        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": None,
+        "recipe": {d: {"optim.lr": 1e-3} for d in "ab"}, "label": None, "variants": ["standard", "quest", "qknorm"],
         "chosen": {"a": {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 3e-3}, "qknorm": {"optim.lr": 1e-3}},
                    "b": {"standard": {"optim.lr": 1e-3}, "quest": {"optim.lr": 1e-3}}}}))
     runs = [(d, v, 3e-3 if (d, v) == ("a", "quest") else 1e-3, OFFSETS[d, v]) for d, v in OFFSETS]
