@@ -5,6 +5,10 @@ of at most ``MAX_DIGITS`` digits, and YAML without aliases (a few lines of ``&a 
 gigabytes). Nothing read is interpolated: OmegaConf would resolve a ``${...}`` (``oc.env`` copies the
 environment), so a caller that builds a config from a file refuses one first (``interpolation``).
 
+A path read from a file (a report's figure, a record's snapshot, a selection's source) is resolved by ``inside``:
+it must lie, links followed, within the folder it belongs to. Every output is written by ``write_atomic``: to a
+temporary file beside it, then renamed over it, so that a signal or a full disk leaves the earlier file whole.
+
 Each problem is a ``FileError`` (a ``DataError``: exit 2) naming the file and what is wrong, in one line.
 Only the standard library and PyYAML: the CLI reads its inputs before torch loads."""
 from __future__ import annotations
@@ -14,6 +18,7 @@ import io
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +66,48 @@ def regular_file(path: str | Path, what: str) -> Path:
     except OSError as err:
         raise FileError(path, os_reason(err, what)) from None
     return path
+
+
+def inside(folder: str | Path, name: str, what: str) -> Path:
+    """``folder / name`` for a ``name`` read from a file, if it resolves (every link followed) inside ``folder``
+    resolved; else a ``FileError``: an absolute path, a ``..`` or a link out of it is refused, never followed."""
+    folder = Path(folder)
+    path = folder / name
+    try:
+        resolved, root = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError) as err:  # a link loop: RuntimeError before Python 3.13, OSError after
+        raise FileError(path, f"cannot be resolved ({err})") from None
+    if Path(name).is_absolute() or not resolved.is_relative_to(root):
+        raise FileError(path, f"a {what} must lie inside {folder}; it names a path outside it")
+    return path
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` whole or not at all: into a temporary file in its folder, then
+    renamed over it. A signal or a full disk leaves the earlier file as it was and no temporary file; the
+    ``OSError`` names ``path``, not the temporary file."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; an output is as readable as open() makes it
+        os.replace(tmp, path)
+    except BaseException as err:  # a signal (Stopped, KeyboardInterrupt) too: no temporary file is left behind
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _check(path: Path, info: os.stat_result, what: str, max_bytes: int | None) -> None:

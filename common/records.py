@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from common.files import FileError, MiB, read_json
+from common.files import FileError, MiB, read_json, write_atomic
 from common.typed import Model, first_problem
 
 log = logging.getLogger(__name__)
@@ -237,15 +235,7 @@ def write_record(run_dir: str | Path, record: RunRecord) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     data = record.to_json()
     RunRecord.from_json(data, str(path))  # checked again: a map the run filled in place was not checked then
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".record.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=float)
-        os.replace(tmp, path)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(err.errno, err.strerror, str(path)) from None
-    return path
+    return write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float))
 
 
 def read_record(path: str | Path) -> RunRecord:

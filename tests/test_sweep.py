@@ -329,6 +329,11 @@ def test_workers_take_their_share_of_the_cores_or_the_threads_asked_for(toy_doma
 
 
 def test_slurm_launch_submits_only_the_runs_left(toy_domain, tmp_path, fake_run, monkeypatch, capsys):
+    sbatch = tmp_path / "bin" / "sbatch"  # as on a SLURM cluster (launch_slurm, which would call it, is faked)
+    sbatch.parent.mkdir()
+    sbatch.write_text("#!/bin/sh\nexit 1\n")
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{sbatch.parent}{os.pathsep}{os.environ['PATH']}")
     assert sweep.main([write_spec(tmp_path, seeds=[0])]) == 0
     submitted = []
     monkeypatch.setattr(slurm, "launch_slurm",

@@ -25,6 +25,8 @@ from statsmodels.stats.multitest import multipletests  # noqa: E402
 from statsmodels.stats.power import NormalIndPower  # noqa: E402
 from statsmodels.stats.proportion import proportion_effectsize  # noqa: E402
 
+from common.figures import save_figure  # noqa: E402
+from common.files import write_atomic  # noqa: E402
 from domains.retrieval import report as study  # noqa: E402
 from domains.retrieval.config import Data, Task  # noqa: E402
 from domains.retrieval.data import answer_spectrum, direction_oracles  # noqa: E402
@@ -142,7 +144,7 @@ def success_plot(runs: pd.DataFrame, threshold: float, path: Path) -> Path:
     axes[0][0].set_ylabel("success rate over the grid\n(95% Wilson interval)")
     axes[1][0].set_ylabel(f"unbiased test accuracy\n(median, IQR; dashed: threshold {threshold:g})")
     axes[0][-1].legend(fontsize=7)
-    return study._save(fig, path)
+    return save_figure(fig, path)
 
 
 def unfinished(runs: pd.DataFrame) -> list[str]:
@@ -238,7 +240,7 @@ def write_report(root: Path, out: Path) -> str:
     lines += [f"- {line}" for line in unfinished(runs)] or ["None."]
     lines += ["", "![success by kappa](success_by_kappa.png)", ""]
     text = "\n".join(lines)
-    (out / "report.md").write_text(text)
+    write_atomic(out / "report.md", text)
     return text
 
 

@@ -35,6 +35,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from common.attention import VARIANTS  # noqa: E402
+from common.figures import save_figure  # noqa: E402
+from common.files import write_atomic  # noqa: E402
 from common.records import RecordError, find_records, read_record  # noqa: E402
 from domains.retrieval.config import Data, RetrievalConfig  # noqa: E402
 from domains.retrieval.data import shortcut_oracles  # noqa: E402
@@ -123,7 +125,7 @@ def heatmaps(runs: pd.DataFrame, path: Path) -> Path:
         ax.set_title(variant, fontsize=10)
     axes[0][0].set_ylabel("learning rate")
     fig.suptitle("success (unbiased test accuracy ≥ threshold): successes/runs per cell", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def success_bars(table: pd.DataFrame, paper: dict[str, float], path: Path) -> Path:
@@ -139,7 +141,7 @@ def success_bars(table: pd.DataFrame, paper: dict[str, float], path: Path) -> Pa
     ax.set_ylim(0, 1)
     ax.set_ylabel("success rate over the grid")
     ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def key_norm_curves(runs: pd.DataFrame, lr: float, wd: float) -> dict[str, pd.DataFrame]:
@@ -178,14 +180,7 @@ def key_norm_plot(curves: dict[str, pd.DataFrame], lr: float, wd: float, path: P
     axes[0].set_ylabel("key norm ‖W_k x_a + b_k‖")
     axes[1].legend(fontsize=7)
     fig.suptitle(f"one cell (lr {lr:g}, weight decay {wd:g}): median over seeds, interquartile band", fontsize=10)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _fmt(value: float) -> str:
@@ -219,7 +214,7 @@ def study(root: Path, out: Path, lr: float, wd: float) -> str:
     lines += ["", "![success heatmaps](success_heatmaps.png)", "", "![success rates](success_rates.png)", "",
               "![key norms](key_norms.png)", ""]
     text = "\n".join(lines)
-    (out / "report.md").write_text(text)
+    write_atomic(out / "report.md", text)
     return text
 
 
@@ -236,7 +231,7 @@ def design(root: Path, out: Path) -> str:
     lines += ["", f"Chosen: model.hidden = {chosen}." if chosen is not None else "No candidate passes.", ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "design.md").write_text(text)
+    write_atomic(out / "design.md", text)
     return text
 
 
@@ -269,7 +264,7 @@ def shortcut(out: Path) -> str:
     lines += ["", f"Chosen: data.bias_norm = {chosen:g}." if chosen is not None else "No candidate passes.", ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "shortcut.md").write_text(text)
+    write_atomic(out / "shortcut.md", text)
     return text
 
 
@@ -291,7 +286,7 @@ def ablations(root: Path, out: Path) -> str:
                   f"{_fmt(row['acc'])} | {_fmt(row['acc_biased'])} |" for cell, row in table.sort_index().iterrows()]
     text = "\n".join([*lines, ""])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ablations.md").write_text(text)
+    write_atomic(out / "ablations.md", text)
     return text
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.arguments import CommandParser
+from common.errors import Stopped
 from runners.results.document import write_results
 
 
@@ -46,7 +47,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.runs and not args.report:
         parser.error("give run directories, --report files, or both")
-    runs, skipped, reports = write_results(args.runs, Path(args.output), args.report, args.notes, args.anchors,
-                                           plots=not args.no_plots, confirm=args.confirm)
+    with Stopped.on_signals():  # a signal stops it in one line, every output it had not yet replaced left whole
+        runs, skipped, reports = write_results(args.runs, Path(args.output), args.report, args.notes, args.anchors,
+                                               plots=not args.no_plots, confirm=args.confirm)
     print(f"aggregate: {runs} runs, {skipped} skipped, {reports} reports -> {args.output}")
     return 0

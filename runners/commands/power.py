@@ -19,6 +19,7 @@ import pandas as pd
 
 from common.arguments import CommandParser
 from common.errors import ConfigError
+from common.files import write_atomic
 from runners.results.frame import load_runs
 from runners.results.sample_size import plan_power
 
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     print(f"Total: {domains['hours_holm'].sum():.2f} hours at α/m, {domains['hours_alpha'].sum():.2f} hours at α.")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_atomic(args.json, json.dumps({
             "levels": levels, "claims": json.loads(claims.to_json(orient="records", double_precision=15)),
             "domains": json.loads(domains.to_json(orient="records", double_precision=15)),
             "total_hours": {level: float(domains[f"hours_{level}"].sum()) for level in ("holm", "alpha")}}, indent=1) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.arguments import CommandParser
+from common.files import write_atomic
 from runners.results.learning_curves import report
 
 
@@ -20,6 +21,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-o", "--output", type=Path, default=Path("SCALING.md"), help="markdown file to write")
     args = parser.parse_args(argv)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report(*args.runs, out=args.output) + "\n")
+    write_atomic(args.output, report(*args.runs, out=args.output) + "\n")
     print(f"scaling: -> {args.output}")
     return 0

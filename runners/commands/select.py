@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 from common.arguments import CommandParser, whole
+from common.errors import Stopped
+from common.files import write_atomic
 from runners.runs import rule_simulation
 from runners.runs.selection import chosen, effects_table, grids, group_margins, margins_table, overrides, select, selection_table
 
@@ -47,8 +49,9 @@ def main(argv: list[str]) -> int:
     for group, row in chosen(ranked).items():
         verdict = f" ({found[group].verdict}{', on an edge' if found[group].edge else ''})" if group in found else ""
         print(f"select: {' / '.join(map(str, group))}: {' '.join(overrides(row['settings'])) or '(one candidate)'}{verdict}")
-    if args.output:
-        args.output.write_text(table)
-    if args.json:
-        args.json.write_text(json.dumps(ranked, indent=1, default=str) + "\n")
+    with Stopped.on_signals():  # a signal stops it in one line, the earlier files left whole
+        if args.output:
+            write_atomic(args.output, table)
+        if args.json:
+            write_atomic(args.json, json.dumps(ranked, indent=1, default=str) + "\n")
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.arguments import CommandParser
+from common.files import write_atomic
 from runners.results.frame import GROUP
 from runners.results.lr_sensitivity import load_lr_runs, section
 
@@ -33,6 +34,6 @@ def main(argv: list[str]) -> int:
     lines = ["# Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
     for _, group in runs.groupby(GROUP[:3], sort=True):  # no protocols: one learning-rate grid
         lines += section(group, figures, out.parent)
-    out.write_text("\n".join(lines) + "\n")
+    write_atomic(out, "\n".join(lines) + "\n")
     print(f"stability: {len(runs)} runs -> {out}")
     return 0

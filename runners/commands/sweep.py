@@ -54,7 +54,7 @@ from runners.results.document import write_results
 from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan
 from runners.sweeps.progress import Progress
-from runners.sweeps.slurm import submit_slurm
+from runners.sweeps.slurm import require_sbatch, submit_slurm
 from runners.sweeps.spec import Sweep, confirmation, expand, load_sweep, tuning
 from runners.sweeps.workers import report_to, run_all, run_workers
 
@@ -108,6 +108,8 @@ def main(argv: list[str]) -> int:
                         help="aggregate the sweep's runs into this file at the end")
     parser.add_argument("--stage", choices=("select", "confirm"), help=argparse.SUPPRESS)  # the workers' stage
     args = parser.parse_args(argv)
+    if args.launcher == "slurm" and not args.dry_run:
+        require_sbatch()
     spec = load_sweep(args.sweep)
     if args.report_fd is not None:  # a worker of a launch
         _, runs = stage_runs(spec, args, args.stage)

@@ -4,7 +4,6 @@ reading placed under the headings it reads."""
 from __future__ import annotations
 
 import re
-import shutil
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.errors import ConfigError
-from common.files import MAX_DOCUMENT_BYTES, read_text
+from common.files import MAX_DOCUMENT_BYTES, MiB, inside, read_bytes, read_text, write_atomic
 from runners.results import confirmatory, tables
 from runners.results.anchors import anchor_section, read_anchors
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats
@@ -24,6 +23,7 @@ from runners.runs.selection import SELECTION_FILE, Selection, grids, group_margi
 
 HEADING = re.compile(r"^(#+) (.+?)[ \t]*$", re.MULTILINE)
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+MAX_FIGURE_BYTES = 64 * MiB  # a report's figure, copied beside RESULTS.md: a PNG of a few hundred KiB
 
 
 # The first lines of a results document whose every variant ran once per table (the demo): what it can show.
@@ -188,24 +188,36 @@ def heading(key: tuple[str, ...]) -> str:
     return " / ".join(part for part in key if part)
 
 
+def report_figures(path: Path, text: str) -> dict[str, Path]:
+    """Each figure the report at ``path`` links (URLs aside), by its link: a file inside the report's folder, links
+    followed (``common.files.inside``); one outside it is refused, never copied."""
+    figures = {}
+    for _, target in IMAGE.findall(text):
+        if "://" not in target:
+            figures[target] = source = inside(path.parent, target, "report's figure")
+            if not source.is_file():
+                raise ConfigError(f"{path}: its figure {target} does not exist")
+    return figures
+
+
 def include_report(path: Path, text: str, extras: Path, out_dir: Path) -> str:
     """A study's report (``text``, read from ``path``) as a section of RESULTS.md: headings one level down, each
-    figure it links copied to ``extras/<report's first heading>/`` and linked from there; a figure already inside
-    ``extras`` (a report under RESULTS/ beside its figures) is linked where it lies, never copied beside itself."""
+    figure it links (``report_figures``) copied to ``extras/<report's first heading>/`` and linked from there; a
+    figure already inside ``extras`` (a report under RESULTS/ beside its figures) is linked where it lies, never
+    copied beside itself."""
     first = HEADING.search(text)
     folder = extras / re.sub(r"[^a-z0-9]+", "-", (first.group(2) if first else path.stem).lower()).strip("-")
+    figures = report_figures(path, text)
 
     def relink(image: re.Match) -> str:
         alt, target = image.groups()
-        if "://" in target:
+        if target not in figures:
             return image.group(0)
-        source = path.parent / target
-        if not source.is_file():
-            raise ConfigError(f"{path}: its figure {target} does not exist")
+        source = figures[target]
         if source.resolve().is_relative_to(extras.resolve()):
             return f"![{alt}]({source.resolve().relative_to(out_dir.resolve()).as_posix()})"
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, folder / source.name)
+        write_atomic(folder / source.name, read_bytes(source, "figure", MAX_FIGURE_BYTES))
         return f"![{alt}]({(folder / source.name).relative_to(out_dir).as_posix()})"
 
     text = IMAGE.sub(relink, text)
@@ -252,6 +264,8 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     pre-registered plans, tested side by side and summed up at the top."""
     # Every input is read, and a broken one stops here, before anything is written.
     texts = {path: read_text(path, "report", MAX_DOCUMENT_BYTES) for path in report_files}
+    for path, text in texts.items():
+        report_figures(path, text)
     entries = read_anchors(anchors_file) if anchors_file else None
     reading = read_text(notes, "notes file", MAX_DOCUMENT_BYTES) if notes else None
     confirmatory.read_plans(confirm)
@@ -267,7 +281,7 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
             from runners.results.plots import write_plots  # matplotlib: only when plotting
 
             figures = write_plots(runs, extras, relative_to=out.parent)
-        runs.drop(columns=list(DESCRIPTIONS)).to_csv(extras / "runs.csv", index=False)
+        write_atomic(extras / "runs.csv", runs.drop(columns=list(DESCRIPTIONS)).to_csv(index=False))
     reports = [include_report(path, text, extras, out.parent) for path, text in texts.items()]
     sources = [*run_dirs, *(f"--report {p}" for p in report_files),
                *(f"--{name} {p}" for name, p in (("anchors", anchors_file), *(("confirm", p) for p in confirm),
@@ -280,6 +294,6 @@ def write_results(run_dirs: Sequence[str], out: Path, report_files: Sequence[Pat
     document = render(runs, figures, sources, skipped, reports, read_launches(*run_dirs), anchors, extra, headline)
     if notes:
         document = insert_notes(document, reading, str(notes))
-    out.write_text(document)
+    write_atomic(out, document)
     write_index(extras, out, f"quest aggregate {' '.join(map(str, sources))}")  # RESULTS/README.md: what is where
     return 0 if runs is None else len(runs), len(skipped), len(reports)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from common.files import write_atomic
 from runners.runs.launches import read_launches
 
 INDEX = "README.md"
@@ -97,4 +98,4 @@ def render_index(folder: Path, document: Path | None = None, command: str | None
 
 
 def write_index(folder: Path, document: Path | None = None, command: str | None = None) -> None:
-    (folder / INDEX).write_text(render_index(folder, document, command))
+    write_atomic(folder / INDEX, render_index(folder, document, command))

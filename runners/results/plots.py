@@ -1,5 +1,5 @@
 """Figures for RESULTS.md, per (domain, dataset, preset) group as the tables are and per tuned domain, and
-``save_figure`` for every figure of ``runners.results``. Importing it selects matplotlib's Agg backend (files only)."""
+``save_figure`` (``common.figures``) for every figure of ``runners.results``. Importing it selects matplotlib's Agg backend (files only)."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from common.figures import save_figure  # noqa: E402
 from common.files import FileError, MiB, read_table  # noqa: E402
 from runners.results.frame import GROUP, repeats, variant_order  # noqa: E402
 from runners.results.stats import half_width  # noqa: E402
@@ -102,13 +103,6 @@ def _probe_grid(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
     axes.flat[len(curves) - 1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{title}: stability probes over training", fontsize=10)
     return save_figure(fig, stem.with_name(f"{stem.name}_probes.png"))
-
-
-def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
 
 
 def plot_selection(grids: dict[str, Grid], margins: dict[str, Margin], chosen: dict[str, float], *, key: str,

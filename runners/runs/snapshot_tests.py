@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 
 from common.checkpoint import run_config
 from common.errors import ConfigError
+from common.files import inside
 from common.perturbations import evaluate_robustness
 from common.records import CurvePoint, read_record, write_record
 from common.registry import typed_config
@@ -25,10 +26,11 @@ def evaluate_curve(path: str | Path, robustness: bool = False) -> list[CurvePoin
     record = read_record(run_dir)
     if not record.snapshots:
         raise ConfigError(f"{run_dir} kept no snapshots (a sweep keeps them with `snapshots:`)")
+    files = [inside(run_dir / "snapshots", snapshot.file, "snapshot") for snapshot in record.snapshots]  # a record is data
     points = []
     with torch_threads(cfg.get("threads")):
-        for snapshot in record.snapshots:
-            run = restore(run_dir, run_dir / "snapshots" / snapshot.file, cfg)
+        for snapshot, file in zip(record.snapshots, files):
+            run = restore(run_dir, file, cfg)
             trainer = pl.Trainer(accelerator="gpu" if next(run.task.parameters()).is_cuda else "cpu", devices=1,
                                  logger=False, enable_progress_bar=False, enable_model_summary=False)
             results = trainer.test(run.task, datamodule=run.datamodule, verbose=False)

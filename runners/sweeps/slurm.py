@@ -1,11 +1,13 @@
 """A sweep as one SLURM job array, through submitit."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
+from common.errors import ConfigError
 from common.optional import require
 from common.typed import Model
 from runners.sweeps.workers import run_all
@@ -55,8 +57,17 @@ class SweepJob:
         return submitit.helpers.DelayedSubmission(self, args)
 
 
-def launch_slurm(runs: list[list[str]], spec: Sweep, folder: str | Path, cluster: str | None = None):
-    """Submit the sweep as one job array through submitit; ``cluster="debug"`` runs it in process."""
+def require_sbatch() -> None:
+    """A ``ConfigError`` where SLURM's ``sbatch`` is not on PATH: asked for SLURM there, submitit would run the jobs
+    on this machine, detached, after quest has exited."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError("--launcher slurm needs SLURM's sbatch on PATH and there is none; nothing was submitted "
+                          "(run the sweep here with --launcher local)")
+
+
+def launch_slurm(runs: list[list[str]], spec: Sweep, folder: str | Path, cluster: str = "slurm"):
+    """Submit the sweep as one job array through submitit (to SLURM, never run here in its place);
+    ``cluster="debug"`` runs it in process."""
     submitit = require("submitit", extra="slurm")
 
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)

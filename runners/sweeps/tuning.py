@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
 from common.records import RunRecord, read_records
@@ -61,14 +61,20 @@ class Tuning:
         self.scale = {key: sorted(factors) for key, factors in select.scale.items()}
         self.extend = select.extend
         self.rule = select.rule
-        self._recipe: dict[str, dict[str, float]] = {}
+        self.grid_keys = set(spec.grid)
+        self._configs: dict[str, DictConfig] = {}  # per domain, the recipe's config
 
-    def recipe(self, domain: str) -> dict[str, float]:
-        """The recipe's value of each scaled key in ``domain`` (the sweep's preset and overrides)."""
-        if domain not in self._recipe:
-            cfg = compose(self.base(domain, "standard", (self.seeds or self.recipe_seeds or self.confirm_seeds)[0], self.out))
-            self._recipe[domain] = {key: float(OmegaConf.select(cfg, key)) for key in self.scale}
-        return self._recipe[domain]
+    def recipe(self, domain: str, keys: list[str] | None = None) -> dict[str, float]:
+        """The recipe's value of each scaled key (or of ``keys``) in ``domain`` (the sweep's preset and overrides);
+        a key that is not a number there is a ``ConfigError``."""
+        keys = list(self.scale) if keys is None else keys
+        if domain not in self._configs:
+            seed = (self.seeds or self.recipe_seeds or self.confirm_seeds)[0]
+            self._configs[domain] = compose(self.base(domain, "standard", seed, self.out))
+        values = {key: OmegaConf.select(self._configs[domain], key) for key in keys}
+        if wrong := [key for key, value in values.items() if isinstance(value, bool) or not isinstance(value, (int, float))]:
+            raise ConfigError(f"{', '.join(wrong)} is not a number in the {domain} runs' config: only a number is scaled or chosen")
+        return {key: float(value) for key, value in values.items()}
 
     def value(self, domain: str, key: str, factor: float) -> float:
         return float(f"{self.recipe(domain)[key] * factor:.3g}")
@@ -175,7 +181,25 @@ class Tuning:
         lacking = [f"{d}/{v}" for d in self.domains for v in self.variants if v not in selection.chosen.get(d, {})]
         if lacking:
             raise ConfigError(f"{source} has no choice for {', '.join(lacking)}: {why}")
+        self._settable(selection, source)
         return selection
+
+    def _settable(self, selection: Selection, source: Path) -> None:
+        """A ``ConfigError`` unless each choice of ``selection`` sets exactly its ``keys``, each a number in this
+        sweep's runs and none of the keys the sweep sets itself (what a run is and where it goes, its grid): a
+        selection file is data, and may not move a run or change what it compares."""
+        for domain in self.domains:
+            for variant in self.variants:
+                if (keys := set(selection.chosen[domain][variant])) != set(selection.keys):
+                    raise ConfigError(f"{source}: the choice for {domain}/{variant} sets {', '.join(sorted(keys)) or 'nothing'}, "
+                                      f"not the selection's keys ({', '.join(selection.keys)})")
+        if own := sorted(set(selection.keys) & (RUN_KEYS | self.grid_keys)):
+            raise ConfigError(f"{source}: a selection may not set {', '.join(own)}: the sweep sets it")
+        for domain in self.domains:
+            try:
+                self.recipe(domain, selection.keys)
+            except ConfigError as err:
+                raise ConfigError(f"{source}: {err}") from None
 
     def _borrow(self) -> Selection:
         """``use``: the other sweep's choices for this sweep's domains and variants (an error until it has them);
@@ -197,6 +221,9 @@ class Tuning:
         return [self._args(domain, variant, seed, self.out, selection.chosen[domain][variant], combo)
                 for seed in self.confirm_seeds for domain in self.domains for combo in self.combos
                 for variant in self.confirmed]
+
+
+RUN_KEYS = {"domain", "attention", "seed", "output_dir", "preset"}  # what a run is and where it goes: the sweep's own
 
 
 def _best(scores: list[float]) -> int:
