@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.records import RecordError
     from runners import console
 
+    console.escape_unencodable()
     console.show_project_warnings()
     console.quiet()
     argv = sys.argv[1:] if argv is None else argv

@@ -5,7 +5,9 @@ on purpose (no loader workers on CPU, short epochs) or about third-party interna
 that matter (a skipped file, a failed run). Importing this module loads nothing heavy."""
 from __future__ import annotations
 
+import io
 import logging
+import sys
 import warnings
 
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric")
@@ -33,3 +35,13 @@ def show_project_warnings() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in SHOWN_INFO:
         logging.getLogger(name).setLevel(logging.INFO)
+
+
+def escape_unencodable() -> None:
+    """A name the system holds in bytes that are not UTF-8 (a run folder, a sweep file) reaches Python as surrogates
+    (``\\udcff``), which stdout refuses under a UTF-8 locale with a ``UnicodeEncodeError``: stdout, and stderr as
+    Python's own already does, print what they cannot encode as a backslash escape, so such a name is shown, never a
+    traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # a test's StringIO encodes nothing
+            stream.reconfigure(errors="backslashreplace")

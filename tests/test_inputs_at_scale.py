@@ -2,12 +2,16 @@
 names that are not UTF-8, arguments out of range, `quest docs --build` into a folder it did not make, a record
 that is a symlink loop. Each is read, refused or reported in one line, never a traceback."""
 import json
+import os
 import sys
 from pathlib import Path
 
 from common.records import RECORD_NAME, RunRecord
+from runners.cli import main as cli
+from runners.runs.launches import read_launches
 from runners.runs.selection import candidates
 from tests.conftest import record_json
+from tests.test_sweep import write_spec
 
 VARIANTS = ("standard", "quest", "qknorm", "qknorm_hs", "qknorm_ds", "qnorm", "knorm", "sphere")
 RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
@@ -57,3 +61,36 @@ def test_select_works_in_time_linear_in_the_runs():
     assert {row["runs"] for row in ranked} == {4}
     del large[0].config["section1"]["key3"]  # an older run, from before the key existed: None there
     assert "section1.key3" in candidates(large)[0]["settings"]
+
+
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # a name's bytes that are not UTF-8, as Python holds them: surrogates
+ESCAPED = "\\udcff\\udcfe"  # as the console prints them
+
+
+def test_an_output_named_in_bytes_that_are_not_utf8_is_written_and_named(tmp_path, capsys):
+    runs = tmp_path / f"runs{NOT_UTF8}"
+    write_grid(runs, 2)
+    output = tmp_path / f"out{NOT_UTF8}.md"
+    assert cli(["aggregate", str(runs), "-o", str(output)]) == 0
+    assert f"2 runs, 0 skipped, 0 reports -> {tmp_path}/out{ESCAPED}.md" in capsys.readouterr().out
+    assert output.is_file()
+
+
+def test_a_sweep_file_named_in_bytes_that_are_not_utf8_is_read_and_named(toy_domain, tmp_path, capsys):
+    spec = Path(write_spec(tmp_path)).rename(tmp_path / f"sweep{NOT_UTF8}.yaml")
+    assert cli(["sweep", str(spec), "--dry-run"]) == 0
+    assert "domain=toy" in capsys.readouterr().out
+    spec.write_text("domains: [toy]\nvariants: [quest]\nseeds: [0]\ncolour: red\n")
+    assert cli(["sweep", str(spec), "--dry-run"]) == 2
+    assert f"sweep{ESCAPED}.yaml" in capsys.readouterr().err
+
+
+def test_a_sweep_into_a_folder_named_in_bytes_that_are_not_utf8_refuses_its_runs_in_one_line(toy_domain, tmp_path,
+                                                                                              capsys):
+    output = tmp_path / f"runs{NOT_UTF8}"
+    assert cli(["sweep", write_spec(tmp_path), "--output-dir", str(output)]) == 2
+    out, err = capsys.readouterr()
+    assert "sweep: invalid toy/quest seed 0: ConfigError: config key 'output_dir': cannot read" in out + err
+    assert "Traceback" not in err
+    (launch,) = read_launches(output)
+    assert f"runs{ESCAPED}" in launch.command

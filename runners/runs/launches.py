@@ -60,7 +60,8 @@ def log_launch(folder: Path, command: list[str], started: float, workers: int, r
     from runners.runs.provenance import git_commit, hardware  # torch: only for a launch that ran
     from runners.runs.trackers import sweep_destinations
 
-    launch = Launch(command=shlex.join(command), started=datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+    text = shlex.join(command).encode("utf-8", "backslashreplace").decode()  # a name not UTF-8, escaped: JSON is UTF-8
+    launch = Launch(command=text, started=datetime.fromtimestamp(started).isoformat(timespec="seconds"),
                     wall_s=round(time.time() - started, 1), finished=finished, workers=workers, ran=ran,
                     hardware=Machine(**hardware()), git_commit=git_commit(), trackers=sweep_destinations(runs))
     folder.mkdir(parents=True, exist_ok=True)
