@@ -1,8 +1,9 @@
 """The variants inside Hugging Face transformers models (common.hf), on tiny models built from configs: logits and
 attention weights equal a hand-written eager reference for every registered variant on four causal-LM architectures,
 `standard` equals the library's own SDPA on seven, cached generation equals uncached, training steps reach every
-weight and scale, a saved model reloads with its variant, probes, bf16 autocast, the language domain's transformers
-architectures (training, sampling, the bench), and the one-line error without the extra."""
+weight and scale, probes, bf16 autocast, the language domain's transformers architectures (training, sampling, the
+bench), and the one-line error without the extra. What the backends honour and refuse, and saving and reloading:
+tests/test_hf_backend.py."""
 import subprocess
 import sys
 
@@ -164,33 +165,6 @@ def test_a_training_step_reaches_every_weight_and_scale(arch, variant, scales):
     unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
     assert not unchanged, unchanged
     assert sum(".qk." in name for name in before) == scales  # per layer: one gain tensor, or c_q and c_k
-
-
-def test_a_saved_model_reloads_with_its_variant_when_asked(tmp_path):
-    model = causal_lm("llama", "quest")
-    model.save_pretrained(tmp_path / "quest")
-    ids, mask = batch()
-    logits = model(ids, attention_mask=mask).logits
-    # transformers does not save the attention implementation: a plain reload runs its default, SDPA
-    assert "_attn_implementation" not in (tmp_path / "quest" / "config.json").read_text()
-    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "quest")
-    assert plain.config._attn_implementation == "sdpa"
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "quest", attn_implementation="quest")
-    torch.testing.assert_close(reloaded(ids, attention_mask=mask).logits, logits)
-
-
-def test_a_saved_model_with_learnable_scales_reloads_through_replace_attention(tmp_path):
-    from safetensors.torch import load_file
-
-    model = with_variant(causal_lm("llama"), "qknorm_hs")
-    model.save_pretrained(tmp_path / "qknorm_hs")
-    ids, mask = batch()
-    logits = model(ids, attention_mask=mask).logits
-    config = transformers.AutoConfig.from_pretrained(tmp_path / "qknorm_hs")
-    reloaded = transformers.AutoModelForCausalLM.from_config(config)
-    replace_attention(reloaded, "qknorm_hs")
-    reloaded.load_state_dict(load_file(tmp_path / "qknorm_hs" / "model.safetensors"))
-    torch.testing.assert_close(reloaded.eval()(ids, attention_mask=mask).logits, logits)
 
 
 @pytest.mark.parametrize("variant", ["qknorm", "elliptical"])

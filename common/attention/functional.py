@@ -28,7 +28,7 @@ def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
 
 def merge_masks(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causal: bool, q_len: int, k_len: int,
                 dtype: torch.dtype, device: torch.device | None = None) -> tuple[Tensor | None, Tensor | None]:
-    """One SDPA mask from padding (True = pad), additive bias and causality, plus the samples that
+    """One SDPA mask from padding (True = pad), a bias (additive, or boolean as SDPA takes it) and causality, plus the samples that
     have no key at all. Such samples would give all -inf rows (NaN), so they are left unmasked here
     and their output is zeroed by the caller. Causality alone gives no mask when queries and keys are
     the same tokens: SDPA's ``is_causal`` fast path handles it. With fewer queries than keys (the new
@@ -36,7 +36,8 @@ def merge_masks(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causa
 
     Args:
         key_padding_mask: Boolean ``(batch, k_len)``, True = padding.
-        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``.
+        attn_bias: Additive bias, broadcasting to ``(batch, heads, q_len, k_len)``; or a boolean mask (True = attend),
+            as SDPA takes it.
         causal: Whether query i may see only keys up to ``i + k_len - q_len``.
         q_len: Number of queries.
         k_len: Number of keys.
@@ -45,7 +46,8 @@ def merge_masks(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causa
 
     Returns:
         ``(mask, empty)``. ``mask`` broadcasts to ``(batch, heads, q_len, k_len)``: boolean (True = attend)
-            without a bias, additive in ``dtype`` (-inf where blocked) with one, or None when nothing is masked or
+            without a bias or with a boolean one, additive in ``dtype`` (-inf where blocked) with an additive one, or None
+            when nothing is masked or
             causality is left to SDPA's ``is_causal``. ``empty`` is boolean ``(batch,)``, True for a sample whose
             every key is padding, or None without ``key_padding_mask``.
     """
@@ -56,7 +58,9 @@ def merge_masks(key_padding_mask: Tensor | None, attn_bias: Tensor | None, causa
     if causal and (mask is not None or attn_bias is not None or q_len != k_len):
         tri = causal_mask(q_len, k_len, device if device is not None else (attn_bias if mask is None else mask).device)
         mask = tri if mask is None else mask & tri
-    if attn_bias is not None:
+    if attn_bias is not None and attn_bias.dtype == torch.bool:
+        mask = attn_bias if mask is None else mask & attn_bias
+    elif attn_bias is not None:
         bias = attn_bias.to(dtype)
         mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
     return mask, empty
@@ -107,7 +111,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, variant: str | Variant = "quest", *,
 
 def attend_folded(qf: Tensor, kf: Tensor, v: Tensor, scale: float, *, key_padding_mask: Tensor | None = None,
                   attn_bias: Tensor | None = None, causal: bool = False, dropout_p: float = 0.0,
-                  probe: probes.Probe | None = None, raw_qk: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                  probe: probes.Probe | None = None, raw_qk: tuple[Tensor, Tensor] | None = None,
+                  enable_gqa: bool = False) -> Tensor:
     """SDPA on (q, k) already folded by a ``QKFold``; ``v`` and the mask and dropout arguments are as for ``attend``.
 
     Args:
@@ -116,6 +121,8 @@ def attend_folded(qf: Tensor, kf: Tensor, v: Tensor, scale: float, *, key_paddin
         scale: The scale the fold returned, handed to SDPA.
         probe: The layer's stability probe; it records only when enabled. None: nothing is recorded.
         raw_qk: ``(q, k)`` before folding, for the probe's norms. None: the folded ones stand in.
+        enable_gqa: Grouped-query attention: k and v have fewer heads, each serving its group of query heads (SDPA's
+            ``enable_gqa``).
 
     Returns:
         The attention output, ``(batch, heads, q_len, head_dim)``; zeros for a sample whose every key is padding.
@@ -125,9 +132,12 @@ def attend_folded(qf: Tensor, kf: Tensor, v: Tensor, scale: float, *, key_paddin
     mask, empty = merge_masks(key_padding_mask, attn_bias, causal, q_len, k_len, qf.dtype, qf.device)
     if probe is not None and probe.enabled:
         probe_mask = mask if mask is not None or not causal else causal_mask(q_len, k_len, qf.device)
-        probe.record_dense(*(raw_qk or (qf, kf)), qf, kf, scale, probe_mask, key_padding_mask)
+        q, k = raw_qk or (qf, kf)
+        groups = qf.shape[-3] // kf.shape[-3]  # the probe writes the logits out, every query head's
+        probe.record_dense(q, k.repeat_interleave(groups, -3), qf, kf.repeat_interleave(groups, -3), scale, probe_mask,
+                           key_padding_mask)
     out = F.scaled_dot_product_attention(qf, kf, v, attn_mask=mask, dropout_p=dropout_p,
-                                         is_causal=causal and mask is None, scale=scale)
+                                         is_causal=causal and mask is None, scale=scale, enable_gqa=enable_gqa)
     if empty is not None:
         out = out.masked_fill(empty[:, None, None, None], 0.0)
     return out
