@@ -8,6 +8,11 @@ forward+backward of quest vs standard vs a naive explicit softmax at a long sequ
 process: on CPU the peak resident memory above the resident memory just before the call (the kernel's
 high-water mark is reset first, so the imports' peak does not count), on a GPU
 ``torch.cuda.max_memory_allocated`` above what the inputs hold.
+
+``--hf llama`` (or gpt2; repeatable) times a transformers model's training step instead: forward, loss, backward
+and AdamW, with ``attn_implementation="quest"`` beside the library's ``"sdpa"``, interleaved in one process, on one
+thread by default (``--threads``); ``--hf-size gpu`` is the GPU checks' shape, ``--dtype bfloat16`` trains under
+autocast.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
 from common.errors import ConfigError
 from common.schema import COMPILE_MODES
+from runners.runs import hfbench
 
 SHAPES = "8,8,1024,64;32,4,197,48;64,4,64,16;1,4,4096,64"  # long-ish, ViT-Tiny, many short sequences, long
 
@@ -48,10 +54,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fixed-cost", nargs="+", action="append", metavar="KEY=VALUE",
                         help="where one whole quest train run's time goes (a fresh process; repeatable): start and "
                         "imports, data and model, fit, checkpoint writes, test")
+    parser.add_argument("--hf", choices=hfbench.ARCHS, action="append", metavar="ARCH",
+                        help=f"time a transformers model's training step with quest beside the library's sdpa "
+                        f"({', '.join(hfbench.ARCHS)}; repeatable); --steps, --repeats, --device, --dtype apply")
+    parser.add_argument("--hf-size", choices=hfbench.SIZES, default="tiny",
+                        help="--hf: tiny (4 layers, width 128, 16 x 128 tokens) or gpu (8 layers, width 1024, 8 x 2048)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="--hf: torch threads on CPU")
     args = parser.parse_args(argv)
     if args.compile and args.model and args.compile not in COMPILE_MODES:
         raise ConfigError(f"--compile {args.compile!r} is not a torch.compile mode; choose from {', '.join(COMPILE_MODES)}")
-    results = model_bench(args) if args.model or args.fixed_cost else attention_bench(args)
+    if args.hf:
+        results = hf_bench(args)
+    else:
+        results = model_bench(args) if args.model or args.fixed_cost else attention_bench(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
@@ -134,4 +149,18 @@ def compiled_bench(args) -> list[dict]:
         print(f"{'variant':18s}" + "".join(f"{c:>{width}s}" for c in columns))
         for variant, row in result["variants"].items():
             print(f"{variant:18s}" + "".join(f"{row[key]:>{width}.{3 if 'speed' in key else 1}f}" for key in columns.values()))
+    return results
+
+
+def hf_bench(args) -> list[dict]:
+    """``--hf``: per architecture, the training step with quest and with the library's sdpa, and their ratio."""
+    torch.set_num_threads(args.threads)
+    autocast = DTYPES[args.dtype] if args.dtype != "float32" else None
+    results = [hfbench.measure(arch, args.hf_size, device=args.device, autocast=autocast, steps=args.steps, rounds=args.repeats)
+               for arch in args.hf]
+    print(f"transformers training step (forward, loss, backward, AdamW) on {args.device} ({torch.get_num_threads()} "
+          f"threads), {args.dtype}, size {args.hf_size}, median of {args.repeats} interleaved rounds of {args.steps} steps")
+    print(f"{'model':8s}{'params':>12s}{'sdpa ms':>12s}{'quest ms':>12s}{'quest/sdpa':>12s}")
+    for r in results:
+        print(f"{r['arch']:8s}{r['params']:12,d}{r['ms']['sdpa']:12.2f}{r['ms']['quest']:12.2f}{r['ratio']:12.3f}")
     return results
