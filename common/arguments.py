@@ -38,6 +38,25 @@ positive_int = whole(1)
 seed = whole(0, MAX_SEED)
 
 
+def device(text: str) -> str:
+    """An argparse type: where to run, as torch names it: ``cpu``, ``cuda`` or ``cuda:N`` (a GPU this machine has),
+    or ``auto`` (the first GPU where there is one, else the CPU). Torch is imported only to look for a GPU."""
+    kind, colon, index = text.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (colon and not (kind == "cuda" and index.isdigit() and len(index) < 4)):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if kind == "cpu":
+        return text
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "auto":
+        return "cuda" if gpus else "cpu"
+    if int(index or 0) >= gpus:
+        raise argparse.ArgumentTypeError(f"{text!r} asks for a CUDA GPU that torch does not find here "
+                                         f"({gpus or 'none'} found): give cpu or auto")
+    return text
+
+
 def number(least: float = 0.0) -> Callable[[str], float]:
     """An argparse type: a finite number of at least ``least``."""
 

@@ -6,11 +6,14 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from common.records import RECORD_NAME, RunRecord
 from runners.cli import main as cli
 from runners.runs.launches import read_launches
 from runners.runs.selection import candidates
-from tests.conftest import record_json
+from tests.conftest import exit_status, record_json
 from tests.test_sweep import write_spec
 
 VARIANTS = ("standard", "quest", "qknorm", "qknorm_hs", "qknorm_ds", "qnorm", "knorm", "sphere")
@@ -94,3 +97,16 @@ def test_a_sweep_into_a_folder_named_in_bytes_that_are_not_utf8_refuses_its_runs
     assert "Traceback" not in err
     (launch,) = read_launches(output)
     assert f"runs{ESCAPED}" in launch.command
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--device", "nonsense"], "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
+    (["--device", "cuda"], "argument --device: 'cuda' asks for a CUDA GPU that torch does not find here (none found): "
+                           "give cpu or auto"),
+    (["--max-new-tokens", "99999999999999999999"], "argument --max-new-tokens: must be a whole number from 0 to "
+                                                   "100000, got '99999999999999999999'"),
+])
+def test_quest_generate_refuses_a_device_or_a_length_it_cannot_use_in_one_line(args, problem, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU
+    assert exit_status(["generate", "runs/language/quest/seed0", *args]) == 2
+    assert capsys.readouterr().err == f"quest generate: error: {problem}\n"

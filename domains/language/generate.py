@@ -10,10 +10,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.arguments import CommandParser, number, positive_int, seed, whole
+from common.arguments import CommandParser, device, number, positive_int, seed, whole
 from common.errors import ConfigError, DataError
 
 LANGUAGE = "language"
+MAX_NEW_TOKENS = 100_000  # a bound for a typo: past the context, each new token re-encodes the whole window
 
 
 def load_run(run_dir: Path, device: str):
@@ -28,12 +29,13 @@ def main(argv: list[str]) -> int:
     parser = CommandParser("quest generate", __doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a finished language run: runs/language/<variant>/seed<n>-<hash>")
     parser.add_argument("--prompt", default="\n", help="text the samples continue (default: a newline)")
-    parser.add_argument("--max-new-tokens", type=whole(0), default=500)
+    parser.add_argument("--max-new-tokens", type=whole(0, MAX_NEW_TOKENS), default=500,
+                        help=f"tokens to sample after the prompt (at most {MAX_NEW_TOKENS:,})")
     parser.add_argument("--temperature", type=number(0), default=0.8, help="0 samples greedily")
     parser.add_argument("--top-k", type=whole(0), default=200, help="sample among the k likeliest tokens (0: all)")
     parser.add_argument("--num-samples", type=positive_int, default=1)
     parser.add_argument("--seed", type=seed, default=0)
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--device", type=device, default="auto", help="auto (a GPU where there is one), cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     try:
         return _sample(args)
@@ -47,12 +49,11 @@ def _sample(args) -> int:
 
     from domains.language.model import generate
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    task = load_run(args.run_dir, device)
-    prompt = task.tokenizer.encode(args.prompt).long().to(device)
+    task = load_run(args.run_dir, args.device)
+    prompt = task.tokenizer.encode(args.prompt).long().to(args.device)
     if prompt.numel() == 0:
         raise ConfigError("the prompt is empty: give at least one character")
-    generator = torch.Generator(device).manual_seed(args.seed)
+    generator = torch.Generator(args.device).manual_seed(args.seed)
     tokens = generate(task.net, prompt.expand(args.num_samples, -1), args.max_new_tokens, temperature=args.temperature,
                       top_k=args.top_k or None, generator=generator)
     for i, row in enumerate(tokens.tolist()):
