@@ -3,6 +3,8 @@ names that are not UTF-8, arguments out of range, `quest docs --build` into a fo
 that is a symlink loop. Each is read, refused or reported in one line, never a traceback."""
 import json
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import torch
 
 from common.records import RECORD_NAME, RunRecord
 from runners.cli import main as cli
+from runners.commands import docs
 from runners.runs.launches import read_launches
 from runners.runs.selection import candidates
 from tests.conftest import exit_status, record_json
@@ -97,6 +100,47 @@ def test_a_sweep_into_a_folder_named_in_bytes_that_are_not_utf8_refuses_its_runs
     assert "Traceback" not in err
     (launch,) = read_launches(output)
     assert f"runs{ESCAPED}" in launch.command
+
+
+@pytest.fixture
+def mkdocs(monkeypatch):
+    """The command lines `quest docs` would run: none is run."""
+    ran = []
+    monkeypatch.setattr(docs.subprocess, "run", lambda cmd, **_: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    return ran
+
+
+@pytest.mark.parametrize("addr, problem", [
+    ("127.0.0.1:99999", "argument --addr: the port must be a whole number from 1 to 65535, got '99999'"),
+    ("127.0.0.1:http", "argument --addr: the port must be a whole number from 1 to 65535, got 'http'"),
+    ("8000", "argument --addr: must be HOST:PORT, got '8000'"),
+])
+def test_quest_docs_refuses_an_address_out_of_range_in_one_line(mkdocs, addr, problem, capsys):
+    assert exit_status(["docs", "--addr", addr]) == 2
+    assert capsys.readouterr().err == f"quest docs: error: {problem}\n" and mkdocs == []
+
+
+def test_quest_docs_refuses_a_port_in_use_before_mkdocs_starts(mkdocs, capsys):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        addr = f"127.0.0.1:{server.getsockname()[1]}"
+        assert exit_status(["docs", "--addr", addr]) == 2
+    assert f"cannot serve on {addr} (Address already in use)" in capsys.readouterr().err and mkdocs == []
+    assert exit_status(["docs", "--addr", addr]) == 0 and mkdocs[0][-2:] == ["-a", addr]  # closed: free again
+
+
+def test_quest_docs_builds_only_into_a_folder_of_its_own(mkdocs, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write_grid(runs, 1)
+    assert exit_status(["docs", "--build", str(runs)]) == 2
+    assert "holds files that quest docs did not build" in capsys.readouterr().err
+    assert mkdocs == [] and [p.name for p in runs.iterdir()] == ["run0"]  # nothing deleted, nothing added
+    site = tmp_path / "site"
+    assert exit_status(["docs", "--build", str(site)]) == 0  # new
+    (site / "index.html").write_text("built")  # as mkdocs leaves it
+    assert exit_status(["docs", "--build", str(site)]) == 0  # its own: built again
+    assert len(mkdocs) == 2 and mkdocs[1][-1] == str(site.resolve())
 
 
 @pytest.mark.parametrize("args, problem", [
