@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import numbers
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -254,7 +255,10 @@ def read_record(path: str | Path) -> RunRecord:
 
 
 def find_records(root: str | Path) -> list[Path]:
-    return sorted(Path(root).rglob(RECORD_NAME))
+    """The record files under ``root``, a link among them whether it leads to a file or not: one that loops or leads
+    nowhere is a damaged record to name, where a glob, which follows it, dropped it without a word. Links to folders
+    are not followed."""
+    return sorted(Path(folder) / RECORD_NAME for folder, _, files in os.walk(root) if RECORD_NAME in files)
 
 
 def read_records(*roots: str | Path) -> tuple[list[tuple[Path, RunRecord]], list[RecordError]]:
@@ -262,7 +266,7 @@ def read_records(*roots: str | Path) -> tuple[list[tuple[Path, RunRecord]], list
     as skipped (a command that reads many records goes on without a damaged one); a record under two of them
     (``runs runs/vision``) once."""
     good, bad = [], []
-    for path in {p.resolve(): p for root in roots for p in find_records(root)}.values():
+    for path in {os.path.realpath(p): p for root in roots for p in find_records(root)}.values():  # a loop: as it is
         try:
             good.append((path, read_record(path)))
         except RecordError as err:

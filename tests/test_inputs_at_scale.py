@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.records import RECORD_NAME, RunRecord
+from common.records import RECORD_NAME, RunRecord, read_records
 from runners.cli import main as cli
 from runners.commands import docs
 from runners.runs.launches import read_launches
@@ -154,3 +154,16 @@ def test_quest_generate_refuses_a_device_or_a_length_it_cannot_use_in_one_line(a
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU
     assert exit_status(["generate", "runs/language/quest/seed0", *args]) == 2
     assert capsys.readouterr().err == f"quest generate: error: {problem}\n"
+
+
+def test_a_record_that_is_a_symlink_loop_is_skipped_and_named(tmp_path, caplog, capsys):
+    write_grid(tmp_path / "runs", 2)
+    loop = tmp_path / "runs" / "run1" / RECORD_NAME
+    loop.unlink()
+    loop.symlink_to(RECORD_NAME)  # record.json -> record.json
+    good, bad = read_records(tmp_path / "runs")
+    assert len(good) == 1 and [(err.path, err.reason) for err in bad] == [
+        (str(loop), "cannot be read (Too many levels of symbolic links)")]
+    assert f"skipping {loop}: cannot be read (Too many levels of symbolic links)" in caplog.text
+    assert cli(["aggregate", str(tmp_path / "runs"), "-o", str(tmp_path / "RESULTS.md")]) == 0
+    assert "1 runs, 1 skipped" in capsys.readouterr().out
