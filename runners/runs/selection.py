@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from common.errors import ConfigError
-from common.files import FileError, MiB, read_json
+from common.files import FileError, MiB, read_json, write_atomic
 from common.records import RunRecord, read_records
 from common.typed import Model, first_problem
 from runners.config import UNHASHED
@@ -249,7 +249,7 @@ class Selection(Model):
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=1) + "\n")
+        write_atomic(path, json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=1) + "\n")
 
 
 def read_selection(path: Path) -> Selection:
