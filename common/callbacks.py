@@ -10,14 +10,15 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from common.probes import Probe, attention_probes, probe_log, summarize
+from common.probes import Probe, attention_probes, probe_log, raise_peaks, summarize
 from common.rules import LossWatch, improves, logit_breach
 
 
 class ProbeCallback(pl.Callback):
     """Every ``every_n_steps`` training steps, probe every attention layer on ``max_samples`` samples and
     log ``probe/<layer>/<stat>`` plus a cross-layer summary ``probe/<stat>``; ``trajectory`` keeps every
-    probe step's per-layer statistics for the run record. A max logit beyond ``max_logit_bound`` (or a
+    probe step's per-layer statistics for the run record, and ``peak`` the largest of each maximum over every probe
+    step (``common.probes.raise_peaks``). A max logit beyond ``max_logit_bound`` (or a
     non-finite one) is reported to the module's ``mark_diverged``."""
 
     def __init__(self, every_n_steps: int = 50, max_samples: int = 4, max_logit_bound: float | None = None):
@@ -26,6 +27,7 @@ class ProbeCallback(pl.Callback):
         self.max_logit_bound = max_logit_bound
         self.latest: dict[str, float] = {}
         self.trajectory: dict = {"step": [], "layers": {}}  # layers: {name: {stat: [value per step]}}
+        self.peak: dict[str, float] = {}
         self._step = 0
         self._probes: dict[str, Probe] = {}
         self._probing = False
@@ -57,6 +59,7 @@ class ProbeCallback(pl.Callback):
         if not per_layer:
             return
         self.latest = summarize(per_layer)
+        raise_peaks(self.peak, self.latest)
         self.trajectory["step"].append(self._step)
         for name, stats in per_layer.items():
             layer = self.trajectory["layers"].setdefault(name, {})

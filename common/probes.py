@@ -9,11 +9,14 @@ Logits are formed explicitly only while a probe is enabled, on the first few sam
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 STATS = ("max_logit", "q_norm_mean", "q_norm_max", "k_norm_mean", "k_norm_max", "entropy", "logit_std",
          "entropy_ratio")
+PEAKED = ("max_logit", "q_norm_max", "k_norm_max")  # the maxima whose peak over training a record keeps
 
 
 def explicit_attention(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -108,6 +111,21 @@ def summarize(per_layer: dict[str, dict[str, Tensor]]) -> dict[str, float]:
             values = torch.stack(found)
             out[stat] = float(values.max() if stat.endswith("max") or stat == "max_logit" else values.mean())
     return out
+
+
+def raise_peaks(peak: dict[str, float], summary: dict[str, float]) -> None:
+    """``peak``, the largest of each ``PEAKED`` statistic over the probe steps so far, raised by one step's
+    cross-layer ``summary``: a thinned trajectory would miss a peak between its kept steps. A NaN, once seen,
+    stays."""
+    for stat in PEAKED:
+        if stat in summary:
+            value, before = summary[stat], peak.get(stat, -math.inf)
+            peak[stat] = value if math.isnan(value) or value > before else before
+
+
+def with_peaks(summary: dict[str, float], peak: dict[str, float]) -> dict[str, float]:
+    """A record's ``probes``: the last probe step's ``summary`` and each peak as ``peak_<stat>``."""
+    return summary | {f"peak_{stat}": value for stat, value in peak.items()}
 
 
 def probe_log(per_layer: dict[str, dict[str, Tensor]], summary: dict[str, float]) -> dict[str, float]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
 from common.typed import Model, first_problem
@@ -91,6 +92,24 @@ class Optim(Model):
     """The last steps held at lr × min_lr_ratio (DeiT's cool-down epochs)."""
     poly_power: NonNegative = 0.9
     """poly: lr × (1 - progress) ** poly_power."""
+    min_lr: Rate | None = None
+    """Where the schedule ends as a rate, not a fraction of lr (Wortsman et al. 2023 decay every rate of a sweep to
+    1e-5): set, it takes min_lr_ratio's place as min(min_lr / lr, 1)."""
+    independent_weight_decay: bool = False
+    """adamw: weight_decay is the fraction each weight shrinks per step at the schedule's peak, whatever lr is (Wortsman
+    et al.'s independent decay; torch's AdamW, given weight_decay / lr, decays by lr_t × that). false: torch's own,
+    lr_t × weight_decay, so a higher rate also decays more."""
+    z_loss: NonNegative = 0.0
+    """Adds z_loss × mean(log² Z) to the training loss, Z the softmax normaliser of the output logits (PaLM's z-loss,
+    1e-4 in Wortsman et al.), so that the output logits cannot drift; only a task with output logits takes it."""
+
+    @field_validator("independent_weight_decay")
+    @classmethod
+    def _independent_decay_is_adamw(cls, independent: bool, info: ValidationInfo) -> bool:
+        if independent and info.data.get("name", "adamw") != "adamw":
+            raise PydanticCustomError("rule", "needs optim.name=adamw (decoupled decay); {name} couples decay to its gradient",
+                                      {"name": info.data["name"]})
+        return independent
 
 
 class Trainer(Model):

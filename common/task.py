@@ -21,6 +21,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from common.data import SPLITS
+from common.errors import ConfigError
 from common.metrics import MajorityClassAccuracy
 from common.schema import Optim
 
@@ -58,10 +59,13 @@ class Task(pl.LightningModule):
     """
 
     primary: tuple[str, str] | None = None
+    logit_dim: int | None = None  # where ``forward``'s output holds class logits (``optim.z_loss``); None: it has none
 
     def __init__(self, net: nn.Module, optim: Optim, metrics: dict[str, Metric], *,
                  perturbations: dict | None = None, seed: int = 0):
         super().__init__()
+        if optim.z_loss and self.logit_dim is None:
+            raise ConfigError(f"optim.z_loss applies to output logits, and {type(self).__name__} has none; set optim.z_loss=0")
         self.net = net
         self.optim = optim
         self.divergence: dict | None = None
@@ -143,9 +147,11 @@ class Task(pl.LightningModule):
         output = self.compiled_forward(inputs) if compiled else self(inputs)
         loss = self.loss(output, target, stage)
         if stage == "train":
-            self.train_loss = loss.detach()
+            self.train_loss = loss.detach()  # the task's loss, logged and watched; the z-loss is only trained on
             if self.trainer.progress_bar_callback is not None:
                 self.log("train/loss", loss, prog_bar=True, logger=False, batch_size=len(target))
+            if self.optim.z_loss:
+                loss = loss + self.optim.z_loss * z_loss(output, self.logit_dim)
         else:
             # Evaluation losses are averaged over every DDP rank (the metrics sync themselves), so a loss that is
             # the primary metric picks the same checkpoint on every rank.
@@ -291,12 +297,20 @@ class Task(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+def z_loss(logits: Tensor, dim: int) -> Tensor:
+    """PaLM's z-loss: the mean over positions of log² Z, Z the softmax normaliser of ``logits`` over ``dim`` (0 at
+    log Z = 0, so the logits keep no shared offset)."""
+    return torch.logsumexp(logits.float(), dim).square().mean()
+
+
 def build_optimizer(trained: list[tuple[str, Tensor]], decayed: set[str], optim: Optim, total: int):
     """``(optimizer, scheduler)`` of a run of ``total`` optimiser steps over its ``trained`` (name, parameter) pairs,
     as the ``optim`` section sets them: two groups, weight decay on the ``decayed`` names and none on the rest, and a
     ``LambdaLR`` stepped once per optimiser step (``quest ensemble``'s vectorised AdamW keeps these groups and this
-    schedule)."""
-    groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": optim.weight_decay},
+    schedule). Independent decay (``optim.independent_weight_decay``) gives AdamW ``weight_decay / lr``, which it
+    multiplies by each step's rate: every weight shrinks by ``weight_decay`` × the schedule's factor, whatever lr."""
+    decay = optim.weight_decay / optim.lr if optim.independent_weight_decay else optim.weight_decay
+    groups = [{"params": [p for name, p in trained if name in decayed], "weight_decay": decay},
               {"params": [p for name, p in trained if name not in decayed], "weight_decay": 0.0}]
     settings = {"momentum": optim.momentum, "nesterov": optim.nesterov} if optim.name == "sgd" else {"betas": optim.betas}
     optimizer = OPTIMIZERS[optim.name](groups, lr=optim.lr, **settings)
@@ -308,8 +322,10 @@ def lr_schedule(optim: Optim, total: int):
     ``optim`` section sets it: linear warm-up to 1 over ``warmup_steps``; then ``schedule`` down to ``min_lr_ratio`` (a
     fraction of the base rate) by step ``total - cooldown_steps`` — ``cosine``, ``poly`` (``(1 - progress) **
     poly_power``, Segmenter's schedule) or ``constant`` (stays at 1); then ``min_lr_ratio`` for the last
-    ``cooldown_steps`` (DeiT's cool-down epochs)."""
-    warmup, min_ratio = optim.warmup_steps, optim.min_lr_ratio
+    ``cooldown_steps`` (DeiT's cool-down epochs). ``min_lr``, where set, is that end as a rate: ``min_lr_ratio``
+    becomes min(min_lr / lr, 1)."""
+    warmup = optim.warmup_steps
+    min_ratio = optim.min_lr_ratio if optim.min_lr is None else min(optim.min_lr / optim.lr, 1.0)
     decay_end = max(warmup + 1, total - optim.cooldown_steps)
 
     def factor(step: int) -> float:
@@ -340,6 +356,8 @@ class ClassificationTask(Task):
         num_classes: Number of classes.
         label_smoothing: Cross-entropy label smoothing, in training only.
     """
+
+    logit_dim = -1
 
     def __init__(self, net: nn.Module, num_classes: int, optim: Optim, *, label_smoothing: float = 0.0,
                  perturbations: dict | None = None, seed: int = 0):

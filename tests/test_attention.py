@@ -110,7 +110,9 @@ def test_attend_matches_explicit_softmax(variant, masked, dtype):
     got = torch.autograd.grad(out, leaves, grad)
     want = torch.autograd.grad(ref, leaves, grad)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, **tol)
+        # float rounding grows with a gradient's scale (QK-layernorm's gains of up to 6 on both sides make a key's
+        # gradient reach 16): the absolute tolerance is per unit of the largest gradient
+        torch.testing.assert_close(g, w, atol=tol["atol"] * max(1.0, w.abs().max().item()), rtol=tol["rtol"])
 
 
 def test_l2_normalize_gradient_and_zero_vectors():

@@ -82,7 +82,8 @@ def test_summary_headline_is_primary_baseline_and_robustness_summary(tmp_path):
 
 def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
     cases = {
-        "optim.lrr=1": "unknown config key 'optim.lrr' (command line); valid keys at optim: betas, cooldown_steps, lr",
+        "optim.lrr=1": "unknown config key 'optim.lrr' (command line); valid keys at optim: betas, cooldown_steps, "
+                       "independent_weight_decay, lr",
         "optim.lr=fast": "config key 'optim.lr' (command line) expects float",
         "attention=questt": "unknown attention variant 'questt'; choose from standard, quest",
         "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",

@@ -10,6 +10,7 @@ Each variant is a rewrite of (q, k) followed by one call to
     qknorm             g · q̂·k̂      g per layer     g
     qknorm_hs          g_h · q̂·k̂    g per head      g
     qknorm_ds          (c_q⊙q̂)·(c_k⊙k̂)              c_q, c_k ∈ R^d
+    qk_layernorm       LN(q)·LN(k) / sqrt(d)        LN gains γ_q, γ_k ∈ R^d
     elliptical         (m⊙q)·k / sqrt(d)            - (m from values, no grad)
     elliptical_quest   (m⊙q)·k̂      (no scale)      -
 
@@ -44,7 +45,7 @@ import importlib
 _EXPORTS = {
     "variants": ("Variant", "VARIANTS", "ABLATIONS", "FOLD_SCALES", "get_variant"),
     "kernels": ("l2_normalize", "KERNELS"),
-    "folds": ("QKFold", "LayerGain", "HeadGain", "DimScale", "ZeroQuery", "FOLDS", "qknorm_gain_init", "make_fold",
+    "folds": ("QKFold", "LayerGain", "HeadGain", "DimScale", "QKLayerNorm", "ZeroQuery", "FOLDS", "qknorm_gain_init", "make_fold",
               "fold_qk"),
     "elliptical": ("elliptical_metric", "edge_elliptical_metric"),
     "state": ("AttentionState", "KVCache"),

@@ -7,6 +7,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.attention.kernels import KERNELS, l2_normalize
@@ -156,6 +157,33 @@ class DimScale(QKFold):
         return (self.q_scale * q) @ (self.k_scale * k).transpose(-2, -1)
 
 
+class QKLayerNorm(QKFold):
+    """LN(q)·LN(k) / sqrt(d): a LayerNorm over head_dim on the queries and another on the keys, each with a learnable
+    gain and no bias (``q_gain``, ``k_gain``, each ``(head_dim,)``, shared by the heads; a bias on k would shift every
+    logit of a row alike and learn nothing), then the standard logit. The field's own fix for logit growth
+    (QK-layernorm: Dehghani et al. 2023, bias-free as there, and Wortsman et al. 2023; OLMo 2 and Qwen3 use RMSNorm
+    in its place): a query's norm is set by its gain, as a key's is, where QUEST leaves it free. Arguments as for
+    ``QKFold``."""
+
+    def __init__(self, variant: Variant, num_heads: int, head_dim: int, *, seq_len: int | None = None,
+                 qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
+        super().__init__(variant, num_heads, head_dim, eps=eps, l2norm_kernel=l2norm_kernel)
+        self.q_gain, self.k_gain = nn.Parameter(torch.ones(head_dim)), nn.Parameter(torch.ones(head_dim))
+
+    def rescale(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Each side through its LayerNorm: ``(LN_q(q), LN_k(k))``."""
+        shape = q.shape[-1:]
+        return F.layer_norm(q, shape, self.q_gain), F.layer_norm(k, shape, self.k_gain)
+
+    def reference_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """The logits written out, each LayerNorm by its formula (population variance, eps 1e-5) in float64:
+        LN_q(q)·LN_k(k)ᵀ."""
+        def norm(x: Tensor, gain: Tensor) -> Tensor:
+            centred = x.double() - x.double().mean(-1, keepdim=True)
+            return centred / (centred.square().mean(-1, keepdim=True) + 1e-5).sqrt() * gain.double()
+        return (norm(q, self.q_gain) @ norm(k, self.k_gain).transpose(-2, -1)).to(q.dtype)
+
+
 class ZeroQuery(QKFold):
     """Every logit 0: each query takes the plain mean of the values of the keys it may see (padding and
     causality still apply). The architecture and its parameters stay; what attention computes from
@@ -172,7 +200,8 @@ class ZeroQuery(QKFold):
 
 # The classes a ``Variant`` may name as its ``fold``: a new fold is one more class here, and its line in
 # ``variants.FOLD_SCALES``.
-FOLDS: dict[str, type[QKFold]] = {fold.__name__: fold for fold in (QKFold, LayerGain, HeadGain, DimScale, ZeroQuery)}
+FOLDS: dict[str, type[QKFold]] = {fold.__name__: fold for fold in (QKFold, LayerGain, HeadGain, DimScale, QKLayerNorm,
+                                                                   ZeroQuery)}
 
 
 def make_fold(variant: str | Variant, num_heads: int, head_dim: int, **kwargs) -> QKFold:

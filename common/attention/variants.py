@@ -44,7 +44,8 @@ class Variant:
 # folds.py, its entry in ``FOLDS`` and its line here (docs/add-a-variant.md); the tests check that each class
 # creates what its line says.
 FOLD_SCALES: dict[str, tuple[str, ...]] = {"QKFold": (), "LayerGain": ("gain",), "HeadGain": ("gain",),
-                                           "DimScale": ("q_scale", "k_scale"), "ZeroQuery": ()}
+                                           "DimScale": ("q_scale", "k_scale"),
+                                           "QKLayerNorm": ("q_gain", "k_gain"), "ZeroQuery": ()}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
@@ -55,6 +56,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("qknorm", norm_q=True, norm_k=True, scaled=False, fold="LayerGain"),
         Variant("qknorm_hs", norm_q=True, norm_k=True, scaled=False, fold="HeadGain"),
         Variant("qknorm_ds", norm_q=True, norm_k=True, scaled=False, fold="DimScale"),
+        Variant("qk_layernorm", norm_q=False, norm_k=False, scaled=True, fold="QKLayerNorm"),
         Variant("elliptical", norm_q=False, norm_k=False, scaled=True, elliptical=True),
         Variant("elliptical_quest", norm_q=False, norm_k=True, scaled=False, elliptical=True),
     )

@@ -222,6 +222,7 @@ class GraphClassification(GraphTask):
     """Cross-entropy over the classes of ``y``; ``acc`` (the headline, higher is better) and ``macc``."""
 
     primary = ("acc", "max")  # the runner's metric for this task, in place of the domain's mae
+    logit_dim = -1
 
     def __init__(self, net: nn.Module, optim: Optim, num_classes: int, *, level: str = "graph"):
         super().__init__(net, optim, classification_metrics(num_classes), level=level)

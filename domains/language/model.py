@@ -154,6 +154,8 @@ class LanguageTask(Task):
     characters), perplexity (``ppl``) and the trivial baseline ``loss_baseline`` (the stage's unigram
     entropy), over every token of the stage. ``tokenizer`` is kept for sampling."""
 
+    logit_dim = -1
+
     def __init__(self, net: GPT, tokenizer, optim: Optim, *, seed: int = 0):
         bits = f"bp{tokenizer.unit[0]}"
         super().__init__(net, optim, {bits: BitsPerToken(), "ppl": Perplexity(),

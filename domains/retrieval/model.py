@@ -162,6 +162,8 @@ class RetrievalTask(Task):
     key norm on biased and on unbiased samples (``train_stats``). Targets are rows (label, biased flag), so
     that the metrics can tell the two kinds of sample apart."""
 
+    logit_dim = -1
+
     def __init__(self, net: RetrievalNet, num_classes: int, optim: Optim, *, success_threshold: float, seed: int = 0):
         metrics = {"acc": SubsetAccuracy(num_classes, biased=False),
                    "acc_biased": SubsetAccuracy(num_classes, biased=True),

@@ -172,6 +172,8 @@ class SegmentationTask(Task):
     corruption condition (``corruption_conditions``), summarised as ``miou_corrupt`` (mean over all
     conditions) and ``miou_<corruption>`` (mean over its severities)."""
 
+    logit_dim = 1  # logits [batch, classes, height, width]
+
     def __init__(self, net: Segmenter, class_names: list[str], ignore_index: int, optim: Optim, *,
                  perturbations: dict[str, dict] | None = None, seed: int = 0):
         num_classes = len(class_names)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from common.probes import attention_probes, probe_log, summarize
+from common.probes import attention_probes, probe_log, raise_peaks, summarize
 from common.registry import get_domain
 from common.rules import LossWatch, improves, logit_breach
 from common.task import lr_schedule
@@ -36,6 +36,7 @@ class Member:
     datamodule: object = None
     rows: list[dict] = field(default_factory=list)  # metrics.csv, as Lightning's CSVLogger writes it
     probes: dict[str, float] = field(default_factory=dict)  # the latest probe summary
+    peak: dict[str, float] = field(default_factory=dict)  # each maximum's peak over the probe steps (raise_peaks)
     divergence: dict | None = None
     watch: LossWatch | None = None  # the training loss and its bounds (common.rules)
     best: float | None = None  # best validation value so far (the checkpoint kept: common.rules.improves)
@@ -155,6 +156,7 @@ class Chunk:
             per_layer = {name: p.stats for name, p in found.items() if p.stats}
             member = self.members[e]
             member.probes = summarize(per_layer)
+            raise_peaks(member.peak, member.probes)
             member.rows.append({**probe_log(per_layer, member.probes), "step": step + 1})
             max_logits[e] = member.probes["max_logit"]
         for probe in found.values():

@@ -32,6 +32,7 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import error_line
+from common.probes import with_peaks
 from common.records import RunRecord
 from common.registry import build_config, get_domain
 from common.rules import LossWatch
@@ -93,7 +94,7 @@ def _write_run(member: Member, template: RunRecord, chunk_size: int, wall_s: flo
     log.save()
     record = _member_record(member, template)
     record.params = sum(p.numel() for p in member.task.parameters())
-    record.probes = member.probes
+    record.probes = with_peaks(member.probes, member.peak)
     record.wall_time_s = round(wall_s / chunk_size, 3)
     record.hardware.update(world_size=1, ensemble_members=chunk_size)
     read_log(record, build_dir / "metrics.csv", member.watch.losses)

@@ -31,6 +31,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines, Snapshots
 from common.errors import ConfigError, DataError, Stopped
+from common.probes import with_peaks
 from common.records import RECORD_NAME, RunRecord
 from common.registry import build_config, get_domain
 from runners import console
@@ -202,7 +203,7 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: Ru
         timing.fit_s, timing.checkpoint_s = round(time.perf_counter() - began, 3), round(checkpoint.save_s, 3)
         timing.steps = trainer.global_step
         record.hardware["world_size"] = trainer.world_size
-        record.probes = probes.latest
+        record.probes = with_peaks(probes.latest, probes.peak)
         record.trajectory = probes.trajectory
         if snapshots:
             record.snapshots = _one(trainer, Snapshots).saved
