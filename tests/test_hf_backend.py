@@ -334,13 +334,14 @@ def test_quest_bench_hf_times_quest_beside_the_librarys_sdpa_on_the_same_model(m
     def timed(jobs, rounds, device, warmup=1):
         for job in jobs.values():
             job()
-        return {"sdpa": 2.0, "quest": 2.1}
+        return {"sdpa": 2.0, "standard": 2.02, "quest": 2.1}
 
     monkeypatch.setattr(hfbench, "build", recorded_build)
     monkeypatch.setattr(hfbench, "interleaved_seconds", timed)
     assert cli(["bench", "--hf", "llama", "--steps", "1", "--repeats", "1", "--device", "cpu"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "1.050"
-    (sdpa, start), (quest, same_start) = built["sdpa"], built["quest"]
-    assert (sdpa.config._attn_implementation, quest.config._attn_implementation) == ("sdpa", "quest")
+    assert capsys.readouterr().out.splitlines()[-1].split()[-2:] == ["1.010", "1.050"]
+    assert {name: model.config._attn_implementation for name, (model, _) in built.items()} == {
+        name: name for name in ("sdpa", "standard", "quest")}
+    (_, start), (quest, same_start) = built["sdpa"], built["quest"]
     assert all(torch.equal(start[name], same_start[name]) for name in start)
     assert all(not torch.equal(p, start[name]) for name, p in quest.named_parameters())  # the job trained it

@@ -1,6 +1,6 @@
-"""Row L2 normalisation, the one pass QUEST and the QK-norm family add to attention, as two hand-written autograd
-functions: the formula (``_L2Normalize``, everywhere) and PyTorch's fused weight-norm kernels (``_FusedRowNormalize``,
-on CPU). ``l2_normalize`` picks one. Why both exist, and what they were measured at: docs/attention.md."""
+"""Row L2 normalisation, the one pass QUEST and the QK-norm family add to attention, in two forms: the formula as a
+hand-written autograd function (``_L2Normalize``, everywhere) and PyTorch's fused weight-norm kernels
+(``_FusedRowNormalize``, on CPU). ``l2_normalize`` picks one. Why both exist, and what they were measured at: docs/attention.md."""
 from __future__ import annotations
 
 import torch
@@ -41,49 +41,34 @@ class _L2Normalize(torch.autograd.Function):
         return grad_x, grad_gain, None
 
 
-class _FusedRowNormalize(torch.autograd.Function):
-    """The same map on CPU, through PyTorch's fused weight-norm kernels (``torch._weight_norm_interface`` and
-    its backward, with ``dim=0`` on x's rows): each takes a row's norm and rescales it in one sweep, where the
-    formula above needs a reduction and broadcasts that are slow on rows of 16 to 64 numbers. The kernels have
-    no eps: a row at or below it would come out as 0/0, so those rows (padding) are rewritten by the formula
-    after, on a check that costs one comparison per row. That check is a data-dependent branch, which is why
-    ``l2_normalize`` keeps this path off GPUs (it would wait for the device), ``torch.compile`` and ``torch.func``
-    transforms (vmap), where the formula runs instead."""
+class _FusedRowNormalize:
+    """The same map on CPU, through PyTorch's fused weight-norm kernels (``torch._weight_norm_interface``, with ``dim=0``
+    on x's rows): it takes a row's norm and rescales it in one sweep, and its backward (autograd's own, in C++, so no
+    Python runs in the backward pass) another, where the formula above needs a reduction and broadcasts that are slow
+    on rows of 16 to 64 numbers. The kernels have no eps: a row at or below it would come out as 0/0, so where a row
+    is (padding) the kernels run again with such rows set to ones and their output taken from the formula instead, on
+    a check that costs one comparison per row. That check is a data-dependent branch, which is why ``l2_normalize``
+    keeps this path off GPUs (it would wait for the device), ``torch.compile`` and ``torch.func`` transforms (vmap),
+    where the formula runs instead."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, gain: Tensor | None, eps: float) -> Tensor:
+    def apply(x: Tensor, gain: Tensor | None, eps: float) -> Tensor:
         # Rows in memory order (x is often a head-split view of a projection) so that [rows, d] is a view, or
         # at most one copy, and every per-row factor lines up with its row.
         order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i)) + [x.dim() - 1]
         ordered = x.permute(order)
-        shape = ordered.shape
-        rows = ordered.reshape(-1, x.shape[-1]).contiguous()
+        rows = ordered.reshape(-1, x.shape[-1])
         if gain is None:
             gains = torch.ones(rows.shape[0], 1, dtype=x.dtype, device=x.device)
         else:
             gains = torch.broadcast_to(gain, (*x.shape[:-1], 1)).permute(order).reshape(-1, 1).to(x.dtype).contiguous()
         y, norm = torch._weight_norm_interface(rows, gains, 0)
-        norm = norm.clamp_min(eps)
-        small = (norm <= eps).squeeze(1).nonzero().squeeze(1)
-        if small.numel():
-            y[small] = rows[small] * (gains[small] / eps)
-        ctx.save_for_backward(rows, gains, norm, small)
-        ctx.order, ctx.shape, ctx.eps, ctx.gain = order, shape, eps, None if gain is None else (gain.shape, gain.dtype)
-        return y.view(shape).permute(_inverse(order))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        rows, gains, norm, small = ctx.saved_tensors
-        unorder, eps = _inverse(ctx.order), ctx.eps
-        grad_rows = grad.permute(ctx.order).reshape(rows.shape).contiguous()
-        grad_x, grad_gains = torch.ops.aten._weight_norm_interface_backward(grad_rows, rows, gains, norm, 0)
-        if small.numel():  # below eps the map is linear, x · g / eps: nothing to project out
-            grad_x[small] = grad_rows[small] * (gains[small] / eps)
-        grad_gain = None
-        if ctx.gain is not None and ctx.needs_input_grad[1]:
-            shape, dtype = ctx.gain
-            grad_gain = grad_gains.view(*ctx.shape[:-1], 1).permute(unorder).sum_to_size(shape).to(dtype)
-        return grad_x.view(ctx.shape).permute(unorder), grad_gain, None
+        small = norm <= eps
+        if small.any():  # below eps the map is linear, x · g / eps; the kernels see ones there, whose 0/0 gradient
+            # would otherwise reach x through torch.where as NaN
+            kept = torch._weight_norm_interface(torch.where(small, 1.0, rows), gains, 0)[0]
+            y = torch.where(small, rows * (gains / eps), kept)
+        return y.view(ordered.shape).permute(_inverse(order))
 
 
 def _inverse(order: list[int]) -> list[int]:

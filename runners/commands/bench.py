@@ -10,9 +10,9 @@ high-water mark is reset first, so the imports' peak does not count), on a GPU
 ``torch.cuda.max_memory_allocated`` above what the inputs hold.
 
 ``--hf llama`` (or gpt2; repeatable) times a transformers model's training step instead: forward, loss, backward
-and AdamW, with ``attn_implementation="quest"`` beside the library's ``"sdpa"``, interleaved in one process, on one
-thread by default (``--threads``); ``--hf-size gpu`` is the GPU checks' shape, ``--dtype bfloat16`` trains under
-autocast.
+and AdamW, with ``attn_implementation="quest"`` beside the library's ``"sdpa"`` (and ``"standard"``, the same SDPA
+call through this project's backend, as a control), interleaved in one process, on one thread by default
+(``--threads``); ``--hf-size gpu`` is the GPU checks' shape, ``--dtype bfloat16`` trains under autocast.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def hf_bench(args) -> list[dict]:
                for arch in args.hf]
     print(f"transformers training step (forward, loss, backward, AdamW) on {args.device} ({torch.get_num_threads()} "
           f"threads), {args.dtype}, size {args.hf_size}, median of {args.repeats} interleaved rounds of {args.steps} steps")
-    print(f"{'model':8s}{'params':>12s}{'sdpa ms':>12s}{'quest ms':>12s}{'quest/sdpa':>12s}")
+    print(f"{'model':8s}{'params':>12s}{'sdpa ms':>12s}{'standard/sdpa':>15s}{'quest/sdpa':>12s}")
     for r in results:
-        print(f"{r['arch']:8s}{r['params']:12,d}{r['ms']['sdpa']:12.2f}{r['ms']['quest']:12.2f}{r['ratio']:12.3f}")
+        print(f"{r['arch']:8s}{r['params']:12,d}{r['ms']['sdpa']:12.2f}{r['ratio']['standard']:15.3f}{r['ratio']['quest']:12.3f}")
     return results
