@@ -17,7 +17,6 @@ from runners.commands import docs
 from runners.runs.launches import read_launches
 from runners.runs.selection import candidates
 from tests.conftest import exit_status, record_json
-from tests.test_sweep import write_spec
 
 VARIANTS = ("standard", "quest", "qknorm", "qknorm_hs", "qknorm_ds", "qnorm", "knorm", "sphere")
 RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
@@ -83,6 +82,8 @@ def test_an_output_named_in_bytes_that_are_not_utf8_is_written_and_named(tmp_pat
 
 
 def test_a_sweep_file_named_in_bytes_that_are_not_utf8_is_read_and_named(toy_domain, tmp_path, capsys):
+    from tests.test_sweep import write_spec  # imported here: write_grid is imported outside pytest (docs/speed.md)
+
     spec = Path(write_spec(tmp_path)).rename(tmp_path / f"sweep{NOT_UTF8}.yaml")
     assert cli(["sweep", str(spec), "--dry-run"]) == 0
     assert "domain=toy" in capsys.readouterr().out
@@ -93,6 +94,8 @@ def test_a_sweep_file_named_in_bytes_that_are_not_utf8_is_read_and_named(toy_dom
 
 def test_a_sweep_into_a_folder_named_in_bytes_that_are_not_utf8_refuses_its_runs_in_one_line(toy_domain, tmp_path,
                                                                                               capsys):
+    from tests.test_sweep import write_spec
+
     output = tmp_path / f"runs{NOT_UTF8}"
     assert cli(["sweep", write_spec(tmp_path), "--output-dir", str(output)]) == 2
     out, err = capsys.readouterr()
