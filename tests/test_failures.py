@@ -2,6 +2,7 @@
 1 for a run that failed while training, 2 for input the user must fix, which leaves no run directory;
 a full disk is named in the record; a finite blow-up is divergence; the console carries no known noise."""
 import errno
+import os
 import subprocess
 import sys
 import warnings
@@ -197,10 +198,14 @@ def test_types_come_from_the_schema_not_the_preset_and_a_path_is_a_string():
 
 def test_a_record_that_cannot_be_written_leaves_no_temp_file_and_names_the_run(toy_domain, run_args, monkeypatch,
                                                                                capsys):
-    def full_disk(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    replace = os.replace
 
-    monkeypatch.setattr("common.records.json.dump", full_disk)
+    def full_disk(source, target):  # the record's temporary file is written, and then the disk is full
+        if str(target).endswith("record.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return replace(source, target)
+
+    monkeypatch.setattr(os, "replace", full_disk)
     assert cli(["train", "domain=toy", *run_args]) == 1  # the training was fine, but its outcome is lost
     run_dir = run_directory(compose(["domain=toy", *run_args]))
     err = capsys.readouterr().err

@@ -26,11 +26,11 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
@@ -38,6 +38,7 @@ from common.files import MAX_DOCUMENT_BYTES, FileError, parse_yaml, read_text
 from common.records import read_record
 from common.schema import MAX_SEED
 from common.typed import Model, first_problem, said
+from runners.results.endpoints import ENDPOINTS, FINAL_LOSS, claim_runs, grid_differences
 from runners.results.frame import direction, second_setting
 from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
 
@@ -87,6 +88,29 @@ class Hypothesis(Model):
     """The difference worth detecting, in the metric's units (``quest power``)."""
     seeds: Seeds | None = None
     """The seeds this claim is tested on, all among the plan's (default: the plan's)."""
+    over: list[str] = []
+    """Config keys (``optim.lr``) whose grid one seed's ``endpoint`` spans: every run of the seed at each of their
+    values, read at its final checkpoint (``runners.results.endpoints``). Empty: one run per seed and variant."""
+    endpoint: Literal[ENDPOINTS] | None = None
+    """With ``over``: lr_sensitivity (Wortsman et al.'s, of ``metric: final_loss``) or mean (a success rate)."""
+    where: dict[str, str | int | float | bool] = {}
+    """Config settings the claim's runs have (``{model.dim: 128}``): one claim per width, say."""
+
+    @model_validator(mode="after")
+    def _grid(self) -> Hypothesis:
+        if bool(self.over) != (self.endpoint is not None):
+            raise PydanticCustomError("rule", f"hypothesis {self.id}: over and endpoint go together (a grid and what is read over it)")
+        if (self.endpoint == "lr_sensitivity") != (self.metric == FINAL_LOSS):
+            raise PydanticCustomError("rule", f"hypothesis {self.id}: lr_sensitivity is read from metric {FINAL_LOSS}, "
+                                      "and that metric only over a grid")
+        return self
+
+    @property
+    def contrast(self) -> str:
+        """What the claim compares, in words: one id names one contrast in every plan that holds it."""
+        what = f"{self.endpoint} of {self.metric} over {', '.join(self.over)}" if self.over else self.metric
+        where = "".join(f", {key} = {value}" for key, value in self.where.items())
+        return f"{self.variant} − {self.against} on {self.domain}'s {what}{where}"
 
 
 class Plan(Model):
@@ -96,8 +120,9 @@ class Plan(Model):
     """The runs' protocol label (``runners.results.frame``)."""
     seeds: Seeds
     """The pre-registered seeds: no other run enters."""
-    recipe_seeds: Seeds
-    """The same-recipe runs whose attention ablation decides whether a domain can rank variants."""
+    recipe_seeds: Seeds = []
+    """The same-recipe runs whose attention ablation decides whether a domain can rank variants (none: no domain is
+    checked, as in a study of training stability, which needs no ablation to be told apart)."""
     alpha: Annotated[float, Field(gt=0, lt=1), said("alpha must be a number between 0 and 1")]
     """The level of the two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested."""
     hypotheses: list[Hypothesis]
@@ -170,10 +195,9 @@ def read_plans(paths: Sequence[Path]) -> list[Plan]:
     first = {}
     for path, plan in zip(paths, plans):
         for h in plan.hypotheses:
-            contrast = f"{h.variant} − {h.against} on {h.domain}'s {h.metric}"
-            where, tested = first.setdefault(h.id, (path, contrast))
-            if tested != contrast:
-                raise ConfigError(f"{path}: hypothesis {h.id} tests {contrast}, but {tested} in {where}")
+            where, tested = first.setdefault(h.id, (path, h.contrast))
+            if tested != h.contrast:
+                raise ConfigError(f"{path}: hypothesis {h.id} tests {h.contrast}, but {tested} in {where}")
     return plans
 
 
@@ -191,7 +215,10 @@ def mde_level(plan: Plan) -> float:
 
 def claim_differences(runs: pd.DataFrame, h: Hypothesis, seeds: list[int]) -> tuple[pd.Series, int]:
     """Per seed, the variant's metric less its comparator's (signed so that positive favours the variant), and
-    how many seeds lost a pair to a run that did not finish ok."""
+    how many seeds lost a pair to a run that did not finish ok; a claim over a grid compares the seed's endpoints
+    (``runners.results.endpoints``)."""
+    if h.over:
+        return grid_differences(runs, h, seeds)
     wanted = runs[(runs["domain"] == h.domain) & runs["seed"].isin(seeds)]
     sides = {}
     dropped = set()
@@ -215,10 +242,12 @@ def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     for h in plan.hypotheses:
         diff, dropped = claim_differences(confirm, h, h.seeds)
         wanted = confirm[(confirm["domain"] == h.domain) & confirm["seed"].isin(h.seeds)]
+        if h.where:
+            wanted, _ = claim_runs(wanted, h)
         both = set.intersection(*(set(wanted.loc[wanted["variant"] == side, "seed"]) for side in (h.variant, h.against)))
         domain_recipe = recipe[recipe["domain"] == h.domain]
         ranks = attention_matters(domain_recipe) if len(domain_recipe) else None
-        rows.append({"id": h.id, "claim": h.claim, "domain": h.domain, "metric": h.metric,
+        rows.append({"id": h.id, "claim": h.claim, "domain": h.domain, "metric": _measured(h),
                      "contrast": f"{h.variant} − {h.against}", "n": len(diff), "dropped": dropped,
                      "diff": diff.mean(), "half": half_width(diff), "p": paired_p(diff),
                      "mde": detectable(diff.std(), len(diff), mde_level(plan)), "target": np.nan if h.target is None else h.target,
@@ -229,6 +258,12 @@ def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan.alpha)
                         for _, row in table.iterrows()]
     return table
+
+
+def _measured(h: Hypothesis) -> str:
+    """The metric column of a claim: the metric, or its endpoint over the grid, and the settings it holds to."""
+    what = f"{h.endpoint} of {h.metric} over {', '.join(h.over)}" if h.over else h.metric
+    return what + "".join(f" ({key} = {value})" for key, value in h.where.items())
 
 
 def setting_change(runs: pd.DataFrame, h: Hypothesis, protocol: str, setting: str, seeds: list[int]) -> pd.Series:
