@@ -248,6 +248,9 @@ class RunConfig(Model):
     progress: Progress = Progress()
     divergence: Divergence = Divergence()
     probes: Probes = Probes()
+    test_checkpoint: Literal["best", "last"] = "best"
+    """The weights the test split scores: best (the best validation's, kept by the checkpoint) or last (the final
+    ones, as a study of training stability reads a run: where it ended, not where it was best)."""
 
 
 def defaults(schema: type[RunConfig], domain: str) -> dict:

@@ -34,7 +34,8 @@ UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "co
             "logging", "progress")
 # Keys added after runs were recorded, left out of the hash at the value those runs had, so that they keep their
 # run directories and a sweep still finds them done.
-UNHASHED_AT = {"model.arch": "gpt", "optim.min_lr": None, "optim.independent_weight_decay": False, "optim.z_loss": 0.0}
+UNHASHED_AT = {"model.arch": "gpt", "optim.min_lr": None, "optim.independent_weight_decay": False, "optim.z_loss": 0.0,
+               "test_checkpoint": "best"}
 
 
 def refuse_interpolation(value: Any, where: str) -> None:

@@ -2,8 +2,10 @@
 rate, weight decay independent of the rate, the output logits' z-loss, the peaks of the probes over training, and
 QK-layernorm, the field's own fix, as a variant."""
 import math
+from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from common.attention import VARIANTS, MultiheadAttention, get_variant
@@ -95,3 +97,17 @@ def test_qk_layernorm_bounds_its_logits_where_standard_grows_with_the_weights():
         peaks[variant] = attention.probe.stats["max_logit"].item()
     # LN(q)·LN(k)/sqrt(d) with unit gains is at most d/sqrt(d) = sqrt(d) = 2√2 here (d = 8); standard's is not bounded
     assert peaks["qk_layernorm"] <= math.sqrt(8) + 1e-4 and peaks["standard"] > 100
+
+
+@pytest.mark.parametrize("kept", ["best", "last"])
+def test_test_checkpoint_picks_the_weights_the_test_split_scores(toy_domain, run_args, monkeypatch, kept):
+    tested = []
+    real = pl.Trainer.test
+
+    def test(self, *args, ckpt_path=None, **kwargs):
+        tested.append(ckpt_path)
+        return real(self, *args, ckpt_path=ckpt_path, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "test", test)
+    record = train(["domain=toy", f"test_checkpoint={kept}", *run_args])
+    assert record.status == "ok" and [Path(path).name for path in tested] == [f"{kept}.ckpt"]

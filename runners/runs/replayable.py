@@ -33,6 +33,8 @@ def check_replayable(cfg: DictConfig) -> None:
         problems.append("a device other than one CPU")
     problems += [f"optim.{key}={cfg.optim[key]}" for key, off in (("min_lr", None), ("independent_weight_decay", False),
                                                                  ("z_loss", 0.0)) if cfg.optim[key] != off]
+    if cfg.test_checkpoint != "best":  # it keeps each run's best weights, not its last
+        problems.append(f"test_checkpoint={cfg.test_checkpoint}")
     if cfg.compile.enabled:  # the ensemble's vmapped step is not compiled; an eager run would answer for it
         problems.append("compile.enabled=true")
     if cfg.task.get("perturbations"):

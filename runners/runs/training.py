@@ -212,9 +212,9 @@ def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: Ru
             read_log(record, build_dir / "metrics.csv", watch.losses)
         metrics = {}
         if task.divergence is None:
-            best = checkpoint.best_model_path or None
+            kept = checkpoint.last_model_path if cfg.test_checkpoint == "last" else checkpoint.best_model_path
             began = time.perf_counter()
-            results = trainer.test(task, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
+            results = trainer.test(task, datamodule=datamodule, ckpt_path=kept or None, verbose=False, weights_only=True)
             record.timing.test_s = round(time.perf_counter() - began, 3)
             metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
         settle(record, task, task.divergence, metrics)
