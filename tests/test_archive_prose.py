@@ -1,9 +1,12 @@
 """The run counts the hand-written readings state are the archive's: each "the N runs its plan registers" in
 RESULTS/notes.md and "N runs in ..." beside a plan in README.md is counted from the records under RESULTS/records."""
+import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_RECORDS = {"preregistration-2.md": ROOT / "RESULTS" / "records" / "confirm2",
@@ -23,3 +26,46 @@ def test_the_run_counts_in_the_prose_are_the_records(plan, folder):
     readme = re.findall(rf"`RESULTS/{re.escape(plan)}`: ([\d,]+) runs", (ROOT / "README.md").read_text())
     assert stated and readme, f"the notes and the README no longer state {plan}'s run count where this test reads it"
     assert {int(n.replace(",", "")) for n in stated + readme} == {count}
+
+
+def records(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in folder.rglob("record.json")]
+
+
+def paired(left: dict, right: dict) -> tuple[float, float, float, float]:
+    """Mean, 95% interval and p of left − right over their common seeds (points: × 100)."""
+    diff = np.array([left[s] - right[s] for s in sorted(set(left) & set(right))]) * 100
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    return diff.mean(), diff.mean() - half, diff.mean() + half, stats.ttest_1samp(diff, 0).pvalue
+
+
+def test_the_segmentation_budget_the_prose_states_is_the_records():
+    """'0.545 at 8, 0.723 at 16, 0.812 at 32': mean best validation mIoU of the budget runs, no plateau."""
+    by_length = {}
+    for record in records(ROOT / "RESULTS" / "records" / "budget" / "segmentation"):
+        by_length.setdefault(record["config"]["trainer"]["max_epochs"], []).append(record["best_val"]["value"])
+    stated = ", ".join(f"{np.mean(by_length[n]):.3f} at {n}" for n in (8, 16)) + f", {np.mean(by_length[32]):.3f} at 32"
+    assert stated == "0.545 at 8, 0.723 at 16, 0.812 at 32"
+    for text in ((ROOT / "README.md").read_text(), (ROOT / "RESULTS" / "notes.md").read_text()):
+        assert stated in " ".join(text.split())
+
+
+def test_the_vision_selection_gap_and_the_pgd_interval_the_prose_states_are_the_records():
+    folder = ROOT / "RESULTS" / "records" / "confirm3" / "vision"
+    chosen = {}
+    pgd = {}
+    for record in records(folder):
+        if record["status"] != "ok":
+            continue
+        if record["seed"] < 500:  # the selection stage: validation accuracy at each rate
+            chosen.setdefault((record["variant"], round(record["config"]["optim"]["lr"], 6)), {})[record["seed"]] = \
+                record["best_val"]["value"]
+        elif record["variant"] in ("quest", "standard") and record["seed"] <= 547:
+            pgd.setdefault(record["variant"], {})[record["seed"]] = record["robustness"]["acc_pgd_eps0.02"]
+    mean, low, high, p = paired(chosen[("quest", 0.009)], chosen[("standard", 0.009)])
+    notes = " ".join((ROOT / "RESULTS" / "notes.md").read_text().split())
+    assert f"at 0.009 QUEST − standard is {mean:+.2f} points (95% interval {low:.2f} to {high:+.2f}, p = {p:.2f})" \
+        .replace("-", "−") in notes
+    mean, low, high, _ = paired(pgd["quest"], pgd["standard"])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({mean:+.2g} ± {high - mean:.2f}, an interval of {low:.2f} to {high:+.2f} points".replace("-", "−") in readme
