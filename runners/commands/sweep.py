@@ -55,7 +55,8 @@ from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan
 from runners.sweeps.progress import Progress
 from runners.sweeps.slurm import require_sbatch, submit_slurm
-from runners.sweeps.spec import Sweep, confirmation, expand, load_sweep, tuning
+from runners.sweeps.spec import Sweep, expand, load_sweep
+from runners.sweeps.tuning import confirmation, tuning
 from runners.sweeps.workers import report_to, run_all, run_workers
 
 

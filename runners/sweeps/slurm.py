@@ -3,43 +3,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-from pydantic import Field
+from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
 from common.optional import require
-from common.typed import Model
 from runners.sweeps.workers import run_all
 
 if TYPE_CHECKING:
     from runners.sweeps.spec import Sweep
-
-Count = Annotated[int, Field(gt=0)]
-
-
-class Slurm(Model):
-    """A sweep's ``slurm:`` section: the job array's resources, each passed to submitit under its alias if set."""
-
-    partition: str | None = Field(None, serialization_alias="slurm_partition")
-    """The SLURM partition."""
-    time_min: Count | None = Field(None, serialization_alias="timeout_min")
-    """Each task's time limit, in minutes."""
-    gpus_per_task: Annotated[int, Field(ge=0)] | None = Field(None, serialization_alias="gpus_per_node")
-    """GPUs for each array task."""
-    cpus_per_task: Count | None = None
-    """CPU cores for each process."""
-    mem_gb: Count | None = None
-    """Memory for each node, in GB."""
-    array_parallelism: Count | None = Field(None, serialization_alias="slurm_array_parallelism")
-    """How many of the array's tasks run at once."""
-    nodes: Count | None = None
-    """Nodes for each array task."""
-    tasks_per_node: Count | None = None
-    """Processes on each node."""
-    additional: dict[str, Any] = {}
-    """Any other sbatch option, passed on as submitit's ``slurm_<key>``."""
-
 
 class SweepJob:
     """One run of a sweep as a SLURM array task. On preemption or timeout submitit requeues it

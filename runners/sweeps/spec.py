@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection
-from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -18,9 +17,6 @@ from common.registry import domain_names
 from common.schema import MAX_SEED
 from common.typed import Model, first_problem, said
 from runners.config import CONFIG_DIR, refuse_interpolation
-from runners.runs.selection import Selection
-from runners.sweeps.slurm import Slurm
-from runners.sweeps.tuning import Tuning, cells, unique_runs
 
 
 def _known(kind: str, names: Callable[[], Collection[str]]) -> AfterValidator:
@@ -40,6 +36,32 @@ Names = Annotated[list[Name], Field(min_length=1)]
 Seeds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], Field(min_length=1)]
 SEEDS = f"must be a non-empty list of seeds from 0 to {MAX_SEED}"
 Override = Annotated[str, Field(pattern=r"^[^=]+=")]
+
+
+Count = Annotated[int, Field(gt=0)]
+
+
+class Slurm(Model):
+    """A sweep's ``slurm:`` section: the job array's resources, each passed to submitit under its alias if set."""
+
+    partition: str | None = Field(None, serialization_alias="slurm_partition")
+    """The SLURM partition."""
+    time_min: Count | None = Field(None, serialization_alias="timeout_min")
+    """Each task's time limit, in minutes."""
+    gpus_per_task: Annotated[int, Field(ge=0)] | None = Field(None, serialization_alias="gpus_per_node")
+    """GPUs for each array task."""
+    cpus_per_task: Count | None = None
+    """CPU cores for each process."""
+    mem_gb: Count | None = None
+    """Memory for each node, in GB."""
+    array_parallelism: Count | None = Field(None, serialization_alias="slurm_array_parallelism")
+    """How many of the array's tasks run at once."""
+    nodes: Count | None = None
+    """Nodes for each array task."""
+    tasks_per_node: Count | None = None
+    """Processes on each node."""
+    additional: dict[str, Any] = {}
+    """Any other sbatch option, passed on as submitit's ``slurm_<key>``."""
 
 
 class Select(Model):
@@ -189,17 +211,6 @@ def expand(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) ->
                                                                   spec.variants + spec.ablations)]
 
 
-def tuning(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
-    """The sweep's tuned protocol (``runners.sweeps.tuning``), None without a ``select:`` section."""
-    if spec.select is None:
-        return None
-    return Tuning(spec, Path(output_dir or spec.output_dir), partial(run_args, spec, extra=extra))
-
-
-def confirmation(spec: Sweep, selection: Selection, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
-    """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
-    each seed the sweep's own runs (unless ``select: {recipe: false}``), then each tuned variant at its choice;
-    each run made once."""
-    own = expand(spec, output_dir, extra) if spec.select.recipe else []
-    runs = own + tuning(spec, output_dir, extra).tuned_runs(selection)
-    return unique_runs(sorted(runs, key=lambda args: int(next(a for a in args if a.startswith("seed="))[5:])))
+def cells(grid: dict[str, list]) -> list[dict]:
+    """Every combination of the grid's values, the last key's varying fastest."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]

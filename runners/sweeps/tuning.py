@@ -23,10 +23,9 @@ is the recipe's is the same run as the recipe's and is made once.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,11 +34,9 @@ from common.records import RunRecord, read_records
 from runners.config import compose, run_directory
 from runners.runs.margins import Grid, Margin, bucket, margin
 from runners.runs.selection import SELECTION_FILE, Selection, candidates, leaves, read_selection
+from runners.sweeps.spec import Sweep, cells, expand, run_args
 
 Recorded = list[tuple[RunRecord, dict[str, object]]]  # selection runs' records, each with its settings (``leaves``)
-
-if TYPE_CHECKING:
-    from runners.sweeps.spec import Sweep
 
 
 class Tuning:
@@ -235,11 +232,6 @@ def _close(a, b) -> bool:
     return a is not None and abs(float(a) - float(b)) <= 1e-9 * max(abs(float(b)), 1e-30)
 
 
-def cells(grid: dict[str, list]) -> list[dict]:
-    """Every combination of the grid's values, the last key's varying fastest."""
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-
-
 def unique_runs(runs: list[list[str]]) -> list[list[str]]:
     """``runs`` without those that make a run directory an earlier one makes (the same config)."""
     seen, kept = set(), []
@@ -252,3 +244,19 @@ def unique_runs(runs: list[list[str]]) -> list[list[str]]:
             seen.add(where)
             kept.append(args)
     return kept
+
+
+def tuning(spec: Sweep, output_dir: str | None = None, extra: list[str] = ()) -> Tuning | None:
+    """The sweep's tuned protocol (``runners.sweeps.tuning``), None without a ``select:`` section."""
+    if spec.select is None:
+        return None
+    return Tuning(spec, Path(output_dir or spec.output_dir), partial(run_args, spec, extra=extra))
+
+
+def confirmation(spec: Sweep, selection: Selection, output_dir: str | None = None, extra: list[str] = ()) -> list[list[str]]:
+    """The runs after selection, seed by seed (a sweep stopped early has both protocols at its first seeds): at
+    each seed the sweep's own runs (unless ``select: {recipe: false}``), then each tuned variant at its choice;
+    each run made once."""
+    own = expand(spec, output_dir, extra) if spec.select.recipe else []
+    runs = own + tuning(spec, output_dir, extra).tuned_runs(selection)
+    return unique_runs(sorted(runs, key=lambda args: int(next(a for a in args if a.startswith("seed="))[5:])))
