@@ -117,3 +117,18 @@ def test_two_plans_that_name_one_id_for_two_widths_are_refused(tmp_path):
     (tmp_path / "b.md").write_text(PLAN.replace("model.dim: 64", "model.dim: 128"))
     with pytest.raises(ConfigError, match=r"hypothesis L1-64 tests .*model.dim = 128, but .*model.dim = 64"):
         confirmatory.read_plans([tmp_path / "a.md", tmp_path / "b.md"])
+
+
+def test_power_sizes_only_the_claims_the_pilot_ran_at_the_whole_plans_level(tmp_path, capsys):
+    for seed in (0, 1, 2):
+        write_grid(tmp_path / "pilot", {("standard", seed): [2.0, 1.0 + 0.1 * seed, math.nan],
+                                        ("quest", seed): [2.0, 1.0, 1.5 + 0.05 * seed]})
+    plan = PLAN.replace("where: {model.dim: 64}}", "where: {model.dim: 64}, target: 0.1}") + ""
+    plan = plan.replace("```\n", "  - {id: M1, claim: QUEST succeeds more, domain: retrieval, metric: success, variant: quest,\n"
+                        "     against: standard, over: [optim.lr], endpoint: mean}\n```\n")
+    (tmp_path / "plan.md").write_text(plan)
+    assert cli(["power", str(tmp_path / "pilot"), "--plan", str(tmp_path / "plan.md")]) == 2
+    assert "claim M1: 0 pilot pair(s)" in capsys.readouterr().err
+    assert cli(["power", str(tmp_path / "pilot"), "--plan", str(tmp_path / "plan.md"), "--claims", "L1-64"]) == 0
+    out = capsys.readouterr().out
+    assert "α/m = 0.05/2" in out and "| L1-64 " in out and "| M1 " not in out

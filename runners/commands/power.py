@@ -4,10 +4,11 @@ pre-registered plan needs, from the records of a pilot.
 Per claim of the plan (``runners.results.sample_size``): the paired standard deviation of its contrast on the pilot's
 runs of the plan's protocol, and, for a claim with a ``target:`` (the smallest difference worth detecting, in its
 metric's units), the fewest seeds whose minimum detectable effect (two-sided paired t-test, 80% power) is at most
-the target, that effect, and the hours of training those seeds take (the mean ``wall_time_s`` of the pilot's runs
-of the two variants). A claim without a target is shown at the plan's seeds. Each at Holm's first step (α over the
-number of claims: the level a claim is sure to be tested at) and at α (the level of Holm's last step). Then per
-domain, where a seed trains every variant the domain's claims use once, and the plan's total.
+the target, that effect, and the hours of training those seeds take (the pilot's training wall time per seed of
+the two variants, every run of a claim's grid counted). A claim without a target is shown at the plan's seeds.
+Each at Holm's first step (α over the number of claims: the level a claim is sure to be tested at) and at α (the
+level of Holm's last step). Then per domain, where a seed trains every variant the domain's claims use once, and the
+plan's total. ``--claims`` sizes only the claims the pilot ran; the levels stay the whole plan's.
 """
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--protocol", metavar="NAME",
                         help="the pilot runs' protocol (default: the plan's; a replication labelled 'tuned, confirmation "
                         "2' plans from the first study's 'tuned' runs)")
+    parser.add_argument("--claims", type=lambda text: [c for c in text.split(",") if c], default=[], metavar="ID,ID,...",
+                        help="size only these claims, the ones the pilot ran (the test levels stay the whole plan's)")
     args = parser.parse_args(argv)
     if not args.plan.is_file():
         raise ConfigError(f"{args.plan}: no such plan file")
     runs = load_runs(*args.pilot)
-    claims, domains, levels = plan_power(runs, args.plan, args.protocol)
+    claims, domains, levels = plan_power(runs, args.plan, args.protocol, args.claims)
     print(f"Pilot: {len(runs)} run records under {', '.join(args.pilot)}. Test levels: α/m = {levels['alpha']:g}/"
           f"{levels['family']}, Holm's first step, the level each claim is sure to be tested at; and α, the level of "
           f"Holm's last step, reached only when every other claim is rejected first. Claims without a target are at "

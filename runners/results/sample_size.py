@@ -3,6 +3,7 @@ power``), with the exact noncentral t, at the two levels Holm's correction may t
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -60,17 +61,23 @@ def pilot_sd(runs: pd.DataFrame, claim: Hypothesis) -> tuple[float, int]:
 
 
 def seed_hours(runs: pd.DataFrame, domain: str, variants: set[str]) -> float:
-    """Hours one seed of ``domain`` costs: the sum over ``variants`` of their pilot runs' mean ``wall_time_s``."""
+    """Hours one seed of ``domain`` costs: the sum over ``variants`` of their pilot runs' ``wall_time_s`` per seed (a
+    claim over a grid trains a run at each of its cells)."""
     here = runs[(runs["domain"] == domain) & runs["variant"].isin(variants)]
     wall = here["run_dir"].map(lambda run_dir: read_record(Path(run_dir)).wall_time_s)
-    return float(wall.groupby(here["variant"]).mean().sum()) / 3600.0
+    per_variant = wall.groupby(here["variant"]).sum() / here.groupby("variant")["seed"].nunique()
+    return float(per_variant.sum()) / 3600.0
 
 
-def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None,
+               claims_piloted: Collection[str] = ()) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Per claim and per domain, the seeds, effects and hours at Holm's first step (``_holm``) and at α
     (``_alpha``), and the plan's levels. ``runs``: the pilot's (``runners.results.frame.load_runs``), of which those of
-    ``protocol`` (default: the plan's own; a replication plans from the first study's protocol) are read."""
+    ``protocol`` (default: the plan's own; a replication plans from the first study's protocol) are read.
+    ``claims_piloted``: the ids of the claims the pilot ran, where it ran some only (the levels are the whole plan's)."""
     plan = read_plan(path)
+    if unknown := sorted(set(claims_piloted) - {h.id for h in plan.hypotheses}):
+        raise ConfigError(f"{path} has no claim {', '.join(unknown)}")
     protocol = protocol or plan.protocol
     pilot = runs[runs["protocol"] == protocol]
     if pilot.empty:
@@ -78,6 +85,8 @@ def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> t
     levels = {"holm": holm_first_step(plan), "alpha": plan.alpha}
     claims = []
     for claim in plan.hypotheses:
+        if claims_piloted and claim.id not in claims_piloted:
+            continue
         sd, pairs = pilot_sd(pilot, claim)
         row = {"id": claim.id, "domain": claim.domain, "metric": claim.metric,
                "contrast": f"{claim.variant} − {claim.against}", "pairs": pairs, "sd": sd,
@@ -90,7 +99,8 @@ def plan_power(runs: pd.DataFrame, path: Path, protocol: str | None = None) -> t
     claims = pd.DataFrame(claims)
     domains = []  # one row per variant of a domain: a claim's seeds train both its variants, shared with other claims
     for domain in claims["domain"].unique():
-        claimed = [(h, row) for h, (_, row) in zip(plan.hypotheses, claims.iterrows()) if h.domain == domain]
+        sized = {h.id: h for h in plan.hypotheses}
+        claimed = [(sized[row["id"]], row) for _, row in claims.iterrows() if row["domain"] == domain]
         for variant in dict.fromkeys(v for h, _ in claimed for v in (h.variant, h.against)):
             row = {"domain": domain, "variants": variant, "seed_hours": seed_hours(pilot, domain, {variant})}
             for level in levels:
