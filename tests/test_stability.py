@@ -57,3 +57,26 @@ def test_report_has_a_table_and_both_figures(tmp_path):
     for name in ("final_loss", "max_logit"):
         image = f"STABILITY_figures/stability_a_d_study_{name}.png"
         assert f"]({image})" in text and (out.parent / image).stat().st_size > 1000
+
+
+def test_a_sweep_over_widths_gets_a_section_and_a_panel_per_width_and_the_records_peaks(tmp_path):
+    for dim in (64, 128):
+        for variant, finals in (("standard", [1.0, 0.5, 3.0]), ("quest", [0.9, 0.6, 0.7])):
+            for seed in (0, 1):
+                for lr, final in zip(LRS, finals):
+                    record = lr_record(variant, seed, lr, final + 0.01 * seed)
+                    record.config = {"optim": {"lr": lr}, "model": {"dim": dim}}
+                    record.probes = {"peak_max_logit": 1000.0 * lr, "peak_q_norm_max": dim * lr}  # beyond the trajectory's
+                    write_record(tmp_path / "runs" / f"{variant}-{seed}-{lr}-{dim}", record)
+    runs = stability.load_lr_runs(tmp_path / "runs")
+    assert set(runs["setting"]) == {"model.dim=64", "model.dim=128"}
+    assert runs.loc[(runs["lr"] == 0.1), "peak_logit"].tolist() == pytest.approx([100.0] * 8)
+    out = tmp_path / "STABILITY.md"
+    assert cli(["stability", str(tmp_path / "runs"), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.index("### model.dim=64") < text.index("### model.dim=128")
+    # standard's sensitivity: mean(1, 0.5, 2) - 0.5 at seed 0 (3.0 clipped to the initial 2.0), 0.01 less at seed 1
+    assert "| standard | 0.665 ± 0.021 | 0.0024 | 2 | 0/6 |" in text
+    assert "| quest | 0.064 | 0.64 | 6.4 |" in text  # the peak query norm the record keeps, width 64
+    for name in ("final_loss", "peak_logit", "peak_q_norm", "max_logit"):
+        assert (tmp_path / "STABILITY_figures" / f"stability_a_d_study_{name}.png").stat().st_size > 1000

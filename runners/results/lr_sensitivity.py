@@ -1,5 +1,6 @@
 """The analysis of a learning-rate sweep for ``quest stability``: each variant's learning-rate sensitivity
-(Wortsman et al. 2023), where runs diverged, the peak attention logits, and their figures."""
+(Wortsman et al. 2023) with its interval over seeds, where runs diverged, the peak attention logits and query norms,
+and their figures; one section per setting the sweep varies beside the rate (a model's width), each a panel."""
 from __future__ import annotations
 
 import re
@@ -12,6 +13,8 @@ import pandas as pd
 from common.records import Trajectory, read_records
 from runners.results.frame import GROUP, variant_order
 from runners.results.plots import save_figure  # and the Agg backend
+from runners.results.stats import half_width
+from runners.runs.selection import settings
 
 UNPROBED = Trajectory(step=[], layers={})  # the trajectory of a run whose probes never ran
 
@@ -21,26 +24,53 @@ def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
     clipped (``clipped``: the initial loss where the run diverged, failed or ended above it), and the probe
     trajectory; records without losses (not from a run that trained) are left out."""
     records, _ = read_records(*roots)  # each damaged one logged as skipped
-    rows = []
+    rows, configs = [], []
     for _, rec in records:
         losses = rec.losses or {}
         if "train_first" not in losses:
             continue
         final = losses.get("val_final", np.nan)
+        trajectory = rec.trajectory or UNPROBED
         rows.append({**{k: getattr(rec, k) for k in ("domain", "dataset", "preset", "variant", "seed", "status")},
                      "lr": float(rec.setting("optim.lr")), "initial": losses["train_first"], "final": final,
-                     "diverged_step": rec.divergence.step if rec.divergence else None, "trajectory": rec.trajectory or UNPROBED})
+                     "diverged_step": rec.divergence.step if rec.divergence else None, "trajectory": trajectory,
+                     **{column: rec.probes.get(f"peak_{stat}", _peak(trajectory, stat)) for column, stat in PEAKS.items()}})
+        configs.append({k: v for k, v in settings(rec.config).items() if k != "optim.lr"})
     if not rows:
         raise FileNotFoundError(f"no records of trained runs under {', '.join(map(str, roots))}")
     runs = pd.DataFrame(rows)
+    runs["setting"] = _varying_settings(runs, configs)
     bad = (runs["status"] != "ok") | ~np.isfinite(runs["final"]) | (runs["final"] > runs["initial"])
     return runs.assign(clipped=runs["final"].where(~bad, runs["initial"]))
 
 
+PEAKS = {"peak_logit": "max_logit", "peak_q_norm": "q_norm_max"}  # column -> the probe whose peak over training it is
+
+
+def _peak(trajectory: Trajectory, stat: str) -> float:
+    """The largest ``stat`` any layer reached at any kept probe step (a record written before runs kept their peaks)."""
+    return max((max(stats[stat], default=np.nan) for stats in trajectory.layers.values() if stat in stats), default=np.nan)
+
+
+def _varying_settings(runs: pd.DataFrame, settings: list[dict]) -> list[str]:
+    """Per run, the settings that vary within its domain, dataset and preset besides the rate (and the variant), as
+    ``key=value`` (a width: ``model.dim=128``); empty where nothing else varies."""
+    labels = [""] * len(runs)
+    for _, group in runs.groupby(GROUP[:3]):
+        at = list(group.index)
+        keys = sorted({k for i in at for k in settings[i]} - {"attention.variant"})
+        varying = [k for k in keys if len({repr(settings[i].get(k)) for i in at}) > 1]
+        for i in at:
+            labels[i] = ", ".join(f"{k}={settings[i].get(k)}" for k in varying)
+    return labels
+
+
 def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: the sensitivity of each seed over the learning rates it has, then mean and std over seeds."""
+    """Per variant: the sensitivity of each seed over the learning rates it has, then mean, std and the half-width of
+    the mean's 95% t-interval over seeds."""
     per_seed = runs.groupby(["variant", "seed"])["clipped"].agg(lambda c: c.mean() - c.min())
     table = per_seed.groupby("variant").agg(["mean", "std", "count"])
+    table["half"] = per_seed.groupby("variant").agg(half_width)
     return table.rename(columns={"mean": "lr_sensitivity", "std": "spread", "count": "seeds"})
 
 
@@ -55,25 +85,26 @@ def divergence_summary(runs: pd.DataFrame) -> pd.Series:
     return pd.Series(out)
 
 
-def peak_logits(runs: pd.DataFrame, top: int = 2) -> pd.DataFrame:
-    """Per variant (rows) and each of the ``top`` highest learning rates (columns): the largest attention
-    logit any layer reached at any probe step, median over seeds."""
-    lrs = sorted(runs["lr"].unique())[-top:]
-    chosen = runs[runs["lr"].isin(lrs)]
-    peak = chosen["trajectory"].map(lambda t: max((max(stats["max_logit"], default=np.nan)
-                                                   for stats in t.layers.values()), default=np.nan))
-    table = chosen.assign(peak=peak).groupby(["variant", "lr"])["peak"].median().unstack("lr")
+def by_rate(runs: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per variant (rows) and learning rate (columns): ``column``'s median over seeds."""
+    table = runs.groupby(["variant", "lr"])[column].median().unstack("lr")
     return table.reindex(variant_order(runs["variant"]))
 
 
-def plot_final_loss(runs: pd.DataFrame, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for variant in variant_order(runs["variant"]):
-        stats = runs[runs["variant"] == variant].groupby("lr")["clipped"].agg(["mean", "min", "max"])
-        ax.plot(stats.index, stats["mean"], marker="o", label=variant)
-        ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15)
-    ax.set(xscale="log", xlabel="learning rate", ylabel="final loss (clipped to the initial loss)")
-    ax.legend(fontsize=7)
+def plot_against_rate(panels: dict[str, pd.DataFrame], column: str, label: str, path: Path, log: bool = False) -> None:
+    """``column`` against the learning rate, a line per variant (the mean over seeds) in a band (their range), a
+    panel per setting the sweep varies (a width)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
+    for ax, (title, runs) in zip(axes[0], panels.items()):
+        for variant in variant_order(runs["variant"]):
+            stats = runs[runs["variant"] == variant].groupby("lr")[column].agg(["mean", "min", "max"])
+            ax.plot(stats.index, stats["mean"], marker="o", ms=3, label=variant)
+            ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15)
+        ax.set_xlim(runs["lr"].min() / 1.5, runs["lr"].max() * 1.5)  # where no value is finite (no probes), still an axis
+        ax.set(xscale="log", yscale="symlog" if log else "linear", xlabel="learning rate", title=title or None)
+        ax.title.set_fontsize(8)
+    axes[0][0].set_ylabel(f"{label} (mean; band: min to max over seeds)", fontsize=7)
+    axes[0][-1].legend(fontsize=7)
     save_figure(fig, path, dpi=120)
 
 
@@ -103,30 +134,57 @@ def plot_max_logits(runs: pd.DataFrame, path: Path) -> None:
 
 
 def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
-    """The markdown of one domain/dataset/preset: table, facts and figures."""
+    """The markdown of one domain/dataset/preset: per setting it varies beside the rate (a width), the table and
+    facts; then its figures, a panel per setting."""
     domain, dataset, preset = (runs[k].iloc[0] for k in GROUP[:3])
     stem = re.sub(r"[^A-Za-z0-9_.-]", "-", f"stability_{domain}_{dataset}_{preset}")
-    plot_final_loss(runs, figures / f"{stem}_final_loss.png")
-    plot_max_logits(runs, figures / f"{stem}_max_logit.png")
+    panels = {setting: runs[runs["setting"] == setting] for setting in sorted(runs["setting"].unique(), key=_in_order)}
+    plots = {"final_loss": ("clipped", "final loss (clipped to the initial loss)", False),
+             "peak_logit": ("peak_logit", "peak attention logit over training", True),
+             "peak_q_norm": ("peak_q_norm", "peak query norm over training", True)}
+    for name, (column, label, log) in plots.items():
+        plot_against_rate(panels, column, label, figures / f"{stem}_{name}.png", log)
+    plot_max_logits(runs[runs["setting"] == next(iter(panels))], figures / f"{stem}_max_logit.png")
+    lines = [f"## Stability: {domain} / {dataset} ({preset})", ""]
+    for setting, group in panels.items():
+        lines += _setting_lines(group, setting)
+    rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
+    lines += [f"![{label} against the learning rate]({rel(f'{stem}_{name}.png')})" for name, (_, label, _) in plots.items()]
+    lines += [f"![max attention logit over training{f' ({next(iter(panels))})' if next(iter(panels)) else ''}]"
+              f"({rel(stem + '_max_logit.png')})", ""]
+    return lines
+
+
+def _in_order(setting: str) -> list[tuple[int, float | str]]:
+    """A ``key=value, ...`` label's sort key: numbers by value (width 64 before 128), other values as text."""
+    def value(text: str) -> tuple[int, float | str]:
+        try:
+            return 0, float(text)
+        except ValueError:
+            return 1, text
+    return [value(part.partition("=")[2]) for part in setting.split(", ")]
+
+
+def _setting_lines(runs: pd.DataFrame, setting: str) -> list[str]:
     table = lr_sensitivity(runs).join(divergence_summary(runs).rename("diverged"))
     table = table.reindex(variant_order(runs["variant"]))
     lrs = sorted(runs["lr"].unique())
-    lines = [f"## Stability: {domain} / {dataset} ({preset})", "",
+    lines = [*([f"### {setting}", ""] if setting else []),
              f"{len(runs)} runs: learning rates {', '.join(f'{lr:.3g}' for lr in lrs)} x "
              f"{runs['variant'].nunique()} variants x seeds {sorted(map(int, runs['seed'].unique()))}.", "",
-             "| variant | LR sensitivity ↓ | spread (std over seeds) | seeds | diverged runs (lr: count) |",
+             "| variant | LR sensitivity ↓ (± 95%) | spread (std over seeds) | seeds | diverged runs (lr: count) |",
              "|---|---|---|---|---|"]
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
-        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
-    finals = runs.groupby(["variant", "lr"])["clipped"].median().unstack("lr")
+        half = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
+        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
+    top = lrs[-2:]
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
-              *_by_lr(finals.reindex(variant_order(runs["variant"]))),
+              *_by_lr(by_rate(runs, "clipped")),
               "", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
-              *_by_lr(peak_logits(runs))]
-    rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
-    lines += ["", f"![final loss vs learning rate]({rel(stem + '_final_loss.png')})",
-              f"![max attention logit over training]({rel(stem + '_max_logit.png')})", ""]
+              *_by_lr(by_rate(runs[runs["lr"].isin(top)], "peak_logit")),
+              "", "Peak query norm over training (any layer, any probe step), median over seeds:", "",
+              *_by_lr(by_rate(runs, "peak_q_norm")), ""]
     return lines
 
 

@@ -45,15 +45,16 @@ def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
     return found
 
 
-def _ignored(key: str) -> bool:
-    return any(key == skip or key.startswith(f"{skip}.") for skip in IGNORED)
+def settings(config: dict) -> dict[str, object]:
+    """A run's config as ``leaves``, less what never makes two runs different (``IGNORED``)."""
+    return {k: v for k, v in leaves(config).items() if not any(k == skip or k.startswith(f"{skip}.") for skip in IGNORED)}
 
 
 def candidates(records: Iterable[RunRecord], by: tuple[str, ...] = ()) -> list[dict]:
     """The candidates of a grid (see the module's rule), best first within each group of ``by`` (and of domain,
     dataset and preset): ``{"group", "settings", "runs", "seeds", "mean", "std", "params", "failed"}``."""
     records = list(records)
-    flat = [{k: v for k, v in leaves(rec.config).items() if not _ignored(k)} for rec in records]
+    flat = [settings(rec.config) for rec in records]
     groups: dict[tuple, list[int]] = {}
     for index, rec in enumerate(records):
         key = tuple(getattr(rec, field) for field in ("domain", "dataset", "preset", *by))
