@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError
+from common.files import MAX_DOCUMENT_BYTES, read_text
 from common.schema import Attention, Optim, RunConfig, section
 from common.typed import Model
 
@@ -232,7 +233,10 @@ def _read(path: Path) -> dict:
 
 @lru_cache(maxsize=64)
 def _parsed(path: Path, *stamp) -> dict:
+    # read within limits as every file is (common.files), parsed by OmegaConf's own YAML: a presets file is part of
+    # the project or of a plugin (code, as trusted as it), and its anchors and aliases share sections between presets
+    text = read_text(path, "presets file", MAX_DOCUMENT_BYTES)
     try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
     except Exception as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None

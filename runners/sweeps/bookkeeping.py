@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from common.errors import ConfigError, error_line
+from common.files import FileError, read_text
 from common.records import RECORD_NAME, RecordError, read_record
 from runners.config import compose, run_directory
 from runners.runs.rundir import claimed, lock_path
@@ -27,6 +28,7 @@ RERUN |= {"diverged": RERUN[None] | {"diverged"}, "all": RERUN[None] | {"diverge
 
 
 REDO = '"redo"'  # the lock-file note of a run this launch runs again (see keep_or_drop)
+MAX_NOTE_BYTES = 1 << 16  # a note is a status and the first line of an error
 
 
 def recorded_status(run_dir: Path) -> str | None:
@@ -95,7 +97,10 @@ def settled(run_dir: Path) -> tuple[str, str | None] | None:
     ``keep_or_drop``), else its record's status (a stopped run is made again: a SLURM task requeued after
     preemption finds its run so), else the note in its lock file of an outcome that leaves no record
     (invalid, or failed outside the runner), written by a worker of this launch."""
-    note = lock_path(run_dir).read_text()
+    try:
+        note = read_text(lock_path(run_dir), "lock note", MAX_NOTE_BYTES)
+    except FileError:  # spoilt past reading (not UTF-8, too long): no outcome, as a note that is not a pair
+        note = ""
     if note == REDO:
         return None
     status = recorded_status(run_dir)
