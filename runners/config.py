@@ -159,17 +159,33 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: t
     except ValidationError as err:
         _, reason, _ = first_problem(err)
         if reason.startswith("expects"):
+            quoted = " (a string: drop its quotes)" if isinstance(value, str) and _number(value) else ""
             raise ConfigError(f"config key {key!r} ({source}) expects {type_name(field.annotation)} like {field.default!r}, "
-                              f"got {value!r}") from None
+                              f"got {value!r}{quoted}") from None
         raise ConfigError(problem(key, reason, value)) from None
     OmegaConf.update(cfg, key, value, merge=False)
 
 
+# Other libraries' names for this project's keys (nanoGPT's, Lightning's, timm's): what a user coming from them types.
+SYNONYMS = {"learning_rate": "lr", "wd": "weight_decay", "epochs": "max_epochs", "max_iters": "max_steps",
+            "warmup_iters": "warmup_steps", "grad_clip": "gradient_clip_val", "n_embd": "dim", "n_layer": "depth",
+            "n_head": "heads", "block_size": "context", "num_heads": "heads", "embed_dim": "dim"}
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def closest_key(key: str, schema: type[Model]) -> str | None:
-    """The schema's key nearest to an unknown ``key``: among the keys ending in the same name, else among all,
-    the most alike (``difflib``); None when nothing is close."""
+    """The schema's key nearest to an unknown ``key``: among the keys ending in the same name (or in this project's
+    name for it, ``SYNONYMS``), else among all, the most alike (``difflib``); None when nothing is close."""
     keys = list(_keys(schema))
-    same_name = [path for path in keys if path.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    leaf = key.rsplit(".", 1)[-1]
+    same_name = [path for path in keys if path.rsplit(".", 1)[-1] in (leaf, SYNONYMS.get(leaf))]
     found = difflib.get_close_matches(key, same_name, n=1, cutoff=0) or difflib.get_close_matches(key, keys, n=1)
     return found[0] if found else None
 

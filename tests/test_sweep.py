@@ -461,3 +461,12 @@ def test_a_sweep_keeps_snapshots_and_tests_each_one(toy_domain, tmp_path):
     assert record.curve[0].metrics["test/mse"] != record.curve[1].metrics["test/mse"]
     with pytest.raises(Exception, match="must be a list of fractions of training in"):
         sweep_spec.load_sweep(write_spec(tmp_path, snapshots=[0, 1]))
+
+
+def test_a_dry_run_composes_every_run_and_names_a_misspelt_key(toy_domain, tmp_path, capsys):
+    path = write_spec(tmp_path, seeds=[0, 1], overrides=[f"cache_dir={tmp_path / 'cache'}", "optim.learning_rate=0.1"])
+    assert sweep.main([path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep: 2 of 2 runs invalid: unknown config key 'optim.learning_rate'" in err
+    assert "did you mean optim.lr?" in err and not (tmp_path / "runs").exists()
+    assert sweep.main([write_spec(tmp_path, seeds=[0]), "--dry-run"]) == 0

@@ -173,7 +173,7 @@ def qm9_table(data: DataConfig, targets: list[str]) -> tuple[pd.DataFrame, str]:
     ``data.subset``, and its name."""
     if data.split_column is not None:
         raise ConfigError("data.split_column applies to dataset csv; QM9 ships no split")
-    folder = require_path(data.root, "QM9 folder") if data.root else qm9pack_folder()
+    folder = require_path(data.root, "data.root (QM9 folder)") if data.root else qm9pack_folder()
     tables = [read_table(folder / name, "SMILES", targets, targets) for name in QM9_FILES]
     return subset_rows(pd.concat(tables, ignore_index=True), data), f"QM9 ({folder})"
 
@@ -200,7 +200,7 @@ def qm9_atom_splits(data: DataConfig) -> LoadedGraphs:
 def csv_splits(data: DataConfig) -> LoadedGraphs:
     if data.root is None:
         raise DataError("dataset csv needs data.root=<file.csv>")
-    path = Path(data.root).expanduser()
+    path = require_path(data.root, "data.root (a CSV file)")
     columns = [*data.targets, *([data.split_column] if data.split_column else [])]
     table = subset_rows(read_table(path, data.smiles_column, columns, data.targets), data)
     values = torch.tensor(table[data.targets].to_numpy(dtype="float32"))

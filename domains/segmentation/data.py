@@ -371,7 +371,7 @@ class FolderPairs:
     def load(self, transforms: dict) -> tuple[dict[str, Dataset], Split]:
         if self.data.root is None:
             raise DataError(f"data.root must point at the {self.name} files (nothing is downloaded)")
-        split, pair_of = self.pairs(require_path(self.data.root))
+        split, pair_of = self.pairs(require_path(self.data.root, "data.root"))
         num_classes, ignore, reduce = len(self.class_names), self.data.ignore_index, self.reduce_zero_label()
         datasets = {}
         for name in SPLITS:

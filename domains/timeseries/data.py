@@ -44,7 +44,7 @@ def csv_path(dataset: str, root: str | None) -> Path:
     """``root`` itself if it is a file, else ``root/<dataset>.csv``."""
     if root is None:
         raise DataError(f"dataset {dataset!r} needs data.root: a CSV file or the folder holding {dataset}.csv")
-    path = require_path(root, f"{dataset} data")
+    path = require_path(root, f"data.root ({dataset} data)")
     if path.is_dir() and dataset == "csv":
         raise DataError(f"{path} is a folder; for dataset 'csv', data.root must be the CSV file itself")
     if path.is_dir():

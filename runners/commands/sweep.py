@@ -48,8 +48,9 @@ import time
 from pathlib import Path
 
 from common.arguments import CommandParser
-from common.errors import Stopped
+from common.errors import ConfigError, Stopped
 from runners.commands import add_sweep_arguments
+from runners.config import compose
 from runners.results.document import write_results
 from runners.runs.launches import log_launch
 from runners.sweeps.bookkeeping import RERUN, keep_or_drop, plan
@@ -99,6 +100,20 @@ def launch(spec: Sweep, args: argparse.Namespace, argv: list[str], stage: str, r
     return code
 
 
+def dry_run_check(runs: list[list[str]]) -> int:
+    """Each run's config composed as its worker would compose it: every distinct problem named on stderr, in one
+    line each, and exit 2 where any run is invalid, so that a misspelt key is found before anything runs."""
+    problems: dict[str, int] = {}
+    for args in runs:
+        try:
+            compose(args)
+        except ConfigError as err:
+            problems[str(err)] = problems.get(str(err), 0) + 1
+    for problem, count in problems.items():
+        print(f"sweep: {count} of {len(runs)} runs invalid: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
 def main(argv: list[str]) -> int:
     parser = CommandParser("quest sweep", __doc__)
     add_sweep_arguments(parser, "local worker processes")
@@ -122,7 +137,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(" ".join(r) for r in runs))
         if stage == "select":
             print("(the selection stage; the confirmation runs follow once every choice is made)")
-        return 0
+        return dry_run_check(runs)
     code, before = 0, None
     while True:
         code = max(code, launch(spec, args, argv, stage, runs))
