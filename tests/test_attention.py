@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from common.attention import (
     ABLATIONS,
@@ -17,6 +18,7 @@ from common.attention import (
     AttentionState,
     EdgeMultiheadAttention,
     MultiheadAttention,
+    QKFold,
     Variant,
     attend,
     attention_layer,
@@ -26,6 +28,7 @@ from common.attention import (
     make_fold,
 )
 from common.blocks import Encoder
+from common.patch import replace_attention
 from common.probes import attention_probes
 
 torch.manual_seed(0)
@@ -516,3 +519,44 @@ def test_uniform_ablation_averages_the_visible_values():
     prefix_means = v.cumsum(-2) / torch.arange(1, 6).view(1, 1, 5, 1)
     torch.testing.assert_close(causal, prefix_means)
     assert "uniform" in ABLATIONS and "uniform" not in VARIANTS
+
+
+class HeadDimTemperature(QKFold):
+    """A parameter-free fold that reads its head size when built (a newcomer's first fold): q·k̂ × head_dim / 8."""
+
+    def __init__(self, variant, num_heads, head_dim, **kwargs):
+        super().__init__(variant, num_heads, head_dim, **kwargs)
+        self.temperature = head_dim / 8
+
+    def rescale(self, q, k):
+        return q * self.temperature, k
+
+    def reference_logits(self, q, k):
+        return self.temperature * (q @ k.transpose(-2, -1))
+
+
+def test_a_parameter_free_fold_is_built_at_the_real_head_size_on_every_path(monkeypatch):
+    """Built with head size 0 where no fold module is kept, this fold gave exactly uniform attention through
+    ``attend`` while every other test passed: each path (``attend``, the layer, the patch) against the formula."""
+    spec = Variant("quest_hd", norm_q=False, norm_k=True, scaled=False, fold="HeadDimTemperature")
+    monkeypatch.setitem(FOLDS, "HeadDimTemperature", HeadDimTemperature)
+    monkeypatch.setitem(FOLD_SCALES, "HeadDimTemperature", ())
+    monkeypatch.setitem(VARIANTS, spec.name, spec)
+    q, k, v = (torch.randn(2, 4, 5, 16) for _ in range(3))
+    expected = reference_attend(q, k, v, spec.name)
+    torch.testing.assert_close(attend(q, k, v, spec.name), expected)
+    x = torch.randn(2, 5, 64)
+    layer = MultiheadAttention(64, 4, spec.name)
+    q, k, v = (t.view(2, 5, 4, 16).transpose(1, 2) for t in F.linear(x, layer.in_proj_weight, layer.in_proj_bias).chunk(3, -1))
+    mixed = reference_attend(q, k, v, spec.name).transpose(1, 2).reshape(2, 5, 64)
+    torch.testing.assert_close(layer(x)[0], F.linear(mixed, layer.out_proj.weight, layer.out_proj.bias))
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, batch_first=True, dropout=0.0), 1,
+                                    enable_nested_tensor=False).eval()
+    plain = encoder.layers[0].self_attn
+    want_q, want_k, want_v = (t.view(2, 5, 4, 16).transpose(1, 2)
+                              for t in F.linear(x, plain.in_proj_weight, plain.in_proj_bias).chunk(3, -1))
+    want = F.linear(reference_attend(want_q, want_k, want_v, spec.name).transpose(1, 2).reshape(2, 5, 64),
+                    plain.out_proj.weight, plain.out_proj.bias)
+    replace_attention(encoder, spec.name)
+    patched = encoder.layers[0].self_attn
+    torch.testing.assert_close(patched(x, x, x, need_weights=False)[0], want)

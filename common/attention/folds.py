@@ -248,12 +248,12 @@ def fold_qk(q: Tensor, k: Tensor, variant: str | Variant, *, fold: QKFold | None
         if spec.learnable:
             raise ValueError(f"variant {spec.name!r} has learnable scales: pass fold=make_fold({spec.name!r}"
                              ", num_heads, head_dim), or use MultiheadAttention")
-        fold = _stateless_fold(spec, eps)
+        fold = _stateless_fold(spec, eps, q.shape[1], q.shape[-1])  # heads on dim 1: [B, H, N, D] or [N, H, D]
     return fold(q, k, metric)
 
 
 @functools.cache
-def _stateless_fold(spec: Variant, eps: float) -> QKFold:
-    """The fold of a variant without learnable scales, built once: a module per call would cost more than
-    the normalisation it applies at short sequences."""
-    return FOLDS[spec.fold](spec, 0, 0, eps=eps)
+def _stateless_fold(spec: Variant, eps: float, num_heads: int, head_dim: int) -> QKFold:
+    """The fold of a variant without learnable scales, built once per head layout at the real sizes (a fold may read
+    them in ``__init__``): a module per call would cost more than the normalisation it applies at short sequences."""
+    return FOLDS[spec.fold](spec, num_heads, head_dim, eps=eps)
