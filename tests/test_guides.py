@@ -93,3 +93,6 @@ def test_the_docs_build_in_strict_mode(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "site" / "index.html").is_file()
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+    # a docstring's <placeholder> is text on the page, not a tag the browser drops ("Runs land in ///seed-.")
+    keys = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
+    assert "&lt;output_dir&gt;/&lt;domain&gt;/&lt;variant&gt;/seed&lt;seed&gt;" in keys
