@@ -103,7 +103,7 @@ def test_a_bad_line_of_the_launch_log_is_skipped_and_named(tmp_path, caplog):
         f"skipping a launch: {log} line 2: not valid JSON (Unterminated string starting at: line 1 column 13)",
         f"skipping a launch: {log} line 3: hardware expects mapping",
         f"skipping a launch: {log} line 4: nested more than {MAX_NESTING} deep"]
-    assert "How these runs were made (1 sweep launch, 1 min of wall time in all)" in out.read_text()
+    assert "How these runs were made (1 sweep launch, 1.0 min of wall time in all)" in out.read_text()  # as its launch line
 
 
 PLAN = """```yaml

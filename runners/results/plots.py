@@ -69,15 +69,16 @@ def write_plots(runs: pd.DataFrame, folder: Path, relative_to: Path) -> dict[tup
 
 
 def _metric_bars(group: pd.DataFrame, stem: Path, title: str) -> Path | None:
-    """Bar chart of the group's primary metric per variant (mean ± std over finished runs), if any."""
+    """Bar chart of the group's primary metric per variant (mean and its 95% t-interval over finished runs, as the
+    tables give them), if any."""
     primary, mode = group["primary_metric"].iloc[0], group["mode"].iloc[0]
     ok = group[group["status"] == "ok"]
     if primary not in ok or ok[primary].isna().all():
         return None
-    stats = ok.groupby("variant")[primary].agg(["mean", "std"]).reindex(variant_order(ok["variant"]))
+    stats = ok.groupby("variant")[primary].agg(["mean", half_width]).reindex(variant_order(ok["variant"]))
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.bar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), capsize=3, color="tab:blue")
-    ax.set_ylabel(f"test {primary} ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.bar(stats.index, stats["mean"], yerr=stats["half_width"].fillna(0), capsize=3, color="tab:blue")
+    ax.set_ylabel(f"test {primary}, mean ± 95% CI\n({'lower' if mode == 'min' else 'higher'} is better)", fontsize=8)
     ax.set_title(f"{title}: {primary} per variant")
     ax.tick_params(axis="x", rotation=30)
     return save_figure(fig, stem.with_name(f"{stem.name}_{primary}.png"))

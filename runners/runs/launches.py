@@ -110,7 +110,7 @@ def describe_launches(launches: Sequence[Launch]) -> list[str]:
         return []
     minutes = sum(launch.wall_s for launch in launches) / 60
     lines = [f"How these runs were made ({len(launches)} sweep launch{'es' if len(launches) > 1 else ''}, "
-             f"{minutes:.0f} min of wall time in all):", ""]
+             f"{minutes:.{1 if minutes < 10 else 0}f} min of wall time in all):", ""]  # as precise as each launch's
     for launch in launches:
         machine = launch.hardware
         gpus = f", GPUs: {', '.join(machine.gpus)}" if machine.gpus else ""
