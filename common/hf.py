@@ -22,7 +22,18 @@ import torch
 from torch import Tensor, nn
 
 from common import probes
-from common.attention import ABLATIONS, VARIANTS, QKFold, attend_folded, causal_mask, explicit_mask, fold_qk, get_variant, make_fold
+from common.attention import (
+    ABLATIONS,
+    VARIANTS,
+    QKFold,
+    Variant,
+    attend_folded,
+    causal_mask,
+    explicit_mask,
+    fold_qk,
+    get_variant,
+    make_fold,
+)
 from common.attention.elliptical import _unit_max, elliptical_metric
 from common.errors import ConfigError
 from common.optional import require
@@ -150,7 +161,7 @@ def _grouped(query: Tensor, key: Tensor, value: Tensor, fold: QKFold | None, mas
     return key, value, groups
 
 
-def _in_float32(query: Tensor, key: Tensor, spec) -> tuple[Tensor, Tensor]:
+def _in_float32(query: Tensor, key: Tensor, spec: Variant) -> tuple[Tensor, Tensor]:
     """q and k as the fold takes them: in float32 where the variant normalises or scales them (under bf16 the norms
     and gains would lose their precision), as they are where it leaves them alone (QUEST's queries)."""
     learnable = spec.learnable

@@ -89,6 +89,7 @@ def _reference(variant: str, values: dict):
             "qknorm_ds": lambda: (fold.q_scale * _unit(q)) @ (fold.k_scale * _unit(k)).mT,
             "elliptical": lambda: q @ k.mT * scaling,
             "elliptical_quest": lambda: q @ _unit(k).mT,
+            "qk_layernorm": lambda: fold.reference_logits(q, k) * scaling,  # the fold's LayerNorms written out
             "uniform": lambda: torch.zeros(*q.shape[:-1], k.shape[2]),
         }[variant]()
         if mask is not None:
@@ -282,7 +283,8 @@ def test_quest_train_trains_and_quest_generate_samples_a_transformers_architectu
     (path,) = find_records(run_args[0].split("=", 1)[1])
     record = read_record(path)
     assert record.setting("model.arch") == arch and record.status == "ok"
-    assert set(record.probes) == set(probes.STATS) and all(v == v for v in record.probes.values())  # finite
+    assert set(record.probes) == {*probes.STATS, *(f"peak_{stat}" for stat in probes.PEAKED)}
+    assert all(v == v for v in record.probes.values())  # finite
     assert cli(["generate", str(path.parent), "--prompt", "def ", "--max-new-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("def ")
 
