@@ -72,13 +72,20 @@ def number(least: float = 0.0) -> Callable[[str], float]:
     return parse
 
 
+MAX_SHAPE_ELEMENTS = 1 << 31  # of one tensor of a benchmark's shape: 8 GiB in float32, q, k and v three times that
+
+
 def shape(text: str, dims: int = 4) -> tuple[int, ...]:
-    """An argparse type: ``dims`` whole numbers >= 1, comma-separated (batch,heads,tokens,head_dim)."""
+    """An argparse type: ``dims`` whole numbers >= 1, comma-separated (batch,heads,tokens,head_dim), whose tensor
+    holds at most ``MAX_SHAPE_ELEMENTS``."""
     parts = text.split(",")
     if len(parts) != dims or not all(part.strip().isdigit() and 0 < int(part) and len(part.strip()) <= 9 for part in parts):
         raise argparse.ArgumentTypeError(f"must be {dims} whole numbers >= 1 separated by commas "
                                          f"(batch,heads,tokens,head_dim), got {text!r}")
-    return tuple(int(part) for part in parts)
+    found = tuple(int(part) for part in parts)
+    if math.prod(found) > MAX_SHAPE_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"{text!r} is {math.prod(found):,} elements a tensor; at most {MAX_SHAPE_ELEMENTS:,}")
+    return found
 
 
 def shapes(text: str) -> list[tuple[int, ...]]:

@@ -159,6 +159,19 @@ def test_quest_generate_refuses_a_device_or_a_length_it_cannot_use_in_one_line(a
     assert capsys.readouterr().err == f"quest generate: error: {problem}\n"
 
 
+@pytest.mark.parametrize("args, problem", [
+    (["--device", "nonsense"], "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
+    (["--device", "cuda"], "argument --device: 'cuda' asks for a CUDA GPU that torch does not find here (none found): "
+                           "give cpu or auto"),
+    (["--shapes", "100000,100000,100,100"], "argument --shapes: '100000,100000,100,100' is 100,000,000,000,000 "
+                                            "elements a tensor; at most 2,147,483,648"),
+])
+def test_quest_bench_refuses_a_device_or_a_shape_it_cannot_use_in_one_line(args, problem, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert exit_status(["bench", *args]) == 2
+    assert capsys.readouterr().err == f"quest bench: error: {problem}\n"
+
+
 def test_a_record_that_is_a_symlink_loop_is_skipped_and_named(tmp_path, caplog, capsys):
     write_grid(tmp_path / "runs", 2)
     loop = tmp_path / "runs" / "run1" / RECORD_NAME

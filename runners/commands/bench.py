@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from common.arguments import CommandParser, positive_int, shape, shapes
+from common.arguments import CommandParser, device, positive_int, shape, shapes
 from common.attention import VARIANTS
 from common.benchmark import DTYPES, LAYOUTS, NORMALISATIONS, SDPA, memory_in_child, time_variants
 from common.errors import ConfigError
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shapes", type=shapes, default=SHAPES, help="batch,heads,tokens,head_dim shapes timed, ';'-separated")
     parser.add_argument("--long", type=shape, default="1,4,16384,64", help="shape of the memory measurement")
     parser.add_argument("--repeats", type=positive_int, default=12)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=device, default="auto", help="auto (a GPU where there is one), cpu, cuda or cuda:N")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="of q, k, v and the variants' scales (bfloat16: what an accelerator trains in)")
     parser.add_argument("--layout", choices=LAYOUTS, default="projection",
