@@ -31,6 +31,7 @@ def on_files(files, config):
             files.append(File(relative.as_posix(), str(DOCS), config.site_dir, config.use_directory_urls))
     files.append(File.generated(config, "reference/cli.md", content=cli_page()))
     files.append(File.generated(config, "reference/config.md", content=config_page()))
+    files.append(File.generated(config, "reference/sweep.md", content=sweep_page()))
     return files
 
 
@@ -94,7 +95,7 @@ def table(section, prefix: str, skip: tuple = ()) -> list[str]:
     nested = []
     cls = section if isinstance(section, type) else type(section)
     for name, field in cls.model_fields.items():
-        value = field.default if isinstance(section, type) else getattr(section, name)
+        value = field.get_default(call_default_factory=True) if isinstance(section, type) else getattr(section, name)
         if name in skip:
             continue
         if isinstance(value, Model) and value.model_fields:
@@ -129,3 +130,17 @@ def config_page() -> str:
             doc = " ".join((type(field.default).__doc__ or "").split())
             lines += [f"### `{section}`", "", _escape(doc), "", *table(field.default, f"{section}.")]
     return "\n".join(lines)
+
+
+def sweep_page() -> str:
+    from runners.sweeps import spec
+
+    return "\n".join([
+        "# Sweep file keys", "",
+        "Generated from the typed sweep file at every build (`runners/sweeps/spec.py`): each key a file in "
+        "`configs/sweep/` (or any path given to `quest sweep`) may hold, its type, default, allowed values and meaning. "
+        "An unknown key, or a value of another kind, is one line naming the file and the key "
+        "([Sweeps and clusters](../guides/sweeps.md)).", "",
+        "## Top level", "", *table(spec.Sweep, "", skip=("select",)),
+        "## `select`", "", _escape(" ".join((spec.Select.__doc__ or "").split())), "", *table(spec.Select, "select.")])
+

@@ -96,3 +96,5 @@ def test_the_docs_build_in_strict_mode(tmp_path):
     # a docstring's <placeholder> is text on the page, not a tag the browser drops ("Runs land in ///seed-.")
     keys = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
     assert "&lt;output_dir&gt;/&lt;domain&gt;/&lt;variant&gt;/seed&lt;seed&gt;" in keys
+    sweep_keys = (tmp_path / "site" / "reference" / "sweep" / "index.html").read_text()  # generated from the Sweep model
+    assert all(f"<code>{key}</code>" in sweep_keys for key in ("domain_overrides", "select.use", "slurm.partition"))

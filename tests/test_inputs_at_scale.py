@@ -146,30 +146,25 @@ def test_quest_docs_builds_only_into_a_folder_of_its_own(mkdocs, tmp_path, capsy
     assert len(mkdocs) == 2 and mkdocs[1][-1] == str(site.resolve())
 
 
-@pytest.mark.parametrize("args, problem", [
-    (["--device", "nonsense"], "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
-    (["--device", "cuda"], "argument --device: 'cuda' asks for a CUDA GPU that torch does not find here (none found): "
-                           "give cpu or auto"),
-    (["--max-new-tokens", "99999999999999999999"], "argument --max-new-tokens: must be a whole number from 0 to "
-                                                   "100000, got '99999999999999999999'"),
+NO_DEVICE = "argument --device: 'cuda' asks for a CUDA GPU that torch does not find here (none found): give cpu or auto"
+
+
+@pytest.mark.parametrize("command, args, problem", [
+    (["generate", "runs/language/quest/seed0"], ["--device", "nonsense"],
+     "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
+    (["generate", "runs/language/quest/seed0"], ["--device", "cuda"], NO_DEVICE),
+    (["generate", "runs/language/quest/seed0"], ["--max-new-tokens", "99999999999999999999"],
+     "argument --max-new-tokens: must be a whole number from 0 to 100000, got '99999999999999999999'"),
+    (["bench"], ["--device", "nonsense"], "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
+    (["bench"], ["--device", "cuda"], NO_DEVICE),
+    (["bench"], ["--shapes", "100000,100000,100,100"],
+     "argument --shapes: '100000,100000,100,100' is 100,000,000,000,000 elements a tensor; at most 2,147,483,648"),
 ])
-def test_quest_generate_refuses_a_device_or_a_length_it_cannot_use_in_one_line(args, problem, monkeypatch, capsys):
+def test_generate_and_bench_refuse_a_device_a_length_or_a_shape_they_cannot_use_in_one_line(command, args, problem,
+                                                                                           monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU
-    assert exit_status(["generate", "runs/language/quest/seed0", *args]) == 2
-    assert capsys.readouterr().err == f"quest generate: error: {problem}\n"
-
-
-@pytest.mark.parametrize("args, problem", [
-    (["--device", "nonsense"], "argument --device: must be auto, cpu, cuda or cuda:N, got 'nonsense'"),
-    (["--device", "cuda"], "argument --device: 'cuda' asks for a CUDA GPU that torch does not find here (none found): "
-                           "give cpu or auto"),
-    (["--shapes", "100000,100000,100,100"], "argument --shapes: '100000,100000,100,100' is 100,000,000,000,000 "
-                                            "elements a tensor; at most 2,147,483,648"),
-])
-def test_quest_bench_refuses_a_device_or_a_shape_it_cannot_use_in_one_line(args, problem, monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert exit_status(["bench", *args]) == 2
-    assert capsys.readouterr().err == f"quest bench: error: {problem}\n"
+    assert exit_status([*command, *args]) == 2
+    assert capsys.readouterr().err == f"quest {command[0]}: error: {problem}\n"
 
 
 def test_a_record_that_is_a_symlink_loop_is_skipped_and_named(tmp_path, caplog, capsys):
