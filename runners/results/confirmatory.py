@@ -400,7 +400,8 @@ def _described(c: Confirmation) -> str:
     level = mde_level(c.plan)
     at = (f"α = {level:g}" if level == c.plan.alpha
           else f"Holm's first step α/{len(c.plan.hypotheses)} = {level:.2g}, the level the plan was sized at")
-    return (f"Pre-registered in `{c.path}`: {c.plan.protocol} protocol, seeds {seed_text(c.plan.seeds)} only{own}, two-sided "
+    protocol = f"{c.plan.protocol} protocol" if c.plan.protocol else "its sweeps' runs (no protocol label)"
+    return (f"Pre-registered in `{c.path}`: {protocol}, seeds {seed_text(c.plan.seeds)} only{own}, two-sided "
             f"paired t-tests by seed, α = {c.plan.alpha}, Holm's correction over the {tested} hypotheses tested; "
             f"MDEs at 80% power and {at}. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
