@@ -75,7 +75,7 @@ def inside(folder: str | Path, name: str, what: str) -> Path:
     path = folder / name
     try:
         resolved, root = path.resolve(), folder.resolve()
-    except (OSError, RuntimeError) as err:  # a link loop: RuntimeError before Python 3.13, OSError after
+    except (OSError, RuntimeError, ValueError) as err:  # a link loop (RuntimeError before Python 3.13), a NUL byte
         raise FileError(path, f"cannot be resolved ({err})") from None
     if Path(name).is_absolute() or not resolved.is_relative_to(root):
         raise FileError(path, f"a {what} must lie inside {folder}; it names a path outside it")
