@@ -30,6 +30,7 @@ MAX_NESTING = 32  # containers in containers: a record's go 5 deep (record > tra
 MAX_DIGITS = 100  # an integer's digits: seeds and steps have at most 20; Python refuses more than 4,300 with a traceback
 MiB = 1 << 20
 MAX_DOCUMENT_BYTES = 4 * MiB  # a file written by hand: notes, an analysis plan, anchors, a study's report
+MAX_TRAINING_LOG_BYTES = 256 * MiB  # a run's CSV training log (metrics.csv): a line per logged step
 
 KINDS = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
          stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}

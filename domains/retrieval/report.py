@@ -35,7 +35,7 @@ import pandas as pd  # noqa: E402
 
 from common.attention import VARIANTS  # noqa: E402
 from common.figures import save_figure  # noqa: E402
-from common.files import MiB, read_table, write_atomic  # noqa: E402
+from common.files import MAX_TRAINING_LOG_BYTES, read_table, write_atomic  # noqa: E402
 from common.records import RecordError, find_records, read_record  # noqa: E402
 from domains.retrieval.config import Data, RetrievalConfig  # noqa: E402
 from domains.retrieval.data import shortcut_oracles  # noqa: E402
@@ -45,7 +45,6 @@ RULE_RATE = 0.9  # the design rule: standard attention succeeds in at least this
 # The paper's success rates over its learning-rate x weight-decay range (its QKNorm: about 0).
 PAPER = {"standard": 0.25, "qnorm": 0.49, "qknorm": 0.0, "quest": 0.58}
 NORMS = ("probe/answer_key_norm_biased", "probe/answer_key_norm_unbiased")
-MAX_LOG_BYTES = 256 * MiB  # a training log's CSV: a line per logged step
 # The shortcut-strength rule (``shortcut``): candidate norms of b, and the share of biased samples on which the
 # robust rule's oracle and the shortcut's must disagree.
 SHORTCUT_NORMS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
@@ -162,7 +161,7 @@ def _read_norms(path: Path) -> pd.DataFrame:
     """The answer token's key norms a run's training log holds, a row per step that logged one."""
     if not path.exists():
         return pd.DataFrame()
-    log = read_table(path, "training log", MAX_LOG_BYTES)
+    log = read_table(path, "training log", MAX_TRAINING_LOG_BYTES)
     if not {"step", *NORMS} <= set(log.columns):
         return pd.DataFrame(columns=["step", *NORMS])
     return log.loc[log[list(NORMS)].notna().any(axis=1), ["step", *NORMS]].astype(float).reset_index(drop=True)

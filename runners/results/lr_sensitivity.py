@@ -14,7 +14,7 @@ from common.records import Trajectory, read_records
 from runners.results.frame import GROUP, variant_order
 from runners.results.plots import save_figure  # and the Agg backend
 from runners.results.stats import half_width
-from runners.runs.selection import settings
+from runners.runs.selection import settings, varying_keys
 
 UNPROBED = Trajectory(step=[], layers={})  # the trajectory of a run whose probes never ran
 
@@ -58,8 +58,7 @@ def _varying_settings(runs: pd.DataFrame, settings: list[dict]) -> list[str]:
     labels = [""] * len(runs)
     for _, group in runs.groupby(GROUP[:3]):
         at = list(group.index)
-        keys = sorted({k for i in at for k in settings[i]} - {"attention.variant"})
-        varying = [k for k in keys if len({repr(settings[i].get(k)) for i in at}) > 1]
+        varying = [k for k in varying_keys([settings[i] for i in at]) if k != "attention.variant"]
         for i in at:
             labels[i] = ", ".join(f"{k}={settings[i].get(k)}" for k in varying)
     return labels

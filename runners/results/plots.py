@@ -15,14 +15,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from common.figures import save_figure  # noqa: E402
-from common.files import FileError, MiB, read_table  # noqa: E402
+from common.files import MAX_TRAINING_LOG_BYTES, FileError, read_table  # noqa: E402
 from runners.results.frame import GROUP, repeats, variant_order  # noqa: E402
 from runners.results.stats import half_width  # noqa: E402
 from runners.results.tables import short_name  # noqa: E402
 from runners.runs.margins import Grid, Margin  # noqa: E402
 
 log = logging.getLogger(__name__)
-MAX_LOG_BYTES = 256 * MiB  # a training log's CSV: a line per logged step
 
 
 def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -34,7 +33,7 @@ def _probe_curves(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
         if not path.exists():
             continue
         try:
-            table = read_table(path, "training log", MAX_LOG_BYTES)
+            table = read_table(path, "training log", MAX_TRAINING_LOG_BYTES)
         except FileError as err:
             log.warning("leaving a run out of the probe plots: %s", err)
             continue

@@ -11,14 +11,12 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError
-from common.files import MiB, read_table
+from common.files import MAX_TRAINING_LOG_BYTES, read_table
 from common.records import SCHEMA_VERSION, RunRecord, write_record
 from common.registry import get_domain
 from runners.config import run_directory
 from runners.runs.provenance import git_commit, hardware, versions
 from runners.runs.rundir import build_path, final_path, publish
-
-MAX_LOG_BYTES = 256 * MiB  # the run's own CSV log: a line per logged step
 
 
 def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> RunRecord:
@@ -73,7 +71,7 @@ def read_log(record: RunRecord, metrics_csv: Path, train_losses: dict[str, float
     run whose best is its last was still improving when it stopped); and its ``losses``: ``train_losses``
     (``common.rules.LossWatch.losses``) with the validation loss of the last and of the best validation epoch
     (for learning-rate sensitivity)."""
-    log = read_table(metrics_csv, "training log", MAX_LOG_BYTES) if metrics_csv.exists() else pd.DataFrame()
+    log = read_table(metrics_csv, "training log", MAX_TRAINING_LOG_BYTES) if metrics_csv.exists() else pd.DataFrame()
     monitor = f"val/{record.primary_metric}"
     best_val, losses = {"value": None, "epoch": None}, dict(train_losses)
     rows = log.dropna(subset=[monitor]) if monitor in log else log.iloc[:0]

@@ -62,7 +62,7 @@ def candidates(records: Iterable[RunRecord], by: tuple[str, ...] = ()) -> list[d
     ranked = []
     for group, members in groups.items():
         fixed = {"attention.variant"} if "variant" in by else set()  # chosen for each variant apart
-        varying = [k for k in _varying([flat[i] for i in members]) if k not in fixed]
+        varying = [k for k in varying_keys([flat[i] for i in members]) if k not in fixed]
         pool: dict[tuple, list[int]] = {}
         for i in members:
             pool.setdefault(tuple(repr(flat[i].get(k)) for k in varying), []).append(i)
@@ -75,7 +75,7 @@ def candidates(records: Iterable[RunRecord], by: tuple[str, ...] = ()) -> list[d
     return ranked
 
 
-def _varying(flat: list[dict]) -> list[str]:
+def varying_keys(flat: list[dict]) -> list[str]:
     """The keys whose value differs between some of ``flat``'s runs, a run without the key holding None: each
     run's values are seen once (comparing every run with every other took minutes on 20,000 records)."""
     values: dict[str, set[str]] = {}
