@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor, nn
 
 from common.data import refused_global
 from common.errors import ConfigError, error_line
 from common.files import FileError, MiB, interpolation, read_yaml
+from common.registry import read_config
+from common.schema import RunConfig
 
 log = logging.getLogger(__name__)  # its info line (which weights a run starts from) is shown by runners.console
 
@@ -30,7 +30,7 @@ MAX_CONFIG_BYTES = MiB  # a run's config.yaml takes a few KiB
 
 @dataclass(frozen=True)
 class FinishedRun:
-    config: DictConfig  # the run's resolved config
+    config: RunConfig  # the run's config, typed
     checkpoint: Path
     state: dict[str, Tensor]  # the network's tensors: the task's state_dict without its ``net.`` prefix
 
@@ -48,8 +48,8 @@ def locate(path: Path, key: str) -> tuple[Path, Path]:
     return path, found[0]
 
 
-def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tuple[Path, Path, DictConfig]:
-    """(run directory, checkpoint, resolved config) of the run at ``path`` (``locate``); with ``domain``, a
+def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tuple[Path, Path, RunConfig]:
+    """(run directory, checkpoint, typed config: ``common.registry.read_config``) of the run at ``path`` (``locate``); with ``domain``, a
     run of another domain is a ``ConfigError``. ``key`` names what pointed at the run, for the messages.
     The config is data (``common.files``): a ``${...}`` in it is refused, never resolved, since a run
     directory may come from anyone and ``oc.env`` would read the environment into what the command writes."""
@@ -68,10 +68,7 @@ def run_config(path: str | Path, *, key: str, domain: str | None = None) -> tupl
                           f"{found[1]!r}, which a run's resolved config never has (refused, not resolved)")
     if domain is not None and saved["domain"] != domain:
         raise ConfigError(f"{key}: {run_dir} is a {saved['domain']!r} run, not a {domain!r} run")
-    try:
-        return run_dir, checkpoint, OmegaConf.create(saved)
-    except OmegaConfBaseException as err:  # a key OmegaConf cannot hold (null)
-        raise ConfigError(f"{key}: {config_path} is not a run config ({error_line(err)})") from None
+    return run_dir, checkpoint, read_config(saved, f"{key}: {config_path}")
 
 
 def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> FinishedRun:
@@ -79,7 +76,7 @@ def load_run(path: str | Path, *, key: str, domain: str, variant: str) -> Finish
     ``variant``: every variant learns weights for its own attention logits, so a comparison of variants must start
     each one from its own pre-training. ``key`` is the config key that named it, for the error messages."""
     run_dir, checkpoint, config = run_config(path, key=key, domain=domain)
-    trained = OmegaConf.select(config, "attention.variant")
+    trained = config.attention.variant
     if trained != variant:
         raise ConfigError(f"{key}: {run_dir} trained attention variant {trained!r}, this run uses {variant!r}; "
                           f"start each variant from a run of its own")

@@ -1,6 +1,6 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
-A domain is a build function ``BuildConfig -> (LightningDataModule, Task)`` plus what ``register_domain`` is
+A domain is a build function ``RunConfig -> (LightningDataModule, Task)`` (its own ``RunConfig`` subclass) plus what ``register_domain`` is
 given. The config check takes the valid ``data.dataset`` values from its dataset names, so naming them (``quest
 list``, the config check) loads no data code; the domain's datamodule maps each name to its loader itself. Domains
 come from a package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains`` entry-point
@@ -23,12 +23,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_text
-from common.schema import Attention, Optim, RunConfig, section
-from common.typed import Model
+from common.schema import RunConfig, missing_keys, section
 
 ENTRY_POINT_GROUP = "quest.domains"
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -36,25 +35,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BuildConfig:
-    """What a domain's build function gets: the run's config sections, typed by the domain's ``RunConfig``."""
-
-    data: Model | None
-    model: Model | None
-    task: Model
-    optim: Optim
-    attention: Attention
-    attn_layer: Callable  # common.attention.attention_layer of them: what a model makes its attention layers with
-    seed: int
-    cache_dir: Path
-
-
-@dataclass(frozen=True)
 class Domain:
     """A registered domain: what ``register_domain`` was given (its Args say what each field is)."""
 
     name: str
-    build: Callable[[BuildConfig], tuple[Any, Any]]
+    build: Callable[[RunConfig], tuple[Any, Any]]
     metric: str
     mode: str  # "min" or "max"
     datasets: tuple[str, ...]  # the valid data.dataset values
@@ -177,31 +162,52 @@ def domain_commands() -> dict[str, str]:
     return found
 
 
-def typed_config(cfg: DictConfig) -> RunConfig:
-    """A composed config read as its domain's ``RunConfig``.
+def read_config(saved: Mapping[str, Any], where: str) -> RunConfig:
+    """A run's config as saved (its ``config.yaml``, its record's ``config``) read back into its domain's
+    ``RunConfig``. A config that lacks a key the domain has now is refused rather than filled with today's
+    default, which would quietly make it another run.
 
     Args:
-        cfg: A run's composed config (``runners.config.compose``).
+        saved: The config as plain data.
+        where: What it was read from, for the one-line error.
 
     Raises:
-        ConfigError: A key or value the domain's config does not take (one line).
+        ConfigError: Not a config of a known domain, a key missing, or a value the domain's config does not take.
     """
-    return section(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True), "")
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("domain"), str):
+        raise ConfigError(f"{where} is not a run's config (no domain)")
+    schema = domain_schema(saved["domain"])[0]
+    if missing := missing_keys(schema, dict(saved)):
+        raise ConfigError(f"{where} does not fit this version of the {saved['domain']!r} domain (it lacks "
+                          f"{', '.join(missing)}); rerun the run with this version")
+    try:
+        typed = section(schema, dict(saved), "")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    check_choices(typed)
+    return typed
 
 
-def build_config(cfg: DictConfig) -> BuildConfig:
-    """The ``BuildConfig`` of a run's composed config ``cfg``: what its domain's build function takes.
+def check_choices(cfg: RunConfig) -> None:
+    """The names a config picks that its schema cannot list: the attention variant and the dataset (they need
+    ``common.attention`` and the domain's registration).
 
-    Returns:
-        Its typed sections, with the attention layer factory of its variant.
+    Args:
+        cfg: A run's config, already valid against its schema.
+
+    Raises:
+        ConfigError: An unknown variant or dataset, naming the choices.
     """
-    typed = typed_config(cfg)
-    from common.attention import attention_layer  # torch: only once a run is built
+    from common.attention import ABLATIONS, VARIANTS
 
-    return BuildConfig(data=getattr(typed, "data", None), model=getattr(typed, "model", None), task=typed.task,
-                       optim=typed.optim, attention=typed.attention,
-                       attn_layer=attention_layer(**dict(typed.attention)), seed=typed.seed,
-                       cache_dir=Path(typed.cache_dir))
+    if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
+        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "
+                          f"{', '.join([*VARIANTS, *ABLATIONS])}")
+    domain = get_domain(cfg.domain)
+    dataset = getattr(getattr(cfg, "data", None), "dataset", None)
+    if dataset is not None and dataset not in domain.datasets:
+        raise ConfigError(f"unknown dataset {dataset!r} for domain {domain.name!r}; "
+                          f"choose from {', '.join(domain.datasets)}")
 
 
 def domain_schema(name: str) -> tuple[type[RunConfig], dict]:

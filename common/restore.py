@@ -7,34 +7,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from common.checkpoint import read_checkpoint
 from common.errors import ConfigError
-from common.registry import build_config, domain_schema, get_domain
-from common.schema import missing_keys
+from common.registry import get_domain
+from common.schema import RunConfig
 
 
 @dataclass
 class Restored:
     run_dir: Path
     checkpoint: Path
-    cfg: DictConfig
+    cfg: RunConfig
     datamodule: Any
     task: Any
 
 
-def restore(run_dir: Path, checkpoint: Path, cfg: DictConfig, device: str | None = None) -> Restored:
+def restore(run_dir: Path, checkpoint: Path, cfg: RunConfig, device: str | None = None) -> Restored:
     """The run's datamodule and task with the checkpoint's weights, in eval mode, on ``device`` (default:
     the GPU when the run asked for an accelerator and there is one)."""
-    if missing := missing_keys(domain_schema(cfg.domain)[0], OmegaConf.to_container(cfg, resolve=True)):
-        raise ConfigError(f"{run_dir}/config.yaml does not fit this version of the {cfg.domain!r} domain (it lacks "
-                          f"{', '.join(missing)}); rerun the run with this version")
-    try:
-        datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
-    except (TypeError, KeyError) as err:  # a setting the domain now takes is missing from an older run's config
-        raise ConfigError(f"{run_dir}/config.yaml does not fit this version of the {cfg.domain!r} domain "
-                          f"({type(err).__name__}: {err}); rerun the run with this version") from None
+    datamodule, task = get_domain(cfg.domain).build(cfg)  # an older run's config lacking a key: refused when read
     try:
         task.load_state_dict(read_checkpoint(checkpoint, key="run")["state_dict"])
     except RuntimeError as err:  # missing, unexpected or reshaped tensors: weights of another model

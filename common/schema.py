@@ -14,6 +14,8 @@ This module needs only the standard library and pydantic: a mistyped key is answ
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
@@ -112,6 +114,10 @@ class Optim(Model):
         return independent
 
 
+# Lightning reads a float as a fraction of the batches and an int as a count of them: an int stays an int.
+Limit = Count | NonNegative | None
+
+
 class Trainer(Model):
     """Passed straight to ``pytorch_lightning.Trainer``. ``data.batch_size`` is the global batch: each device
     loads batch_size / (devices × num_nodes × accumulate_grad_batches) per step."""
@@ -126,9 +132,9 @@ class Trainer(Model):
     max_steps: Annotated[int, Field(ge=-1)] = -1
     """-1: as many as max_epochs make."""
     gradient_clip_val: NonNegative | None = 1.0
-    limit_train_batches: NonNegative | None = 1.0
-    limit_val_batches: NonNegative | None = 1.0
-    limit_test_batches: NonNegative | None = 1.0
+    limit_train_batches: Limit = 1.0
+    limit_val_batches: Limit = 1.0
+    limit_test_batches: Limit = 1.0
     check_val_every_n_epoch: Positive | None = 1
     log_every_n_steps: Positive = 10
     enable_progress_bar: bool = True
@@ -234,7 +240,7 @@ class RunConfig(Model):
     seed: Seed = 0
     output_dir: str = "runs"
     """Runs land in <output_dir>/<domain>/<variant>/seed<seed>-<config hash>."""
-    cache_dir: str = ".cache/quest"
+    cache_dir: Annotated[Path, Field(strict=False)] = Path(".cache/quest")
     """Generated and featurised datasets, reused across runs."""
     threads: Positive | None = None
     """torch intra-op threads; null leaves torch's default."""
@@ -251,6 +257,14 @@ class RunConfig(Model):
     test_checkpoint: Literal["best", "last"] = "best"
     """The weights the test split scores: best (the best validation's, kept by the checkpoint) or last (the final
     ones, as a study of training stability reads a run: where it ended, not where it was best)."""
+
+    @property
+    def attn_layer(self) -> Callable:
+        """What a model makes its attention layers with: ``common.attention.attention_layer`` of the ``attention``
+        section (imported here, so that reading a config loads no torch)."""
+        from common.attention import attention_layer
+
+        return attention_layer(**dict(self.attention))
 
 
 def defaults(schema: type[RunConfig], domain: str) -> dict:

@@ -3,7 +3,8 @@
 Configs, sweep files, plans and records are data (``common.files`` reads them, nothing is interpolated or
 executed); each is then validated as a ``Model``: every key declared with its type, default, range and meaning,
 an unknown key refused (``extra="forbid"``), no coercion of a string into a number or a number into a bool
-(``strict``). OmegaConf composes a run's config from its layers; the models here say what the result may hold.
+(``strict``). ``runners.config`` composes a run's config from its layers; the models here say what the result may
+hold.
 
 pydantic reports every problem at once, in its own words; the project answers with one line naming the first
 (``first_problem``), in the words of the thing read (a config key, a record field, a sweep key).
@@ -26,6 +27,13 @@ class Model(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False,
                               use_attribute_docstrings=True)  # the string under a field is its description
+
+
+def lookup(model: BaseModel, key: str) -> Any:
+    """The value at the dotted ``key`` of ``model`` (``optim.lr``); None where it has no such key."""
+    for part in key.split("."):
+        model = getattr(model, part, None)
+    return model
 
 
 def reason(error: dict[str, Any]) -> str:

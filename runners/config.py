@@ -1,28 +1,34 @@
 """Compose and validate a run's config: the schema's defaults <- preset <- overrides.
 
-The schema is the domain's ``RunConfig`` (``common.schema``). OmegaConf composes the layers; pydantic checks them:
-anything outside the schema is a one-line ``ConfigError`` naming the key and what is allowed. Values from the
-command line and sweep files are data: a ``${...}`` in them is refused, since OmegaConf would resolve it, and
-``oc.env`` reads the environment into the config and the run's record.
+The schema is the domain's ``RunConfig`` (``common.schema``): each layer is set key by key into plain data, checked
+against the schema as it is set, and pydantic reads the result once; OmegaConf only reads a typed value and resolves
+the references a default makes (``common.schema.follows``). Anything outside the schema is a one-line
+``ConfigError`` naming the key and what is allowed. Values from the command line and sweep files are data: a
+``${...}`` in them is refused, since OmegaConf would resolve it, and ``oc.env`` reads the environment into the config
+and the run's record.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import types
 import typing
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from common.errors import ConfigError
 from common.files import interpolation
 from common.registry import CONFIG_DIR as CONFIG_DIR  # where sweep files and domain presets live
-from common.registry import discover, domain_schema, get_domain
-from common.schema import defaults, field_type, problem, section
+from common.registry import check_choices, discover, domain_schema
+from common.schema import RunConfig, defaults, field_type, problem, section
 from common.typed import Model, first_problem
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
@@ -111,7 +117,7 @@ def type_name(annotation: Any) -> str:
 
 def takes_text(annotation: Any) -> bool:
     """Whether a key of ``annotation`` takes a string, so that a value typed for it stays as typed."""
-    return any(option is str or (typing.get_origin(option) is typing.Literal
+    return any(option in (str, Path) or (typing.get_origin(option) is typing.Literal
                                  and all(isinstance(arg, str) for arg in typing.get_args(option)))
                for option in _options(annotation))
 
@@ -129,8 +135,8 @@ def _checker(schema: type[Model], key: str) -> TypeAdapter:
     return TypeAdapter(field_type(schema.model_fields[leaf]), config=ConfigDict(strict=True))
 
 
-def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: type[Model]) -> None:
-    """Set ``key`` of ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against the
+def apply_override(cfg: dict, key: str, value: Any, source: str, schema: type[Model]) -> None:
+    """Set ``key`` of the plain config ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against the
     ``schema``: the key must be one of its fields, and the value of the field's type, among its choices and within
     its range."""
     node, parts = schema, key.split(".")
@@ -163,7 +169,12 @@ def apply_override(cfg: DictConfig, key: str, value: Any, source: str, schema: t
             raise ConfigError(f"config key {key!r} ({source}) expects {type_name(field.annotation)} like {field.default!r}, "
                               f"got {value!r}{quoted}") from None
         raise ConfigError(problem(key, reason, value)) from None
-    OmegaConf.update(cfg, key, value, merge=False)
+    *parents, leaf = key.split(".")
+    for part in parents:
+        if not isinstance(cfg.get(part), dict):
+            cfg[part] = {}
+        cfg = cfg[part]
+    cfg[leaf] = value
 
 
 # Other libraries' names for this project's keys (nanoGPT's, Lightning's, timm's): what a user coming from them types.
@@ -199,50 +210,68 @@ def _keys(schema: type[Model], prefix: str = ""):
             yield f"{prefix}{name}"
 
 
-def compose(args: list[str]) -> DictConfig:
-    """The resolved, validated config of one run from command-line style ``key=value`` arguments."""
+def compose(args: list[str]) -> RunConfig:
+    """The validated config of one run, its domain's ``RunConfig``, from command-line style ``key=value`` arguments:
+    the schema's defaults, then the preset, then the overrides, each checked as it is set (``apply_override``); the
+    references a default or a preset makes (``common.schema.follows``) resolved by OmegaConf; pydantic reads the
+    result once, and that one object is what the run, its hash and its record use."""
     groups, dotted = parse_overrides(args)
     if "domain" not in groups:
         raise ConfigError("no domain given; pass domain=<name> (see `quest list`)")
     name = groups["domain"]
     schema, presets = domain_schema(name)
-    cfg = OmegaConf.create(defaults(schema, name))
+    cfg = defaults(schema, name)
 
-    preset = groups.get("preset", cfg.preset)
+    preset = groups.get("preset", cfg["preset"])
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for domain {name!r}; choose from {', '.join(presets) or '(none)'}")
-    cfg.preset = preset
+    cfg["preset"] = preset
     for key, value in presets[preset].items():
         apply_override(cfg, str(key), value, f"preset {preset}", schema)
 
-    cfg.attention.variant = groups.get("attention", cfg.attention.variant)
+    cfg["attention"]["variant"] = groups.get("attention", cfg["attention"]["variant"])
     for key, value in dotted:
         apply_override(cfg, key, value, "command line", schema)
-    try:
-        OmegaConf.resolve(cfg)
-    except Exception as err:
-        raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
-    section(schema, OmegaConf.to_container(cfg), "")
-    _check_choices(cfg)
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return _typed(schema, cfg)
 
 
-def _check_choices(cfg: DictConfig) -> None:
-    """The names a config picks that the schema cannot list: attention variant and dataset (they need
-    ``common.attention`` and the domain)."""
-    from common.attention import ABLATIONS, VARIANTS
-
-    if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
-        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "
-                          f"{', '.join([*VARIANTS, *ABLATIONS])}")
-    domain = get_domain(cfg.domain)
-    if "dataset" in cfg.get("data", {}) and cfg.data.dataset not in domain.datasets:
-        raise ConfigError(f"unknown dataset {cfg.data.dataset!r} for domain {domain.name!r}; "
-                          f"choose from {', '.join(domain.datasets)}")
+def _typed(schema: type[RunConfig], cfg: dict) -> RunConfig:
+    if interpolation(cfg, "config"):  # defaults and presets are the project's (or a plugin's) code: resolved
+        try:
+            cfg = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
+        except Exception as err:
+            raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
+    typed = section(schema, cfg, "")
+    check_choices(typed)
+    return typed
 
 
-def _parent(data: dict, key: str) -> tuple[dict, str]:
+def with_overrides(cfg: RunConfig, dotted: list[tuple[str, Any]], source: str = "command line") -> RunConfig:
+    """``cfg`` with dotted ``key=value`` overrides (``parse_overrides``'s) set as ``compose`` sets them, and read
+    again: a finished run's config with what one evaluation of it changes."""
+    merged = as_dict(cfg)
+    for key, value in dotted:
+        apply_override(merged, key, value, source, type(cfg))
+    return _typed(type(cfg), merged)
+
+
+def as_dict(cfg: RunConfig) -> dict:
+    """The config as plain data in field order, as a config file gives it (lists for tuples): what a run's
+    ``config.yaml`` and record hold, and what its hash is taken over."""
+    return cfg.model_dump(mode="json")
+
+
+def as_yaml(cfg: RunConfig) -> str:
+    return _yaml(as_dict(cfg))
+
+
+def _yaml(data: dict) -> str:
+    # OmegaConf.to_yaml's text (every run's hash is taken over it) without building a DictConfig first, which took
+    # 13 times as long as the dump itself: its own YAML dumper, which quotes a string that would read as another type
+    return yaml.dump(data, Dumper=get_omega_conf_dumper(), default_flow_style=False, allow_unicode=True, sort_keys=False)
+
+
+def holder(data: dict, key: str) -> tuple[dict, str]:
     """The section of ``data`` holding the dotted ``key`` (empty where it has none), and the key's last part."""
     *parents, leaf = key.split(".")
     for part in parents:
@@ -250,18 +279,19 @@ def _parent(data: dict, key: str) -> tuple[dict, str]:
     return data, leaf
 
 
-def config_hash(cfg: DictConfig) -> str:
-    """Ten hex digits of the config minus where-and-how-loud keys: equal for DDP ranks and reruns."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+def config_hash(cfg: RunConfig | Mapping[str, Any]) -> str:
+    """Ten hex digits of the config (typed, or as a record saved it) minus where-and-how-loud keys: equal for DDP
+    ranks and reruns."""
+    data = copy.deepcopy(dict(cfg)) if isinstance(cfg, Mapping) else as_dict(cfg)
     for key in UNHASHED:
-        node, leaf = _parent(data, key)
+        node, leaf = holder(data, key)
         node.pop(leaf, None)
     for key, value in UNHASHED_AT.items():
-        node, leaf = _parent(data, key)
-        if node.get(leaf) == value:
+        node, leaf = holder(data, key)
+        if node.get(leaf, ...) == value:
             node.pop(leaf)
-    return hashlib.sha1(OmegaConf.to_yaml(OmegaConf.create(data)).encode()).hexdigest()[:10]
+    return hashlib.sha1(_yaml(data).encode()).hexdigest()[:10]
 
 
-def run_directory(cfg: DictConfig) -> Path:
+def run_directory(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) / cfg.domain / cfg.attention.variant / f"seed{cfg.seed}-{config_hash(cfg)}"

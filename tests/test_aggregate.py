@@ -328,10 +328,10 @@ def test_paper_anchors_put_measured_cells_beside_the_papers_numbers(tmp_path, ca
 def test_each_task_says_which_way_its_test_metrics_go(domain):
     """The directions a record carries come from the task's torchmetrics metrics: the language model's bits
     and perplexity go down, accuracies up, each trivial baseline with the metric it stands for."""
-    from common.registry import build_config, get_domain
+    from common.registry import get_domain
     from runners.config import compose
 
-    _, task = get_domain(domain).build(build_config(compose([f"domain={domain}", "preset=smoke"])))
+    _, task = get_domain(domain).build(compose([f"domain={domain}", "preset=smoke"]))
     expected = {"language": {"loss": "min", "bpb": "min", "ppl": "min", "loss_baseline": "min"},
                 "timeseries": {"mse": "min", "mae": "min", "mse_baseline": "min", "mae_baseline": "min"},
                 "vision": {"acc": "max", "macc": "max", "acc_baseline": "max"}}[domain]

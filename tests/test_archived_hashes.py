@@ -8,10 +8,8 @@ added with a value that keeps older runs' hashes, ``UNHASHED_AT``, may be absent
 import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.records import find_records
-from runners.config import UNHASHED, UNHASHED_AT, compose, config_hash
+from runners.config import UNHASHED, UNHASHED_AT, as_dict, compose, config_hash
 
 RECORDS = Path(__file__).parents[1] / "RESULTS" / "records"
 PREDATING = 168  # runs of citation_select{,2,3} and fair/select/graph, before the graph model's ffn and global_residual
@@ -40,7 +38,7 @@ def test_every_archived_run_composes_to_its_hash():
         config = json.loads(text)
         groups = (f"domain={config['domain']}", f"preset={config['preset']}", f"attention={config['attention']['variant']}")
         if groups not in defaults:
-            defaults[groups] = dict(leaves(OmegaConf.to_container(compose(list(groups)))))
+            defaults[groups] = dict(leaves(as_dict(compose(list(groups)))))
         recorded = {key: value for key, value in leaves(config) if not key.startswith(UNHASHED)}
         expected = {key for key in defaults[groups] if not key.startswith(UNHASHED) and key not in UNHASHED_AT}
         if not expected <= set(recorded):

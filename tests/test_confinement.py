@@ -15,6 +15,7 @@ from test_sweep import write_spec
 from common.files import FileError, inside, write_atomic
 from common.records import Snapshot, read_record, write_record
 from runners.cli import main as cli
+from runners.config import as_yaml, compose
 
 
 def write_runs(root):
@@ -92,7 +93,7 @@ def test_curve_refuses_a_snapshot_the_record_places_outside_the_run(tmp_path, ca
     record = make_record("quest", 0, {"mse": 0.1})
     record.snapshots = [Snapshot(fraction=1.0, step=10, file="../../elsewhere.ckpt")]
     write_record(run, record)
-    (run / "config.yaml").write_text("domain: toy\n")
+    (run / "config.yaml").write_text(as_yaml(compose(["domain=timeseries", "preset=smoke"])))
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "best.ckpt").write_bytes(b"")
     assert cli(["curve", str(run)]) == 2

@@ -16,7 +16,7 @@ import torch
 from common import registry
 from common.attention import VARIANTS, EdgeMultiheadAttention, MultiheadAttention
 from common.records import find_records, read_record
-from common.registry import build_config, domain_names, get_domain, register_domain
+from common.registry import domain_names, get_domain, register_domain
 from common.schema import RunConfig
 from common.task import Task
 from runners.cli import main as cli
@@ -35,7 +35,7 @@ def check_contract(domain: str, variant: str, cache_dir, *overrides: str) -> Non
     (another task level, another dataset)."""
     cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}", *overrides])
     torch.manual_seed(0)
-    datamodule, task = get_domain(domain).build(build_config(cfg))
+    datamodule, task = get_domain(domain).build(cfg)
     assert isinstance(task, Task)
     metric, mode = get_domain(domain).primary_of(task)  # the run is judged on a metric its task logs, its way
     assert task.directions().get(metric) == mode, (metric, mode, task.directions())
@@ -76,7 +76,7 @@ def test_every_domain_learns(domain, cache_dir):
     check above: a few optimiser steps on one training batch must lower its loss."""
     cfg = compose([f"domain={domain}", "preset=smoke", "attention=quest", f"cache_dir={cache_dir}"])
     torch.manual_seed(0)
-    datamodule, task = get_domain(domain).build(build_config(cfg))
+    datamodule, task = get_domain(domain).build(cfg)
     datamodule.setup("fit")
     inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
     optimizer = torch.optim.Adam(task.parameters(), lr=3e-3)
@@ -98,7 +98,7 @@ def test_every_domain_is_ready_for_accelerators(domain, cache_dir):
     for variant in ("quest", "qknorm_ds"):
         cfg = compose([f"domain={domain}", "preset=smoke", f"attention={variant}", f"cache_dir={cache_dir}"])
         torch.manual_seed(0)
-        datamodule, task = get_domain(domain).build(build_config(cfg))
+        datamodule, task = get_domain(domain).build(cfg)
         datamodule.setup("fit")
         batch = datamodule.on_after_batch_transfer(next(iter(datamodule.train_dataloader())), 0)
         inputs, target = task.unpack(batch)

@@ -192,7 +192,7 @@ def test_types_come_from_the_schema_not_the_preset_and_a_path_is_a_string():
     cfg = compose(["domain=vision", "preset=smoke", "trainer.limit_train_batches=0.5", "output_dir=/tmp/runs/hash #1",
                    "cache_dir=2024", "data.split=[0.8,0.1,0.1]", "optim.name='sgd'"])
     assert cfg.trainer.limit_train_batches == 0.5
-    assert cfg.output_dir == "/tmp/runs/hash #1" and cfg.cache_dir == "2024"  # YAML would cut at ' #', make 2024 an int
+    assert cfg.output_dir == "/tmp/runs/hash #1" and cfg.cache_dir == Path("2024")  # YAML would cut at ' #', make 2024 an int
     assert list(cfg.data.split) == [0.8, 0.1, 0.1] and cfg.optim.name == "sgd"
 
 

@@ -14,11 +14,11 @@ def test_feed_prints_both_rates_and_their_ratio(toy_domain, run_args, capsys):
 
 
 def test_the_step_trains_the_model(toy_domain, run_args):
-    from common.registry import build_config, get_domain
+    from common.registry import get_domain
     from runners.config import compose
 
     cfg = compose(["domain=toy", *run_args])
-    datamodule, task = get_domain("toy").build(build_config(cfg))
+    datamodule, task = get_domain("toy").build(cfg)
     before = [p.detach().clone() for p in task.parameters()]
     assert feed.step_rate(cfg, datamodule, task, 2, feed.torch.device("cpu")) > 0
     assert any(not b.equal(p) for b, p in zip(before, task.parameters()))

@@ -20,7 +20,8 @@ from torch_geometric.utils.smiles import e_map, x_map
 from common.attention import LayerGain
 from common.data import DataError
 from common.errors import ConfigError
-from common.registry import BuildConfig, build_config, get_domain
+from common.registry import get_domain
+from common.schema import RunConfig
 from domains.graph import molecules
 from domains.graph.config import Data
 from domains.graph.data import GraphDataModule, random_walk_pe
@@ -34,8 +35,8 @@ MOLECULES = ["CCO", "c1ccccc1", "CC(=O)O", "C", "N#CC#N", "OCC(O)CO", "CCN(CC)CC
 NODE_VOCAB, EDGE_VOCAB = [len(v) for v in x_map.values()], [len(v) for v in e_map.values()]
 
 
-def smoke_config(*overrides: str) -> BuildConfig:
-    return build_config(compose(["domain=graph", "preset=smoke", *overrides]))
+def smoke_config(*overrides: str) -> RunConfig:
+    return compose(["domain=graph", "preset=smoke", *overrides])
 
 
 def data_cfg(**overrides) -> Data:
@@ -199,8 +200,7 @@ def test_zinc_fixture_in_pyg_format_loads(tmp_path):
 def built_split(tmp_path, seed: int, *overrides: str) -> dict:
     """The split record of the graph domain built as a run of training seed ``seed`` builds it (global RNG
     seeded alike, a cache of its own, so nothing is shared between the seeds)."""
-    cfg = build_config(compose(["domain=graph", "preset=smoke", f"seed={seed}", f"cache_dir={tmp_path / str(seed)}",
-                                *overrides]))
+    cfg = compose(["domain=graph", "preset=smoke", f"seed={seed}", f"cache_dir={tmp_path / str(seed)}", *overrides])
     torch.manual_seed(seed)
     datamodule, _ = get_domain("graph").build(cfg)
     return datamodule.split_info
@@ -306,7 +306,7 @@ def test_task_trains_on_standardised_targets_and_reports_original_units(loss):
     batch = tiny_batch()
     batch.y = torch.tensor([[9.0], [11.0], [12.0], [7.0]])
     mean, std = torch.tensor([10.0]), torch.tensor([2.0])
-    optim = build_config(compose(["domain=graph"])).optim
+    optim = compose(["domain=graph"]).optim
     task = GraphRegression(tiny_net("dense", "quest"), optim, mean, std, loss=loss)
     graph, target = task.unpack(batch)
     out = task(graph)

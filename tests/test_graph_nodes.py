@@ -20,7 +20,7 @@ from common.attention import VARIANTS
 from common.data import DataError
 from common.errors import ConfigError
 from common.records import find_records, read_record
-from common.registry import build_config, get_domain
+from common.registry import get_domain
 from common.schema import Attention
 from domains.graph.data import GraphDataModule
 from domains.graph.molecules import atom_labeller, gasteiger_charge, read_molecule, ring_size_class
@@ -218,7 +218,7 @@ def node_task(tmp_path, *overrides: str):
     cfg = compose(["domain=graph", "preset=smoke", "data.dataset=cora", f"data.root={tmp_path / 'cora'}",
                    f"cache_dir={tmp_path / 'cache'}", *overrides])
     torch.manual_seed(0)
-    return get_domain("graph").build(build_config(cfg))
+    return get_domain("graph").build(cfg)
 
 
 def test_node_task_scores_only_the_labelled_nodes(tmp_path):

@@ -302,14 +302,12 @@ def test_a_transformers_architecture_refuses_what_it_cannot_take_in_one_line(ove
 
 
 def test_our_gpt_keeps_the_run_directories_it_had_before_model_arch():
-    from omegaconf import OmegaConf
-
-    from runners.config import compose, config_hash
+    from runners.config import as_dict, compose, config_hash
 
     cfg = compose(["domain=language", "preset=demo"])
-    before = OmegaConf.to_container(cfg)
+    before = as_dict(cfg)
     del before["model"]["arch"]
-    assert config_hash(cfg) == config_hash(OmegaConf.create(before))
+    assert config_hash(cfg) == config_hash(before)
     assert config_hash(compose(["domain=language", "preset=demo", "model.arch=llama"])) != config_hash(cfg)
 
 

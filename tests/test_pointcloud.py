@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from common.data import SPLITS, DataError
-from common.registry import build_config
 from common.task import perturbation_generator
 from domains.pointcloud import build
 from domains.pointcloud.data import MalformedMesh, PointCloudDataModule, drop_points, folder_splits, off_lines
@@ -21,7 +20,7 @@ from runners.config import compose
 
 
 def config(*overrides):
-    return build_config(compose(["domain=pointcloud", "preset=smoke", *overrides]))
+    return compose(["domain=pointcloud", "preset=smoke", *overrides])
 
 
 def data_cfg(**over):

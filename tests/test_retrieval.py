@@ -14,7 +14,7 @@ import torch
 from common.attention import attention_layer
 from common.errors import ConfigError
 from common.records import write_record
-from common.registry import build_config, get_domain
+from common.registry import get_domain
 from domains.retrieval import anisotropy, report
 from domains.retrieval.config import Data
 from domains.retrieval.data import (
@@ -41,7 +41,7 @@ def sample(n=4000, seed=0):
 
 def build(*overrides: str):
     cfg = compose(["domain=retrieval", "preset=smoke", *overrides])
-    return cfg, get_domain("retrieval").build(build_config(cfg))
+    return cfg, get_domain("retrieval").build(cfg)
 
 
 def test_answer_tokens_follow_their_distributions():
@@ -67,7 +67,7 @@ def test_generation_is_deterministic_per_seed():
 
 def order(seed: int) -> list[list[int]]:
     cfg = compose(["domain=retrieval", "preset=smoke", f"seed={seed}"])
-    module = RetrievalDataModule(build_config(cfg).data, seed)
+    module = RetrievalDataModule(cfg.data, seed)
     module.setup("fit")
     loader = module.train_dataloader()
     return [batch for _ in range(2) for batch in iter(loader.batch_sampler)]  # two epochs
@@ -110,7 +110,7 @@ def test_answer_key_norms_are_the_answer_tokens_and_run_under_vmap():
 
 def test_success_and_answer_key_norms_are_logged_by_a_lightning_run(tmp_path):
     cfg, (datamodule, task) = build("task.success_threshold=0.0")
-    trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False,
+    trainer = pl.Trainer(**dict(cfg.trainer), logger=False, enable_checkpointing=False, enable_model_summary=False,
                          default_root_dir=tmp_path)
     trainer.fit(task, datamodule)
     for name in ("biased", "unbiased"):

@@ -5,14 +5,13 @@ import pandas as pd
 import pytest
 import torch
 from conftest import make_record, record_json
-from omegaconf import OmegaConf
 from pydantic import ValidationError
 
 from common.records import RecordError, RunRecord, read_record, write_record
 from common.schema import Optim
 from common.task import lr_schedule
 from runners.cli import main as cli
-from runners.config import ConfigError, compose, run_directory
+from runners.config import ConfigError, as_dict, compose, run_directory
 from runners.runs.training import check_settings, device_batch, train
 from runners.sweeps import slurm
 from runners.sweeps.spec import Sweep, expand, load_sweep
@@ -114,7 +113,7 @@ def test_the_schema_types_defaults_and_ranges_every_run(toy_domain):
     from common.task import OPTIMIZERS
 
     cfg = compose(["domain=toy"])
-    assert cfg.optim.betas == list(Optim().betas) and cfg.probes.max_logit_bound == RunConfig(domain="toy").probes.max_logit_bound
+    assert cfg.optim.betas == Optim().betas and cfg.probes.max_logit_bound == RunConfig(domain="toy").probes.max_logit_bound
     assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES
     with pytest.raises(ConfigError, match=r"^config key 'optim.lr' must be > 0, got 0$"):
         section(Optim, {"lr": 0}, "optim")
@@ -144,7 +143,7 @@ def test_an_archived_run_composes_to_its_hash(folder):
 
     config = read_record(Path(__file__).parents[1] / "RESULTS" / "records" / folder).config
     groups = [f"domain={config['domain']}", f"preset={config['preset']}", f"attention={config['attention']['variant']}"]
-    composed = dict(leaves(OmegaConf.to_container(compose(groups))))
+    composed = dict(leaves(as_dict(compose(groups))))
     overrides = [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
                  for key, value in leaves(config) if not key.startswith(UNHASHED) and composed.get(key, ...) != value]
     assert folder.endswith(config_hash(compose([*groups, *overrides])))

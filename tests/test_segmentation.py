@@ -17,7 +17,7 @@ from PIL import Image
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
 from common.perturbations import CORRUPTIONS, corrupt
-from common.registry import build_config, get_domain
+from common.registry import get_domain
 from common.task import perturbation_generator
 from domains.segmentation.data import SegmentationDataModule
 from runners.cli import main as cli
@@ -26,8 +26,8 @@ from runners.runs.training import train
 
 
 def config(*overrides: str, preset: str = "smoke", cache_dir: Path | str = "/nonexistent"):
-    """The BuildConfig of a segmentation run, composed as the runner composes it."""
-    return build_config(compose(["domain=segmentation", f"preset={preset}", f"cache_dir={cache_dir}", *overrides]))
+    """The config of a segmentation run, composed as the runner composes it."""
+    return compose(["domain=segmentation", f"preset={preset}", f"cache_dir={cache_dir}", *overrides])
 
 
 def build(*overrides: str, **kwargs):
@@ -298,7 +298,7 @@ def test_unknown_scene_ink_is_a_config_error():
 
 def test_test_epoch_logs_clean_corrupted_and_per_class_scores(cache_dir):
     datamodule, task = build(cache_dir=cache_dir)
-    trainer = pl.Trainer(**compose(["domain=segmentation", "preset=smoke"]).trainer, logger=False,
+    trainer = pl.Trainer(**dict(compose(["domain=segmentation", "preset=smoke"]).trainer), logger=False,
                          enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(task, datamodule)
     assert math.isfinite(float(trainer.callback_metrics["val/miou"]))

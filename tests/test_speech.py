@@ -13,7 +13,6 @@ from torch import nn
 
 from common.attention import VARIANTS, attention_layer
 from common.data import SPLITS, DataError
-from common.registry import build_config
 from common.task import perturbation_generator
 from domains.speech import build, network
 from domains.speech.data import SpeechDataModule, espeak_dataset, speech_commands_splits
@@ -23,7 +22,7 @@ from runners.config import compose
 
 
 def config(*overrides):
-    return build_config(compose(["domain=speech", "preset=smoke", *overrides]))
+    return compose(["domain=speech", "preset=smoke", *overrides])
 
 
 # the section's keys one by one: the command line does not take a mapping for a section

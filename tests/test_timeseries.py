@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from common.data import DataError
-from common.registry import BuildConfig, build_config
+from common.schema import RunConfig
 from domains.timeseries import build
 from domains.timeseries.data import ForecastDataModule, split_borders
 from domains.timeseries.model import RevIN
@@ -30,8 +30,8 @@ def write_ett(path, rows: int):
     return path
 
 
-def config(*overrides: str) -> BuildConfig:
-    return build_config(compose(["domain=timeseries", "preset=smoke", *overrides]))
+def config(*overrides: str) -> RunConfig:
+    return compose(["domain=timeseries", "preset=smoke", *overrides])
 
 
 def datamodule(*overrides: str) -> ForecastDataModule:

@@ -8,12 +8,11 @@ import os
 import pytest
 import torch
 from conftest import CreatesAFile, make_record
-from omegaconf import OmegaConf
 
 from common.data import cached, load_mnist
 from common.records import write_record
 from runners.cli import main as cli
-from runners.config import compose
+from runners.config import as_yaml, compose
 
 
 def finished_run(tmp_path, *args):
@@ -21,7 +20,7 @@ def finished_run(tmp_path, *args):
     cfg = compose([*args, f"output_dir={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}", "threads=1"])
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run_dir / "config.yaml").write_text(as_yaml(cfg))
     write_record(run_dir, make_record(cfg.attention.variant, 0, {}, domain=cfg.domain))
     return run_dir
 
@@ -80,10 +79,11 @@ def test_a_checkpoint_of_another_model_is_named_in_one_line(tmp_path, capsys):
 
 def trained_weights(run_dir):
     """A checkpoint of the run's own (untrained) model, so that a command restoring the run would get through."""
-    from common.registry import build_config, get_domain
+    from common.files import read_yaml
+    from common.registry import get_domain, read_config
 
-    cfg = OmegaConf.load(run_dir / "config.yaml")
-    _, task = get_domain(cfg.domain).build(build_config(cfg))
+    cfg = read_config(read_yaml(run_dir / "config.yaml", "run config", 2**20), "run config")
+    _, task = get_domain(cfg.domain).build(cfg)
     torch.save({"state_dict": task.state_dict()}, run_dir / "checkpoints" / "best.ckpt")
 
 

@@ -30,7 +30,6 @@ from common.attention import MultiheadAttention
 from common.blocks import Encoder
 from common.data import SPLITS, DataError
 from common.errors import ConfigError
-from common.registry import build_config
 from common.task import build_optimizer
 from domains.vision import build
 from domains.vision.data import (
@@ -55,7 +54,7 @@ RGB = ["data.channels=3", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]"
 
 
 def config(cache_dir, *overrides):
-    return build_config(compose(["domain=vision", "preset=smoke", f"cache_dir={cache_dir}", *overrides]))
+    return compose(["domain=vision", "preset=smoke", f"cache_dir={cache_dir}", *overrides])
 
 
 def test_mnist_split_and_pixel_range(cache_dir):
@@ -341,7 +340,6 @@ DDP_SCRIPT = """
 import json, sys
 import pytorch_lightning as pl
 from domains.vision import build
-from common.registry import build_config
 from runners.config import compose
 
 class Dump(pl.Callback):
@@ -350,8 +348,8 @@ class Dump(pl.Callback):
         with open(f"{sys.argv[1]}/rank{trainer.global_rank}_epoch{trainer.current_epoch}.json", "w") as f:
             json.dump({"sampler": type(sampler).__name__, "indices": list(sampler)}, f)
 
-cfg = build_config(compose(["domain=vision", "preset=smoke", f"cache_dir={sys.argv[1]}", "data.augment.repeats=3",
-                            "data.split=[0.006,0.002,0.992]", "data.batch_size=4"]))
+cfg = compose(["domain=vision", "preset=smoke", f"cache_dir={sys.argv[1]}", "data.augment.repeats=3",
+              "data.split=[0.006,0.002,0.992]", "data.batch_size=4"])
 datamodule, task = build(cfg)
 pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=2, limit_train_batches=1, limit_val_batches=0,
            logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -450,8 +448,8 @@ def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
         assert cfg.data.batch_size == 1024
         assert dict(cfg.data.augment.randaugment) == {"num_ops": 2, "magnitude": 9, "mstd": 0.5, "inc": 1}
         assert (cfg.task.loss, cfg.task.label_smoothing, cfg.optim.warmup_steps) == ("ce", 0.1, 5 * 1252)
-    datamodule, task = build(build_config(compose(["domain=vision", f"preset={preset}", f"cache_dir={cache_dir}",
-                                                   *SHRINK])))
+    datamodule, task = build(compose(["domain=vision", f"preset={preset}", f"cache_dir={cache_dir}",
+                                                   *SHRINK]))
     assert len(task.net.encoder.layers) == 1 and task.net.head.in_features == dim
     task.train()
     inputs, target = task.unpack(next(iter(datamodule.train_dataloader())))
@@ -461,7 +459,7 @@ def test_paper_presets_compose_and_build(cache_dir, preset, dim, heads, epochs):
 def test_paper_preset_takes_timms_randaugment_erasing_and_mixup_with_deits_settings(cache_dir):
     """DeiT's rand-m9-mstd0.5-inc1 with the settings timm's transforms_imagenet_train gives it, random
     erasing 0.25 in 'pixel' mode, and Mixup in batch mode: mixup 0.8, cutmix 1.0, switch 0.5, smoothing 0.1."""
-    data = build_config(compose(["domain=vision", "preset=paper", "data.root=/imagenet", f"cache_dir={cache_dir}"])).data
+    data = compose(["domain=vision", "preset=paper", "data.root=/imagenet", f"cache_dir={cache_dir}"]).data
     steps = train_transform(data).transforms
     augment = next(t for t in steps if isinstance(t, RandAugment))
     assert augment.num_layers == 2 and len(augment.ops) == 15
@@ -473,7 +471,7 @@ def test_paper_preset_takes_timms_randaugment_erasing_and_mixup_with_deits_setti
     erasing = next(t for t in steps if isinstance(t, RandomErasing))
     assert (erasing.probability, erasing.mode, erasing.per_pixel) == (0.25, "pixel", True)
     assert [type(t) for t in steps[-4:]] == [v2.ToDtype, v2.Normalize, RandomErasing, v2.Normalize]
-    _, task = build(build_config(compose(["domain=vision", "preset=paper", f"cache_dir={cache_dir}", *SHRINK])))
+    _, task = build(compose(["domain=vision", "preset=paper", f"cache_dir={cache_dir}", *SHRINK]))
     mix = task.mixup
     assert type(mix) is Mixup
     assert (mix.mixup_alpha, mix.cutmix_alpha, mix.switch_prob, mix.label_smoothing, mix.mode, mix.mix_prob,

@@ -3,7 +3,7 @@ regression or classification of whole graphs (molecular properties) or of their 
 per-atom targets). The data decides which: see ``data.py``."""
 import logging
 
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import GraphConfig
 
@@ -15,7 +15,7 @@ DATASETS = ("qm9", "qm9_atoms", "csv", "zinc", "pyg", "cora", "citeseer", "pubme
 
 @register_domain("graph", metric="mae", mode="min", datasets=DATASETS, config=GraphConfig,
                  commands={"graph-bench": "domains.graph.bench", "gcn-reference": "domains.graph.gcn_reference"})
-def build(cfg: BuildConfig):
+def build(cfg: GraphConfig):
     from .data import GraphDataModule, nearest_rank
     from .model import GPSNet, GraphClassification, GraphRegression
 

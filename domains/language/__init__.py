@@ -1,7 +1,7 @@
 """Causal language modelling: a decoder-only GPT (ours, or a transformers architecture: ``model.arch``) on bytes
 or characters of Python's standard library (embedded), any UTF-8 text, enwik8, text8 or WikiText-103. Primary
 metric: test loss in nats per token. ``quest generate <run dir>`` (``generate.py``) samples from a trained run with the KV cache."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import LanguageConfig
 
@@ -11,7 +11,7 @@ DATASETS = ("stdlib", "text", "enwik8", "text8", "wikitext103")  # their loaders
 
 @register_domain("language", metric="loss", mode="min", datasets=DATASETS, config=LanguageConfig,
                  commands={"generate": "domains.language.generate", "language-bench": "domains.language.bench"})
-def build(cfg: BuildConfig):
+def build(cfg: LanguageConfig):
     from .data import LanguageDataModule
     from .model import GPT, LanguageTask
 

@@ -1,5 +1,5 @@
 """Point-cloud classification: a Point-MAE-style patch transformer on generated shapes or ModelNet."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import PointcloudConfig
 
@@ -7,7 +7,7 @@ DATASETS = ("shapes", "modelnet", "folder")  # their loaders: data.LOADERS
 
 
 @register_domain("pointcloud", metric="acc", mode="max", datasets=DATASETS, config=PointcloudConfig)
-def build(cfg: BuildConfig):
+def build(cfg: PointcloudConfig):
     from .data import PointCloudDataModule
     from .model import PointCloudTask, PointTransformer
 

@@ -1,6 +1,6 @@
 """The paper's mechanism study: retrieve the label of an out-of-distribution answer token, with a
 key-norm shortcut available on half the training samples (``data.py`` describes the task)."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import RetrievalConfig
 
@@ -9,7 +9,7 @@ DATASETS = ("generated",)  # their loaders: data.LOADERS
 
 @register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS, config=RetrievalConfig,
                  commands={"retrieval-report": "domains.retrieval.report", "retrieval-aniso": "domains.retrieval.anisotropy"})
-def build(cfg: BuildConfig):
+def build(cfg: RetrievalConfig):
     from .data import RetrievalDataModule
     from .model import FaithfulRetrievalNet, RetrievalNet, RetrievalTask
 

@@ -2,7 +2,7 @@
 folder of images and masks, scored by mIoU on clean test images and under the corruptions of
 ``task.perturbations``, with per-class IoU by class name. ``model.init_from`` starts the encoder from a
 finished vision run of the same attention variant."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import SegmentationConfig
 
@@ -11,7 +11,7 @@ DATASETS = ("digits", "ade20k", "folder")  # their loaders: data.LOADERS
 
 
 @register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS, config=SegmentationConfig)
-def build(cfg: BuildConfig):
+def build(cfg: SegmentationConfig):
     from .data import SegmentationDataModule
     from .model import SegmentationTask, Segmenter, corruption_conditions, init_encoder_from_vision
 

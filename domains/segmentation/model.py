@@ -145,7 +145,7 @@ def init_encoder_from_vision(net: Segmenter, model: Net, variant: str, *, key: s
     normalisation (its encoder learned on inputs normalised that way). Its cls token and classification
     head are left out. Returns the names loaded (``common.checkpoint.load_encoder`` logs them)."""
     run = load_run(model.init_from, key=key, domain="vision", variant=variant)
-    pairs = [(f"model.{name}", run.config.model[name], f"model.{name}", getattr(model, name)) for name in SHARED_SHAPE]
+    pairs = [(f"model.{name}", getattr(run.config.model, name), f"model.{name}", getattr(model, name)) for name in SHARED_SHAPE]
     pairs += [("data.channels", run.config.data.channels, "input channels", 3),
               ("data.mean", list(run.config.data.mean), "model.pixel_mean", model.pixel_mean),
               ("data.std", list(run.config.data.std), "model.pixel_std", model.pixel_std)]

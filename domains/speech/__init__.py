@@ -1,13 +1,13 @@
 """Speech: keyword spotting with a Conformer on eSpeak NG words (offline default), Speech Commands v2 or
 any class-per-folder audio tree; accuracy clean and under added noise."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import SpeechConfig
 
 DATASETS = ("espeak", "speech_commands", "folder")  # their loaders: data.LOADERS
 
 
-def network(cfg: BuildConfig, num_classes: int):
+def network(cfg: SpeechConfig, num_classes: int):
     """The ``KeywordSpotter`` of a config; the clip length sets the typical token count."""
     from .model import KeywordSpotter
 
@@ -18,7 +18,7 @@ def network(cfg: BuildConfig, num_classes: int):
 
 @register_domain("speech", metric="acc", mode="max", datasets=DATASETS, config=SpeechConfig,
                  commands={"speech-bench": "domains.speech.bench"})
-def build(cfg: BuildConfig):
+def build(cfg: SpeechConfig):
     from .data import SpeechDataModule
     from .model import KeywordTask
 

@@ -1,6 +1,6 @@
 """Time-series forecasting: PatchTST on multivariate series (embedded Victoria electricity data, ETT,
 Weather, Electricity, Exchange-rate or any ``date``+columns CSV). Primary metric: test MSE."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import TimeseriesConfig
 
@@ -9,7 +9,7 @@ DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electric
 
 
 @register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS, config=TimeseriesConfig)
-def build(cfg: BuildConfig):
+def build(cfg: TimeseriesConfig):
     from .data import ForecastDataModule
     from .model import ForecastTask, PatchTST
 

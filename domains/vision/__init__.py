@@ -2,7 +2,7 @@
 ViT-S, ViT-B and ViT-L with DeiT's recipe on ImageNet, ViT-B with DeiT-III's); adversarial and corruption
 robustness via ``quest robustness`` (``common.perturbations``); ImageNet-ReaL, -C and -A results of a run via
 ``quest imagenet`` (``evaluate.py``)."""
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import VisionConfig
 
@@ -11,7 +11,7 @@ DATASETS = ("mnist", "elpv", "imagefolder")  # their loaders: data.LOADERS
 
 @register_domain("vision", metric="acc", mode="max", datasets=DATASETS, config=VisionConfig,
                  commands={"imagenet": "domains.vision.evaluate"})
-def build(cfg: BuildConfig):
+def build(cfg: VisionConfig):
     from .data import VisionDataModule
     from .model import VisionTask, ViT
 

@@ -15,7 +15,6 @@ from common.arguments import CommandParser, positive_int
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.records import read_record, write_record
-from common.registry import typed_config
 from common.restore import restore
 from domains.vision.imagenet import (
     CORRUPTIONS,
@@ -32,7 +31,7 @@ def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None =
                  imagenet_a: str | None = None, max_per_class: int | None = None) -> dict[str, float]:
     """Evaluate one run on the suites given and merge the results into its record; returns them."""
     run_dir, checkpoint, cfg = run_config(path, key="run", domain="vision")
-    data = typed_config(cfg).data
+    data = cfg.data
     if data.dataset != "imagefolder":
         raise ConfigError(f"{run_dir} is a vision run on {data.dataset}: ImageNet evaluation needs a run on an "
                           "ImageFolder tree")

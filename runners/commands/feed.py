@@ -15,7 +15,7 @@ import torch
 from pytorch_lightning.utilities import move_data_to_device
 
 from common.arguments import CommandParser, positive_int
-from common.registry import build_config, get_domain
+from common.registry import get_domain
 from common.timing import sync
 from runners import console
 from runners.config import compose
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    datamodule, task = get_domain(cfg.domain).build(cfg)
     datamodule.setup("fit")
     data = data_rate(datamodule, task, args.batches)
     model = step_rate(cfg, datamodule, task, args.batches, torch.device(args.device))

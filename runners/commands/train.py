@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.arguments import CommandParser
 from common.records import RECORD_NAME, RunRecord
-from runners.config import compose, run_directory
+from runners.config import as_yaml, compose, run_directory
 
 
 def main(argv: list[str]) -> int:
@@ -19,7 +17,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     cfg = compose(args.overrides)
     if args.print_config:
-        print(OmegaConf.to_yaml(cfg), end="")
+        print(as_yaml(cfg), end="")
         return 0
     from pytorch_lightning.utilities.rank_zero import rank_zero_only
 

@@ -13,13 +13,13 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
 from common.probes import attention_probes, probe_log, raise_peaks, summarize
 from common.registry import get_domain
 from common.rules import LossWatch, improves, logit_breach
+from common.schema import RunConfig
 from common.task import lr_schedule
 from runners.runs.stacked_adamw import StackedAdamW, clip_grad_norms_
 from runners.runs.stacked_data import StackedData
@@ -31,7 +31,7 @@ EVAL_MEMBERS = 32  # members evaluated in one vmapped pass
 class Member:
     """One run of a chunk: its config, what its domain built, and what it logged."""
 
-    cfg: DictConfig
+    cfg: RunConfig
     task: nn.Module | None = None
     datamodule: object = None
     rows: list[dict] = field(default_factory=list)  # metrics.csv, as Lightning's CSVLogger writes it

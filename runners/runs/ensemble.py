@@ -29,14 +29,15 @@ import time
 import traceback
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
 
 from common.errors import error_line
 from common.probes import with_peaks
 from common.records import RunRecord
-from common.registry import build_config, get_domain
+from common.registry import get_domain
 from common.rules import LossWatch
+from common.schema import RunConfig
 from runners import console
+from runners.config import as_dict
 from runners.runs.chunk import Chunk, Member
 from runners.runs.recording import fresh_run_directory, new_record, read_log, save_record, settle, write_text
 from runners.runs.replayable import check_replayable
@@ -44,7 +45,7 @@ from runners.runs.trackers import csv_log
 from runners.runs.training import build_run, check_settings, torch_threads
 
 
-def train_ensemble(cfgs: list[DictConfig]) -> list[RunRecord]:
+def train_ensemble(cfgs: list[RunConfig]) -> list[RunRecord]:
     """Train the runs of ``cfgs`` (of one group, each held under its lock by the caller) together and write
     their run directories; returns their records, in order. Wrong input raises ``ConfigError`` or
     ``DataError`` before any run directory is made; a chunk that fails while training is a failed record per
@@ -71,8 +72,8 @@ def _prepare(members: list[Member]) -> tuple[Chunk, RunRecord]:
     domain = get_domain(cfg.domain)
     for member in members:  # built as ``runners.runs.training.run`` builds them (same seeding)
         pl.seed_everything(member.cfg.seed, workers=True, verbose=False)
-        member.datamodule, member.task = build_run(domain, build_config(member.cfg))
-        member.watch = LossWatch(**member.cfg.divergence)
+        member.datamodule, member.task = build_run(domain, member.cfg)
+        member.watch = LossWatch(**dict(member.cfg.divergence))
     chunk, template = Chunk(members), new_record(cfg, domain, batch)
     template.primary_metric, template.mode = chunk.metric, chunk.mode
     return chunk, template
@@ -80,7 +81,7 @@ def _prepare(members: list[Member]) -> tuple[Chunk, RunRecord]:
 
 def _member_record(member: Member, template: RunRecord) -> RunRecord:
     record = template.model_copy(deep=True)
-    record.seed, record.config = int(member.cfg.seed), OmegaConf.to_container(member.cfg, resolve=True)
+    record.seed, record.config = int(member.cfg.seed), as_dict(member.cfg)
     return record
 
 

@@ -7,29 +7,29 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError
 from common.files import MAX_TRAINING_LOG_BYTES, read_table
 from common.records import SCHEMA_VERSION, RunRecord, write_record
 from common.registry import get_domain
-from runners.config import run_directory
+from common.schema import RunConfig
+from runners.config import as_dict, as_yaml, run_directory
 from runners.runs.provenance import git_commit, hardware, versions
 from runners.runs.rundir import build_path, final_path, publish
 
 
-def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> RunRecord:
+def new_record(cfg: RunConfig, domain, batch: dict[str, int] | None) -> RunRecord:
     """The record of a run of ``cfg`` as it starts: ``ok`` until it ends otherwise, nothing measured yet."""
     return RunRecord(
         schema=SCHEMA_VERSION,
         domain=cfg.domain,
-        dataset=str(cfg.get("data", {}).get("dataset", "default")),
+        dataset=str(getattr(getattr(cfg, "data", None), "dataset", "default")),
         variant=cfg.attention.variant,
         seed=int(cfg.seed),
         preset=cfg.preset,
         status="ok",
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=as_dict(cfg),
         metrics={},
         primary_metric=domain.metric,
         mode=domain.mode,
@@ -46,7 +46,7 @@ def new_record(cfg: DictConfig, domain, batch: dict[str, int] | None) -> RunReco
     )
 
 
-def fresh_run_directory(cfg: DictConfig) -> Path:
+def fresh_run_directory(cfg: RunConfig) -> Path:
     """The directory the run is built in (``runners.runs.rundir``), emptied of any earlier attempt by rank 0 (the
     launcher's environment says which rank this is); ``save_record`` puts it in the run directory's place.
     An output directory that cannot be written is the user's to fix."""
@@ -57,7 +57,7 @@ def fresh_run_directory(cfg: DictConfig) -> Path:
             if build_dir.exists():
                 shutil.rmtree(build_dir)
             build_dir.mkdir(parents=True)
-            (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            (build_dir / "config.yaml").write_text(as_yaml(cfg))
         else:
             build_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -96,12 +96,12 @@ def settle(record: RunRecord, task, divergence: dict | None, metrics: dict[str, 
     record.headline = task.summary_metrics(record.primary_metric)
 
 
-def record_killed(cfg: DictConfig, error: str) -> None:
+def record_killed(cfg: RunConfig, error: str) -> None:
     """Record as failed, with ``error``, a run whose process was killed before it could (a native crash);
     what it had built becomes the run directory, as a failed run's does."""
     build_dir = build_path(run_directory(cfg))
     build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (build_dir / "config.yaml").write_text(as_yaml(cfg))
     record = new_record(cfg, get_domain(cfg.domain), None)
     record.fail(error)
     save_record(build_dir, record)

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.checkpoint import run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
 from common.records import read_record, write_record
-from common.registry import domain_schema, typed_config
 from common.restore import restore
 from common.task import ClassificationTask
-from runners.config import apply_override, parse_overrides
+from runners.config import parse_overrides, with_overrides
 from runners.runs.training import torch_threads
 
 
@@ -22,21 +19,20 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     """Evaluate one run (``common.checkpoint.run_config``), with this evaluation's ``overrides`` applied, and write
     the result into its record; returns the result."""
     run_dir, checkpoint, cfg = run_config(path, key="run")
-    if "robustness" not in cfg:
+    if not hasattr(cfg, "robustness"):
         raise ConfigError(f"domain {cfg.domain!r} has no robustness section: robustness evaluation does not apply")
     groups, dotted = parse_overrides(list(overrides))
     if groups:
         raise ConfigError(f"{', '.join(groups)} cannot change for an existing run")
-    for key, value in dotted:  # lists and mappings arrive as OmegaConf containers
-        apply_override(cfg, key, value, "command line", domain_schema(cfg.domain)[0])
+    cfg = with_overrides(cfg, dotted)
     record = read_record(run_dir)
-    with torch_threads(cfg.get("threads")):  # a sweep worker's share of the threads
+    with torch_threads(cfg.threads):  # a sweep worker's share of the threads
         run = restore(run_dir, checkpoint, cfg)
         if not isinstance(run.task, ClassificationTask):
             raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
         run.datamodule.setup("test")
-        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), typed_config(cfg).robustness)
+        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
     record.robustness = results
-    record.robustness_config = OmegaConf.to_container(cfg.robustness, resolve=True)
+    record.robustness_config = cfg.robustness.model_dump(mode="json")
     write_record(run_dir, record)
     return results

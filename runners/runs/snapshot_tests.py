@@ -14,7 +14,6 @@ from common.errors import ConfigError
 from common.files import inside
 from common.perturbations import evaluate_robustness
 from common.records import CurvePoint, read_record, write_record
-from common.registry import typed_config
 from common.restore import restore
 from common.task import ClassificationTask
 from runners.runs.training import torch_threads
@@ -28,7 +27,7 @@ def evaluate_curve(path: str | Path, robustness: bool = False) -> list[CurvePoin
         raise ConfigError(f"{run_dir} kept no snapshots (a sweep keeps them with `snapshots:`)")
     files = [inside(run_dir / "snapshots", snapshot.file, "snapshot") for snapshot in record.snapshots]  # a record is data
     points = []
-    with torch_threads(cfg.get("threads")):
+    with torch_threads(cfg.threads):
         for snapshot, file in zip(record.snapshots, files):
             run = restore(run_dir, file, cfg)
             trainer = pl.Trainer(accelerator="gpu" if next(run.task.parameters()).is_cuda else "cpu", devices=1,
@@ -36,8 +35,8 @@ def evaluate_curve(path: str | Path, robustness: bool = False) -> list[CurvePoin
             results = trainer.test(run.task, datamodule=run.datamodule, verbose=False)
             point = {"fraction": snapshot.fraction, "step": snapshot.step,
                      "metrics": {k: float(v) for k, v in (results[0] if results else {}).items()}}
-            if robustness and "robustness" in cfg and isinstance(run.task, ClassificationTask):
-                point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), typed_config(cfg).robustness)
+            if robustness and hasattr(cfg, "robustness") and isinstance(run.task, ClassificationTask):
+                point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
             points.append(point)
     record.curve = points
     write_record(run_dir, record)

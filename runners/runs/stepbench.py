@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from common.records import find_records, read_record
-from common.registry import build_config, get_domain
+from common.registry import get_domain
+from common.schema import RunConfig
 from common.timing import interleaved_seconds
 from runners import console
 from runners.config import compose
@@ -40,7 +40,7 @@ def build(args: list[str], variant: str | None = None):
     its attention, without a progress display."""
     cfg = compose([*args, f"attention={variant}", "progress.style=none"] if variant else args)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, task = get_domain(cfg.domain).build(build_config(cfg))
+    datamodule, task = get_domain(cfg.domain).build(cfg)
     return cfg, datamodule, task
 
 
@@ -56,13 +56,13 @@ def train_batches(datamodule, count: int) -> list:
     return batches
 
 
-def bare_step(cfg: DictConfig, task, augment: Callable = lambda batch: batch) -> Callable[[object], None]:
+def bare_step(cfg: RunConfig, task, augment: Callable = lambda batch: batch) -> Callable[[object], None]:
     """One step of a plain PyTorch loop: ``augment`` (a datamodule's augmentation on the device, part of the
     step), the task's forward (compiled, if the task is) and loss, backward, the config's gradient clipping, ``torch.optim.AdamW`` (the
     config's lr and weight decay on every parameter)."""
     task.train()
     optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    clip = cfg.trainer.get("gradient_clip_val")
+    clip = cfg.trainer.gradient_clip_val
 
     forward = task.compiled_forward or task  # as ``Task.step`` trains: compiled where ``compile_training`` was called
 
@@ -77,7 +77,7 @@ def bare_step(cfg: DictConfig, task, augment: Callable = lambda batch: batch) ->
     return step
 
 
-def bare_loop(cfg: DictConfig, task, batches: list) -> Callable[[], None]:
+def bare_loop(cfg: RunConfig, task, batches: list) -> Callable[[], None]:
     step = bare_step(cfg, task)
 
     def run() -> None:
@@ -102,7 +102,7 @@ class _Clock(pl.Callback):
             self.seconds = time.perf_counter() - self.start
 
 
-def lightning_loop(cfg: DictConfig, task, batches: list, skip: int, folder: Path) -> tuple[Callable[[], None], list]:
+def lightning_loop(cfg: RunConfig, task, batches: list, skip: int, folder: Path) -> tuple[Callable[[], None], list]:
     """One fit of the run's Lightning trainer over ``skip`` + ``len(batches)`` steps (the first ``skip`` untimed),
     validation off; returns the job and the list each fit appends its timed seconds to."""
     timed: list[float] = []

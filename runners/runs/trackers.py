@@ -19,12 +19,12 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.errors import ConfigError, error_line
 from common.records import RunRecord
+from common.schema import RunConfig
 from runners.config import compose
 from runners.runs.rundir import final_path
 
@@ -41,11 +41,11 @@ ARTIFACT = "quest-record.json"
 MLFLOW_STATUS = {"ok": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 
 
-def enabled(cfg: DictConfig) -> list[str]:
-    return [name for name in TRACKERS if OmegaConf.select(cfg, f"logging.{name}.enabled", default=False)]
+def enabled(cfg: RunConfig) -> list[str]:
+    return [name for name in TRACKERS if getattr(cfg.logging, name).enabled]
 
 
-def check(cfg: DictConfig) -> None:
+def check(cfg: RunConfig) -> None:
     """A ``ConfigError`` for a tracker turned on that cannot log: its package missing or an empty name (the schema
     checks the rest). Imports the package (only that of a tracker turned on)."""
     for name in enabled(cfg):
@@ -57,7 +57,7 @@ def check(cfg: DictConfig) -> None:
     for name in enabled(cfg):
         label, keys = NAMED[name]
         for key in keys:
-            if not str(cfg.logging[name][key] or "").strip():
+            if not str(getattr(getattr(cfg.logging, name), key) or "").strip():
                 raise ConfigError(f"logging.{name}.{key} is empty; name where {label} logs")
 
 
@@ -70,7 +70,7 @@ def mlflow_uri(uri: str) -> str:
     return f"file:{Path(path).expanduser().resolve()}"
 
 
-def wandb_root(cfg: DictConfig) -> Path:
+def wandb_root(cfg: RunConfig) -> Path:
     """The folder W&B writes its runs under (``<dir>/wandb/<mode>-run-*``)."""
     return Path(cfg.logging.wandb.dir).expanduser().resolve() / "wandb"
 
@@ -98,7 +98,7 @@ def csv_log(build_dir: Path) -> CSVLogger:
     return CSVLogger(build_dir, name="", version="")
 
 
-def loggers(cfg: DictConfig, build_dir: Path) -> list[Logger]:
+def loggers(cfg: RunConfig, build_dir: Path) -> list[Logger]:
     """Lightning's loggers of the run built in ``build_dir``: CSV, TensorBoard, MLflow and W&B as ``cfg.logging``
     says (``check`` has checked the trackers)."""
     found: list[Logger] = [csv_log(build_dir)]

@@ -21,19 +21,18 @@ import time
 import traceback
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from common.callbacks import BestCheckpoint, DivergenceCallback, ProbeCallback, ProgressLines, Snapshots
 from common.errors import ConfigError, DataError, Stopped
 from common.probes import with_peaks
 from common.records import RECORD_NAME, RunRecord
-from common.registry import build_config, get_domain
+from common.registry import get_domain
+from common.schema import RunConfig
 from runners import console
 from runners.config import compose, run_directory
 from runners.runs import trackers
@@ -46,7 +45,7 @@ def train(args: list[str]) -> RunRecord:
     return run(compose(args))
 
 
-def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Sequence[float] = ()) -> RunRecord:
+def run(cfg: RunConfig, *, lock: bool = True, wait: bool = False, snapshots: Sequence[float] = ()) -> RunRecord:
     """Train and test one run and return its record. Raises ``ConfigError``/``DataError`` for bad input,
     ``Stopped`` on SIGINT or SIGTERM. Once the input is checked the run's lock is taken (``runners.runs.rundir``;
     with ``wait``, once the process holding it lets go): ``lock=False`` is for a caller that holds it.
@@ -56,14 +55,11 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
     with torch_threads(cfg.threads), Stopped.on_signals():
         domain = get_domain(cfg.domain)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        settings = build_config(cfg)  # reads and checks the optimiser settings
         batch = check_settings(cfg)
         trackers.check(cfg)  # a tracker turned on can log (its package imports)
         record = new_record(cfg, domain, batch)
         start = time.perf_counter()
-        if batch is not None:  # each device loads its share of the global batch
-            settings = replace(settings, data=settings.data.model_copy(update={"batch_size": batch["per_device"]}))
-        datamodule, task = build_run(domain, settings)
+        datamodule, task = build_run(domain, per_device(cfg, batch))
         if cfg.compile.enabled:
             # Each run from a clean slate: a sweep worker's earlier runs would count against dynamo's recompile
             # limit, past which it runs the step eagerly without a word. Inductor's cache on disk is kept.
@@ -81,7 +77,7 @@ def run(cfg: DictConfig, *, lock: bool = True, wait: bool = False, snapshots: Se
         return record
 
 
-def _build(cfg: DictConfig, datamodule, task, record: RunRecord, start: float,
+def _build(cfg: RunConfig, datamodule, task, record: RunRecord, start: float,
            snapshots: Sequence[float] = ()) -> None:
     """Fit and test in a fresh build directory, and put it in the run directory's place with its record
     (``start``: when the run began, for its wall time); the trackers are given the record at the end."""
@@ -117,10 +113,10 @@ def _keep_or_record_stopped(build_dir: Path, record: RunRecord) -> str:
     return f"{record.error}; recorded as stopped in {run_dir}"
 
 
-def build_run(domain, settings) -> tuple:
-    """The datamodule and task the domain builds from ``settings`` (``common.registry.build_config``'s)."""
+def build_run(domain, cfg: RunConfig) -> tuple:
+    """The datamodule and task the domain builds from ``cfg``."""
     try:
-        return domain.build(settings)
+        return domain.build(cfg)
     except ValueError as err:  # models reject settings they cannot use (e.g. heads not dividing dim)
         raise ConfigError(f"domain {domain.name!r}: {_first_line(err)}") from None
 
@@ -138,17 +134,24 @@ def torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
-def check_settings(cfg: DictConfig) -> dict[str, int] | None:
-    """The settings neither the schema nor ``build_config`` checks: Lightning's trainer. Returns
+def check_settings(cfg: RunConfig) -> dict[str, int] | None:
+    """The settings the schema cannot check: Lightning's trainer. Returns
     how ``data.batch_size`` splits over the trainer's devices (``device_batch``); None for a domain
     without one."""
     try:  # Lightning validates precision, accelerator availability and devices as it builds a trainer
-        trainer = pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False, enable_model_summary=False)
+        trainer = pl.Trainer(**dict(cfg.trainer), logger=False, enable_checkpointing=False, enable_model_summary=False)
     except Exception as err:
         raise ConfigError(f"trainer settings: {_first_line(err)}") from None
-    if "batch_size" not in cfg.get("data", {}):
+    if getattr(getattr(cfg, "data", None), "batch_size", None) is None:
         return None
     return device_batch(cfg.data.batch_size, trainer.world_size, trainer.accumulate_grad_batches)
+
+
+def per_device(cfg: RunConfig, batch: dict[str, int] | None) -> RunConfig:
+    """``cfg`` as one device builds it: its data loads its share of the global batch (``device_batch``)."""
+    if batch is None:
+        return cfg
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"batch_size": batch["per_device"]})})
 
 
 def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[str, int]:
@@ -163,7 +166,7 @@ def device_batch(global_batch: int, world_size: int, accumulate: int) -> dict[st
     return {"global": global_batch, "per_device": per_device, "world_size": world_size, "accumulate": accumulate}
 
 
-def run_trainer(cfg: DictConfig, build_dir: Path, loggers: list, monitor: str | None, mode: str,
+def run_trainer(cfg: RunConfig, build_dir: Path, loggers: list, monitor: str | None, mode: str,
                 snapshots: Sequence[float] = (), **trainer) -> pl.Trainer:
     """The Lightning trainer of a run, with what it records by: the best checkpoint on ``monitor``, the attention
     probes, the divergence watch, the progress display and any ``snapshots`` (``trainer``: settings over
@@ -176,11 +179,11 @@ def run_trainer(cfg: DictConfig, build_dir: Path, loggers: list, monitor: str | 
     style = cfg.progress.style  # one of common.schema.PROGRESS_STYLES, checked when the config was composed
     if style == "auto":
         style = "bar" if sys.stdout.isatty() else "lines"
-    bar = style == "bar" and cfg.trainer.get("enable_progress_bar", True) is not False
+    bar = style == "bar" and cfg.trainer.enable_progress_bar
     lines = [ProgressLines(cfg.progress.every_n_steps, monitor)] if style == "lines" else []
-    return pl.Trainer(**{**cfg.trainer, "enable_progress_bar": bar, **trainer}, default_root_dir=build_dir,
+    return pl.Trainer(**{**dict(cfg.trainer), "enable_progress_bar": bar, **trainer}, default_root_dir=build_dir,
                       logger=loggers, enable_model_summary=False,
-                      callbacks=[checkpoint, ProbeCallback(**cfg.probes), DivergenceCallback(**cfg.divergence), *lines,
+                      callbacks=[checkpoint, ProbeCallback(**dict(cfg.probes)), DivergenceCallback(**dict(cfg.divergence)), *lines,
                                  *([Snapshots(build_dir / "snapshots", snapshots)] if snapshots else [])])
 
 
@@ -188,7 +191,7 @@ def _one(trainer: pl.Trainer, kind: type):
     return next(callback for callback in trainer.callbacks if isinstance(callback, kind))
 
 
-def _fit_and_test(cfg: DictConfig, build_dir: Path, datamodule, task, record: RunRecord, loggers: list,
+def _fit_and_test(cfg: RunConfig, build_dir: Path, datamodule, task, record: RunRecord, loggers: list,
                   snapshots: Sequence[float] = ()) -> bool:
     """Fill ``record`` from training and testing (a failure becomes ``status: failed``); returns whether
     this process writes the record (rank 0 only)."""

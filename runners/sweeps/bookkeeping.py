@@ -10,11 +10,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from common.errors import ConfigError, error_line
 from common.files import FileError, read_text
 from common.records import RECORD_NAME, RecordError, read_record
+from common.schema import RunConfig
 from runners.config import compose, run_directory
 from runners.runs.rundir import claimed, lock_path
 from runners.sweeps.progress import Progress
@@ -55,7 +54,7 @@ class Pending:
     """A run of the sweep still to be made: its place in the sweep, its config and its run directory."""
 
     index: int
-    cfg: DictConfig
+    cfg: RunConfig
     run_dir: Path
 
 

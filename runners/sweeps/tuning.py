@@ -27,10 +27,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from common.errors import ConfigError
 from common.records import RunRecord, read_records
+from common.schema import RunConfig
+from common.typed import lookup
 from runners.config import compose, run_directory
 from runners.runs.margins import Grid, Margin, bucket, margin
 from runners.runs.selection import SELECTION_FILE, Selection, candidates, leaves, read_selection
@@ -59,7 +59,7 @@ class Tuning:
         self.extend = select.extend
         self.rule = select.rule
         self.grid_keys = set(spec.grid)
-        self._configs: dict[str, DictConfig] = {}  # per domain, the recipe's config
+        self._configs: dict[str, RunConfig] = {}  # per domain, the recipe's config
 
     def recipe(self, domain: str, keys: list[str] | None = None) -> dict[str, float]:
         """The recipe's value of each scaled key (or of ``keys``) in ``domain`` (the sweep's preset and overrides);
@@ -68,7 +68,7 @@ class Tuning:
         if domain not in self._configs:
             seed = (self.seeds or self.recipe_seeds or self.confirm_seeds)[0]
             self._configs[domain] = compose(self.base(domain, "standard", seed, self.out))
-        values = {key: OmegaConf.select(self._configs[domain], key) for key in keys}
+        values = {key: lookup(self._configs[domain], key) for key in keys}
         if wrong := [key for key, value in values.items() if isinstance(value, bool) or not isinstance(value, (int, float))]:
             raise ConfigError(f"{', '.join(wrong)} is not a number in the {domain} runs' config: only a number is scaled or chosen")
         return {key: float(value) for key, value in values.items()}

@@ -19,10 +19,9 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from common.errors import ConfigError, DataError, Stopped, error_line
 from common.records import RECORD_NAME
+from common.schema import RunConfig
 from runners.config import compose, run_directory
 from runners.runs.rundir import claimed
 from runners.sweeps.bookkeeping import note_outcome, run_outcome, settled
@@ -72,7 +71,7 @@ def _settle(index: int, args: list[str], robustness: bool, report: Callable[[dic
         return outcome
 
 
-def _run(index: int, cfg: DictConfig, run_dir: Path, robustness: bool, snapshots: Sequence[float] = ()) -> dict:
+def _run(index: int, cfg: RunConfig, run_dir: Path, robustness: bool, snapshots: Sequence[float] = ()) -> dict:
     """Make a run whose lock this process holds, then attack it or test its snapshots as ``run_all`` says."""
     # imported here: Lightning is slow to import, and the launching process does without it
     from runners.runs.robust_accuracy import evaluate_run

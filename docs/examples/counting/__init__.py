@@ -6,7 +6,7 @@ the docs, the test (tests/test_guides.py) puts its folder on the path and regist
 """
 from pathlib import Path
 
-from common.registry import BuildConfig, register_domain
+from common.registry import register_domain
 
 from .config import CountingConfig  # pydantic only: cheap
 
@@ -15,7 +15,7 @@ DATASETS = ("generated",)  # the names data.dataset may take; their loaders: dat
 
 @register_domain("counting", metric="acc", mode="max", datasets=DATASETS, config=CountingConfig,
                  presets=Path(__file__).with_name("counting.yaml"))  # left out: configs/domain/counting.yaml
-def build(cfg: BuildConfig):
+def build(cfg: CountingConfig):
     from common.task import ClassificationTask
 
     from .data import CountingData
