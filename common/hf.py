@@ -11,7 +11,7 @@ variant records it in its ``config.json`` (``attn_implementation``), and ``from_
 variant and its learnt scales.
 
 What a backend does with the call transformers makes (RoPE, float32 folds, the model's ``scaling``, grouped-query
-attention, masks, sinks, the KV cache, what it refuses): docs/in-your-model.md.
+attention, masks, sinks, the KV cache, what it refuses): docs/guides/in-your-model.md.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def cli_page() -> str:
 
     lines = ["# Command line", "", "Generated from the code at every build: `quest --help`, then each command's "
              "`--help`. Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong, "
-             "128 + N stopped by signal N ([When things go wrong](../failures.md)).", "",
+             "128 + N stopped by signal N ([When things go wrong](../guides/failures.md)).", "",
              "```text", cli.overview(), "```", ""]
     import runners.config  # noqa: F401  (the project's domains)
     from common.registry import domain_names, get_domain

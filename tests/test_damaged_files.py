@@ -1,4 +1,4 @@
-"""Every file the project reads back is data (common.files, docs/failures.md "Files are data"): a damaged record of
+"""Every file the project reads back is data (common.files, docs/guides/failures.md "Files are data"): a damaged record of
 each kind is skipped, counted and named by `quest aggregate`, `archive` and `select` (a sweep's resume:
 tests/test_sweep.py); a damaged training log or launch log line leaves that part out with one warning; a plan,
 anchors or notes file that is not what it should be, and a path the system refuses, are one line and exit 2 with

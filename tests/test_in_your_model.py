@@ -1,4 +1,4 @@
-"""Every ``python`` block of docs/in-your-model.md runs as written, each in a fresh namespace, so the page and the
+"""Every ``python`` block of docs/guides/in-your-model.md runs as written, each in a fresh namespace, so the page and the
 code cannot drift apart. Blocks that use transformers are skipped without the hf extra."""
 import importlib.util
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "in-your-model.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "in-your-model.md"
 SNIPPETS = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.MULTILINE | re.DOTALL)
 
 

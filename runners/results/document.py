@@ -161,7 +161,7 @@ def margin_lines(root: Path, selection: Selection, figures: Path | None, relativ
     except FileNotFoundError:
         return []
     lines = [f"Chosen by the {'curve' if selection.rule == 'curve' else 'best grid value'} rule "
-             "(`docs/selection.md`); how sure each choice is, from the selection runs:", *margins_table(ranked), ""]
+             "(`docs/guides/selection.md`); how sure each choice is, from the selection runs:", *margins_table(ranked), ""]
     if figures is None or len(selection.keys) != 1:
         return lines
     from runners.results.plots import plot_selection  # matplotlib: only when plotting

@@ -1,5 +1,5 @@
 """The ensemble trainer of ``quest ensemble``: the runs of a sweep that share a model, trained together
-(``docs/ensemble.md``).
+(``docs/guides/ensemble.md``).
 
 A run of a tiny model spends most of its time on process start-up, Lightning and checkpoints, not on its
 arithmetic. Here each run is built by its domain exactly as ``quest train`` builds it (same seeding) and the

@@ -1,5 +1,5 @@
 """How sure a choice on validation data is: the margin of a grid's best value over its runner-up, and the curve rule
-that chooses a learning rate between grid values when the grid alone cannot (``docs/selection.md``).
+that chooses a learning rate between grid values when the grid alone cannot (``docs/guides/selection.md``).
 
 A grid is one setting's values (a learning rate), each with its runs' validation scores by seed, signed so that
 higher is better, a diverged or failed run scoring ``-inf``. The grid's best value is the one with the best mean;
