@@ -5,7 +5,7 @@ generate`` for language runs, ``quest imagenet`` for vision runs, the domains' b
 Exit status: 0 ok (a diverged run is a result), 1 a run failed, 2 the input is wrong (config, data, paths),
 128 + N stopped by signal N (130: SIGINT, Ctrl-C; 143: SIGTERM, a scheduler's preemption).
 Heavy packages (torch, Lightning, the domains) load only once the config's keys are known to be good, so a
-mistyped key is answered in about a second (a data path, checked by the domain's loader, a few seconds later).
+mistyped key is answered before they load (a data path once the domain's loader runs).
 """
 from __future__ import annotations
 
