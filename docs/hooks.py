@@ -29,6 +29,9 @@ def on_files(files, config):
         relative = path.relative_to(DOCS)
         if relative.parts[0] not in SKIP:
             files.append(File(relative.as_posix(), str(DOCS), config.site_dir, config.use_directory_urls))
+    for path in sorted((DOCS / "examples").rglob("*")):  # the guides' code, linked where they include it
+        if path.is_file() and "__pycache__" not in path.parts:
+            files.append(File(path.relative_to(DOCS).as_posix(), str(DOCS), config.site_dir, config.use_directory_urls))
     files.append(File.generated(config, "reference/cli.md", content=cli_page()))
     files.append(File.generated(config, "reference/config.md", content=config_page()))
     files.append(File.generated(config, "reference/sweep.md", content=sweep_page()))
