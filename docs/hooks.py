@@ -1,8 +1,9 @@
 """MkDocs hooks of the documentation site (docs/mkdocs.yml): the pages are the Markdown files of docs/ itself,
-beside the config (MkDocs wants its docs_dir to be a child folder: ``assets/``, which holds the stylesheet), and two
+beside the config (MkDocs wants its docs_dir to be a child folder: ``assets/``, which holds the stylesheet), and three
 reference pages are generated from the code at every build, so they cannot fall behind it: every `quest` command's
-``--help`` (reference/cli.md) and every config key of the schema, with its default, range and comment
-(reference/config.md)."""
+``--help`` (reference/cli.md), every config key of the schema, with its default, range and comment
+(reference/config.md), and every key of a sweep file (reference/sweep.md). The examples the guides include
+(``examples/``) are served beside the pages, so a guide's link to one works on the site and on GitHub alike."""
 from __future__ import annotations
 
 import contextlib
@@ -70,11 +71,22 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1(?!`)")  # `code` or ``code``: Markdown shows it as written
+LITERAL = str.maketrans({"\\": "\\\\", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]", "|": "\\|",
+                         "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
 def _escape(text: str) -> str:
-    """A docstring's text for a table cell: ``|`` escaped, and ``<placeholder>`` outside code spans as text, which a
-    browser would otherwise take for an HTML tag and drop ("Runs land in ///seed-.")."""
-    parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|"))
-    return "".join(part if part.startswith("`") else part.replace("<", "&lt;").replace(">", "&gt;") for part in parts)
+    """A docstring's text for a page, shown as written: outside its code spans (which Markdown shows as they are,
+    a ``|`` too, even in a table) each character Markdown or HTML would act on is escaped, so that a
+    ``<placeholder>`` is not taken for an HTML tag and dropped ("Runs land in ///seed-."), ``*`` or ``_`` pairs
+    do not turn into emphasis (``<class>/*.off ... <class>/*``), a regex keeps its backslashes (``\\d+\\.png``)
+    and a ``|`` does not end a table cell."""
+    out, at = [], 0
+    for span in CODE_SPAN.finditer(text):
+        out += [text[at:span.start()].translate(LITERAL), span.group()]
+        at = span.end()
+    return "".join([*out, text[at:].translate(LITERAL)])
 
 
 def _limits(field) -> str:
@@ -101,16 +113,23 @@ def table(section, prefix: str, skip: tuple = ()) -> list[str]:
         value = field.get_default(call_default_factory=True) if isinstance(section, type) else getattr(section, name)
         if name in skip:
             continue
-        if isinstance(value, Model) and value.model_fields:
-            nested.append((f"{prefix}{name}", value))
+        if isinstance(value, Model) and type(value).model_fields:
+            nested.append((f"{prefix}{name}", value, field.description))
             continue
         default = "(required)" if field.is_required() and isinstance(section, type) else repr(value)
         rows.append(f"| `{prefix}{name}` | {_escape(type_name(field.annotation))} | {_escape(f'`{default}`')} | "
                     f"{_escape(_limits(field))} | {_escape(' '.join((field.description or '').split()))} |")
     out = rows + [""] if len(rows) > 2 else []
-    for name, value in nested:
-        out += [f"### `{name}`", "", _escape(" ".join((type(value).__doc__ or "").split())), "", *table(value, f"{name}.")]
+    for name, value, description in nested:
+        out += [f"### `{name}`", "", *section_docs(value, description), *table(value, f"{name}.")]
     return out
+
+
+def section_docs(value, description: str | None) -> list[str]:
+    """A section's paragraphs: its class's docstring, then what the field that holds it says (a domain's own
+    defaults, say), each as written."""
+    docs = [" ".join((doc or "").split()) for doc in (type(value).__doc__, description)]
+    return [line for doc in docs if doc for line in (_escape(doc), "")]
 
 
 def config_page() -> str:
@@ -123,15 +142,17 @@ def config_page() -> str:
              "`domains/<name>/config.py`): each section of a run's config, its keys, their types, defaults and "
              "allowed values. A run composes its domain's defaults, its preset (`configs/domain/<name>.yaml`), the "
              "variant (`attention=<name>`) and `key=value` overrides ([Run one domain](../guides/run.md)).", "",
-             "## Every run", "", *table(schema.RunConfig, "", skip=("task",))]
+             "## Every run", "", *table(schema.RunConfig, "", skip=("task",)),
+             f"`task`: {_escape(' '.join((schema.RunConfig.model_fields['task'].description or '').split()))} Each "
+             "domain's `task` section is under its name below.", ""]
     for name in sorted(package_domains()):
         config = domain_schema(name)[0]
         lines += [f"## {name}", "", _escape(" ".join((config.__doc__ or "").split())), ""]
         for section, field in config.model_fields.items():
             if section in schema.RunConfig.model_fields and field.default == schema.RunConfig.model_fields[section].default:
                 continue  # the shared section, at the shared defaults: in the first table
-            doc = " ".join((type(field.default).__doc__ or "").split())
-            lines += [f"### `{section}`", "", _escape(doc), "", *table(field.default, f"{section}.")]
+            lines += [f"### `{section}`", "", *section_docs(field.default, field.description),
+                      *table(field.default, f"{section}.")]
     return "\n".join(lines)
 
 
@@ -144,6 +165,8 @@ def sweep_page() -> str:
         "`configs/sweep/` (or any path given to `quest sweep`) may hold, its type, default, allowed values and meaning. "
         "An unknown key, or a value of another kind, is one line naming the file and the key "
         "([Sweeps and clusters](../guides/sweeps.md)).", "",
-        "## Top level", "", *table(spec.Sweep, "", skip=("select",)),
-        "## `select`", "", _escape(" ".join((spec.Select.__doc__ or "").split())), "", *table(spec.Select, "select.")])
+        "## Top level", "", _escape(" ".join((spec.Sweep.__doc__ or "").split())), "",
+        *table(spec.Sweep, "", skip=("select",)),
+        "## `select`", "", *(f"{_escape(' '.join((doc or '').split()))}\n" for doc in (
+            spec.Select.__doc__, spec.Sweep.model_fields["select"].description)), *table(spec.Select, "select.")])
 

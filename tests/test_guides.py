@@ -98,3 +98,51 @@ def test_the_docs_build_in_strict_mode(tmp_path):
     assert "&lt;output_dir&gt;/&lt;domain&gt;/&lt;variant&gt;/seed&lt;seed&gt;" in keys
     sweep_keys = (tmp_path / "site" / "reference" / "sweep" / "index.html").read_text()  # generated from the Sweep model
     assert all(f"<code>{key}</code>" in sweep_keys for key in ("domain_overrides", "select.use", "slurm.partition"))
+    for page, models in (("config", config_models()), ("sweep", sweep_models())):
+        shown = visible((tmp_path / "site" / "reference" / page / "index.html").read_text())
+        lost = [doc for doc in key_docs(models) if as_shown(doc) not in shown]
+        assert not lost, f"reference/{page}.md does not show these docstrings as written: {lost}"
+
+
+def config_models() -> list:
+    import runners.config  # noqa: F401  (the project's domains)
+    from common import schema
+    from common.registry import domain_schema, package_domains
+
+    return [schema.RunConfig, *(domain_schema(name)[0] for name in sorted(package_domains()))]
+
+
+def sweep_models() -> list:
+    from runners.sweeps import spec
+
+    return [spec.Sweep, spec.Select]
+
+
+def key_docs(models: list) -> set[str]:
+    """Every docstring the generated key pages show: each key's, each section's (its class's and its field's), each
+    domain config's (the first model's, the run config's, is the page's own introduction)."""
+    from common.typed import Model
+
+    found, todo = set(), list(models)
+    while todo:
+        model = todo.pop()
+        if model is not models[0]:
+            found.add(model.__doc__ or "")
+        for field in model.model_fields.values():
+            found.add(field.description or "")
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, Model) and type(default).model_fields:
+                todo.append(type(default))
+    return {doc for doc in found if doc.strip()}
+
+
+def as_shown(text: str) -> str:
+    """A docstring as a reader sees it on the page: one space between words, code spans without their backticks."""
+    return " ".join(text.replace("`", "").split())
+
+
+def visible(page: str) -> str:
+    """The text a browser shows of an HTML page: the tags gone, the entities decoded, one space between words."""
+    import html
+
+    return as_shown(html.unescape(re.sub(r"<[^>]+>", "", page)))
