@@ -38,7 +38,7 @@ B, H, N, D = 2, 3, 7, 8
 # A variant built from existing settings: QUEST's free query with a learnable per-head gain. Registering it is one
 # line; every test parametrised over ALL_VARIANTS then checks it as it checks the study's own variants.
 ONE_LINE = Variant("quest_hs", norm_q=False, norm_k=True, scaled=False, fold="HeadGain")
-# A variant with a fold of its own, the example of docs/add-a-variant.md (docs/examples/key_scale.py), registered
+# A variant with a fold of its own, the example of docs/guides/add-a-variant.md (docs/examples/key_scale.py), registered
 # as the guide says and checked by the same tests, none of them edited for it.
 _spec = importlib.util.spec_from_file_location("key_scale", Path(__file__).parents[1] / "docs" / "examples" / "key_scale.py")
 GUIDE = importlib.util.module_from_spec(_spec)
@@ -58,7 +58,7 @@ def reference_logits(q, k, variant, fold=None, metric=None):
     """The variant's row of the table in common/attention/__init__.py written out literally, read from its
     declaration alone: its ``Variant`` entry (elliptical, which of q and k are normalised, the scale) and its
     fold's ``reference_logits`` (the learnable scales' literal formula). A new variant or fold is checked
-    without touching this function (docs/add-a-variant.md)."""
+    without touching this function (docs/guides/add-a-variant.md)."""
     spec = get_variant(variant)
     unit = lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # noqa: E731
     if spec.elliptical and metric is not None:

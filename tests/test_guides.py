@@ -1,6 +1,6 @@
-"""The guides' code, run: the domain of docs/add-a-domain.md (docs/examples/counting) through the contract tests
+"""The guides' code, run: the domain of docs/guides/add-a-domain.md (docs/examples/counting) through the contract tests
 and `quest train`, its split hashes; `quest --help`; the documentation site built in strict mode (a broken link or
-anchor fails), and no `python -m` in the commands it documents. The variant of docs/add-a-variant.md is checked
+anchor fails), and no `python -m` in the commands it documents. The variant of docs/guides/add-a-variant.md is checked
 by tests/test_attention.py, with the study's own variants."""
 import re
 import subprocess

@@ -21,7 +21,7 @@ only formed when asked for (``need_weights`` or a stability probe).
 A variant is one ``Variant`` entry in ``VARIANTS``: which of q and k are L2-normalised, whether the
 1/sqrt(d) scale stays, whether it is elliptical, and its ``fold``, the name of the ``QKFold`` class that
 owns its learnable scales ("LayerGain", "HeadGain", "DimScale"; plain "QKFold" when it has none). A variant
-is learnable when its fold owns parameters (``FOLD_SCALES``); docs/add-a-variant.md lists every place a new
+is learnable when its fold owns parameters (``FOLD_SCALES``); docs/guides/add-a-variant.md lists every place a new
 variant or fold touches.
 
 Layers of a stack share one ``AttentionState``: each attention module reads the previous layer's

@@ -41,7 +41,7 @@ class Variant:
 
 # Each fold class of folds.py (its ``FOLDS``) -> the learnable scales it creates, by attribute name: declared here,
 # without torch, so that whether a variant is learnable is known without building it. A new fold is a class in
-# folds.py, its entry in ``FOLDS`` and its line here (docs/add-a-variant.md); the tests check that each class
+# folds.py, its entry in ``FOLDS`` and its line here (docs/guides/add-a-variant.md); the tests check that each class
 # creates what its line says.
 FOLD_SCALES: dict[str, tuple[str, ...]] = {"QKFold": (), "LayerGain": ("gain",), "HeadGain": ("gain",),
                                            "DimScale": ("q_scale", "k_scale"),

@@ -1,4 +1,4 @@
-"""The example of docs/add-a-variant.md: a variant with a fold of its own, QUEST with a learnable scale per key
+"""The example of docs/guides/add-a-variant.md: a variant with a fold of its own, QUEST with a learnable scale per key
 dimension (logit q·(c ⊙ k̂)). In the project, the class goes into common/attention/folds.py (and into its
 ``FOLDS``), and the two declarations at the end into common/attention/variants.py (``FOLD_SCALES`` and
 ``VARIANTS``); the tests (tests/test_attention.py) register all three from this file and check the variant as they

@@ -1,4 +1,4 @@
-"""The domain of docs/add-a-domain.md, whole: count how often token 0 occurs in a sequence of random tokens.
+"""The domain of docs/guides/add-a-domain.md, whole: count how often token 0 occurs in a sequence of random tokens.
 
 Registration only: importing this file must stay cheap (no torch), since `quest list` and every config check
 import it. The heavy imports are inside ``build``. Copied to ``domains/counting/`` it is found by name; here, in
