@@ -1,7 +1,7 @@
 """Compose and validate a run's config: the schema's defaults <- preset <- overrides.
 
-The schema is the domain's ``RunConfig`` (``common.schema``): each layer is set key by key into plain data, checked
-against the schema as it is set, and pydantic reads the result once; OmegaConf only reads a typed value and resolves
+The schema is the domain's ``RunConfig`` (``common.schema``): each layer is set key by key into plain data (an unknown
+key refused as it is set), and pydantic checks the values once, on the result; OmegaConf only reads a typed value and resolves
 the references a default makes (``common.schema.follows``). Anything outside the schema is a one-line
 ``ConfigError`` naming the key and what is allowed. Values from the command line and sweep files are data: a
 ``${...}`` in them is refused, since OmegaConf would resolve it, and ``oc.env`` reads the environment into the config
@@ -15,20 +15,19 @@ import hashlib
 import types
 import typing
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from common.errors import ConfigError
 from common.files import interpolation
 from common.registry import CONFIG_DIR as CONFIG_DIR  # where sweep files and domain presets live
 from common.registry import check_choices, discover, domain_schema
-from common.schema import RunConfig, defaults, field_type, problem, section
+from common.schema import RunConfig, defaults, problem
 from common.typed import Model, first_problem
 
 discover("domains")  # the project's own domains; plugins add theirs through the entry-point group
@@ -127,18 +126,10 @@ def _section_type(annotation: Any) -> type[Model] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, Model) else None
 
 
-@lru_cache(maxsize=1024)
-def _checker(schema: type[Model], key: str) -> TypeAdapter:
-    *parents, leaf = key.split(".")
-    for part in parents:
-        schema = _section_type(schema.model_fields[part].annotation)
-    return TypeAdapter(field_type(schema.model_fields[leaf]), config=ConfigDict(strict=True))
-
-
-def apply_override(cfg: dict, key: str, value: Any, source: str, schema: type[Model]) -> None:
-    """Set ``key`` of the plain config ``cfg`` to ``value`` (``Text`` from the command line is read first), checked against the
-    ``schema``: the key must be one of its fields, and the value of the field's type, among its choices and within
-    its range."""
+def apply_override(cfg: dict, key: str, value: Any, source: str, schema: type[Model], sources: dict[str, str]) -> None:
+    """Set ``key`` of the plain config ``cfg`` to ``value`` (``Text`` from the command line read by the key's type),
+    and note in ``sources`` where it came from: the key must be one of the ``schema``'s fields. Its value is checked
+    once, with the whole config (``_typed``), where a cross-key rule can see the other keys too."""
     node, parts = schema, key.split(".")
     for depth, part in enumerate(parts):
         if node is None or part not in node.model_fields:
@@ -156,25 +147,39 @@ def apply_override(cfg: dict, key: str, value: Any, source: str, schema: type[Mo
             raise ConfigError(f"config key {key!r} ({source}) is a section; set its keys, e.g. "
                               f"{key}.{next(iter(node.model_fields), 'x')}=...")
         for sub, sub_value in value.items():
-            apply_override(cfg, f"{key}.{sub}", sub_value, source, schema)
+            apply_override(cfg, f"{key}.{sub}", sub_value, source, schema, sources)
         return
     if isinstance(value, Text):
         value = read_text(key, value, takes_text(field.annotation))
-    try:
-        _checker(schema, key).validate_python(value)
-    except ValidationError as err:
-        _, reason, _ = first_problem(err)
-        if reason.startswith("expects"):
-            quoted = " (a string: drop its quotes)" if isinstance(value, str) and _number(value) else ""
-            raise ConfigError(f"config key {key!r} ({source}) expects {type_name(field.annotation)} like {field.default!r}, "
-                              f"got {value!r}{quoted}") from None
-        raise ConfigError(problem(key, reason, value)) from None
-    *parents, leaf = key.split(".")
-    for part in parents:
-        if not isinstance(cfg.get(part), dict):
-            cfg[part] = {}
-        cfg = cfg[part]
-    cfg[leaf] = value
+    parent, leaf = holder(cfg, key, make=True)
+    parent[leaf] = value
+    sources[key] = source
+
+
+def _field(schema: type[Model], dotted: str) -> tuple[str, Any]:
+    """The schema's key that a validation error's location starts with (pydantic adds list indices and union
+    branches after it), and its field."""
+    node, parts, field = schema, [], None
+    for part in dotted.split("."):
+        if node is None or part not in node.model_fields:
+            break
+        field = node.model_fields[part]
+        node = _section_type(field.annotation)
+        parts.append(part)
+    return ".".join(parts), field
+
+
+def _said(err: ValidationError, cfg: dict, schema: type[Model], sources: dict[str, str]) -> str:
+    """The one line naming the first key whose value is wrong, the value as it was set, and where it came from."""
+    where, reason, _ = first_problem(err)
+    key, field = _field(schema, where)
+    parent, leaf = holder(cfg, key)
+    value = parent.get(leaf)
+    if field is not None and reason.startswith("expects") and key in sources:
+        quoted = " (a string: drop its quotes)" if isinstance(value, str) and _number(value) else ""
+        return (f"config key {key!r} ({sources[key]}) expects {type_name(field.annotation)} like {field.default!r}, "
+                f"got {value!r}{quoted}")
+    return problem(key or where, reason, value)
 
 
 # Other libraries' names for this project's keys (nanoGPT's, Lightning's, timm's): what a user coming from them types.
@@ -212,9 +217,10 @@ def _keys(schema: type[Model], prefix: str = ""):
 
 def compose(args: list[str]) -> RunConfig:
     """The validated config of one run, its domain's ``RunConfig``, from command-line style ``key=value`` arguments:
-    the schema's defaults, then the preset, then the overrides, each checked as it is set (``apply_override``); the
-    references a default or a preset makes (``common.schema.follows``) resolved by OmegaConf; pydantic reads the
-    result once, and that one object is what the run, its hash and its record use."""
+    the schema's defaults, then the preset, then the overrides, each key checked to be the schema's as it is set
+    (``apply_override``); the references a default or a preset makes (``common.schema.follows``) resolved by
+    OmegaConf; pydantic checks every value once, on the whole, and that one object is what the run, its hash and its
+    record use. A wrong value is named with the layer that set it."""
     groups, dotted = parse_overrides(args)
     if "domain" not in groups:
         raise ConfigError("no domain given; pass domain=<name> (see `quest list`)")
@@ -226,22 +232,26 @@ def compose(args: list[str]) -> RunConfig:
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for domain {name!r}; choose from {', '.join(presets) or '(none)'}")
     cfg["preset"] = preset
+    sources: dict[str, str] = {}
     for key, value in presets[preset].items():
-        apply_override(cfg, str(key), value, f"preset {preset}", schema)
+        apply_override(cfg, str(key), value, f"preset {preset}", schema, sources)
 
     cfg["attention"]["variant"] = groups.get("attention", cfg["attention"]["variant"])
     for key, value in dotted:
-        apply_override(cfg, key, value, "command line", schema)
-    return _typed(schema, cfg)
+        apply_override(cfg, key, value, "command line", schema, sources)
+    return _typed(schema, cfg, sources)
 
 
-def _typed(schema: type[RunConfig], cfg: dict) -> RunConfig:
+def _typed(schema: type[RunConfig], cfg: dict, sources: dict[str, str]) -> RunConfig:
     if interpolation(cfg, "config"):  # defaults and presets are the project's (or a plugin's) code: resolved
         try:
             cfg = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
         except Exception as err:
             raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
-    typed = section(schema, cfg, "")
+    try:
+        typed = schema.model_validate(cfg)
+    except ValidationError as err:
+        raise ConfigError(_said(err, cfg, schema, sources)) from None
     check_choices(typed)
     return typed
 
@@ -249,10 +259,10 @@ def _typed(schema: type[RunConfig], cfg: dict) -> RunConfig:
 def with_overrides(cfg: RunConfig, dotted: list[tuple[str, Any]], source: str = "command line") -> RunConfig:
     """``cfg`` with dotted ``key=value`` overrides (``parse_overrides``'s) set as ``compose`` sets them, and read
     again: a finished run's config with what one evaluation of it changes."""
-    merged = as_dict(cfg)
+    merged, sources = as_dict(cfg), {}
     for key, value in dotted:
-        apply_override(merged, key, value, source, type(cfg))
-    return _typed(type(cfg), merged)
+        apply_override(merged, key, value, source, type(cfg), sources)
+    return _typed(type(cfg), merged, sources)
 
 
 def as_dict(cfg: RunConfig) -> dict:
@@ -271,11 +281,12 @@ def _yaml(data: dict) -> str:
     return yaml.dump(data, Dumper=get_omega_conf_dumper(), default_flow_style=False, allow_unicode=True, sort_keys=False)
 
 
-def holder(data: dict, key: str) -> tuple[dict, str]:
-    """The section of ``data`` holding the dotted ``key`` (empty where it has none), and the key's last part."""
+def holder(data: dict, key: str, make: bool = False) -> tuple[dict, str]:
+    """The section of ``data`` holding the dotted ``key`` (with ``make``, made where it is missing; else an empty
+    one), and the key's last part."""
     *parents, leaf = key.split(".")
     for part in parents:
-        data = data.get(part, {})
+        data = data.setdefault(part, {}) if make else data.get(part, {})
     return data, leaf
 
 
