@@ -30,7 +30,7 @@ class MultiheadAttention(nn.Module):
     Args:
         dim: Embedding size, split evenly over the heads.
         num_heads: Number of heads; head_dim = dim // num_heads.
-        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``).
+        variant: A variant's or ablation's name (``VARIANTS``, ``ABLATIONS``), or its ``Variant``.
         dropout: Dropout on the attention probabilities, in training only.
         bias: Whether the input and output projections have biases.
         batch_first: Whether inputs and output are ``(batch, length, dim)``; False: ``(length, batch, dim)``.
@@ -43,7 +43,7 @@ class MultiheadAttention(nn.Module):
         ValueError: If ``dim`` is not divisible by ``num_heads``, or the variant or ``l2norm_kernel`` is unknown.
     """
 
-    def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
+    def __init__(self, dim: int, num_heads: int, variant: str | Variant = "quest", *, dropout: float = 0.0,
                  bias: bool = True, batch_first: bool = True, seq_len: int | None = None,
                  qk_gain_init: float | None = None, eps: float = 1e-6, l2norm_kernel: str = "fused"):
         super().__init__()
@@ -165,7 +165,7 @@ class EdgeMultiheadAttention(nn.Module):
     Arguments and errors as for ``MultiheadAttention``, without ``batch_first``; ``dim`` is the node embedding size.
     """
 
-    def __init__(self, dim: int, num_heads: int, variant: str = "quest", *, dropout: float = 0.0,
+    def __init__(self, dim: int, num_heads: int, variant: str | Variant = "quest", *, dropout: float = 0.0,
                  bias: bool = True, seq_len: int | None = None, qk_gain_init: float | None = None, eps: float = 1e-6,
                  l2norm_kernel: str = "fused"):
         super().__init__()
@@ -239,6 +239,6 @@ def attention_layer(layer: type[nn.Module] = MultiheadAttention, /, **settings) 
         near = difflib.get_close_matches(unknown[0], accepted, n=1)
         raise TypeError(f"{layer.__name__} takes no attention setting {unknown[0]!r}"
                         + (f"; did you mean {near[0]}?" if near else f"; it takes {', '.join(accepted)}"))
-    if "variant" in settings:
-        get_variant(settings["variant"])
+    if "variant" in settings:  # looked up here, once: every layer of the stack is handed the Variant itself
+        settings["variant"] = get_variant(settings["variant"])
     return partial(layer, **settings)
