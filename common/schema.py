@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from common.errors import ConfigError
@@ -303,8 +302,3 @@ def problem(key: str, reason: str, value: Any) -> str:
     if reason == "is not a known key":
         return f"unknown config key {key!r}"
     return f"config key {key!r} {reason}, got {value!r}"
-
-
-def field_type(field: FieldInfo) -> Any:
-    """A field's type with its constraints, as pydantic holds them apart."""
-    return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
