@@ -1,10 +1,11 @@
 """Domain plugins: ``@register_domain`` and discovery.
 
-A domain is a build function ``RunConfig -> (LightningDataModule, Task)`` (its own ``RunConfig`` subclass) plus what ``register_domain`` is
-given. The config check takes the valid ``data.dataset`` values from its dataset names, so naming them (``quest
-list``, the config check) loads no data code; the domain's datamodule maps each name to its loader itself. Domains
-come from a package scanned by ``discover`` (the project's ``domains/``), from the ``quest.domains`` entry-point
-group (an entry point names a module that registers on import), or from code that calls ``register_domain``.
+A domain is a build function ``RunConfig -> (LightningDataModule, Task)`` (the domain's own ``RunConfig`` subclass)
+plus what ``register_domain`` is given. The config check takes the valid ``data.dataset`` values from its dataset
+names, so naming them (``quest list``, the config check) loads no data code; the domain's datamodule maps each name
+to its loader itself. Domains come from a package scanned by ``discover`` (the project's ``domains/``), from the
+``quest.domains`` entry-point group (an entry point names a module that registers on import), or from code that
+calls ``register_domain``.
 
 A domain package is ``__init__.py`` (registers: cheap to import, heavy imports inside ``build``),
 ``config.py`` (its typed config: a ``common.schema.RunConfig`` subclass, pydantic only), ``data.py`` (datamodule
