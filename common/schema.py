@@ -2,13 +2,14 @@
 each field with its type, default, range or choices and, below it, what it means.
 
 ``RunConfig`` holds the sections every run has. A domain subclasses it (``domains/<name>/config.py``): it types
-its own ``data``, ``model``, ``task`` (and ``robustness``) sections and sets its defaults of the shared ones
-(``optim = Optim(name="adam")``); its presets stay in ``configs/domain/<name>.yaml``.
+its own ``data``, ``model``, ``task`` (and ``robustness``) sections, from the keys domains share where it has them
+(``common.sections``), and sets its defaults of the shared ones (``optim = Optim(name="adam")``); its presets stay
+in ``configs/domain/<name>.yaml``.
 
 A subclass keeps its parent's field order, and a section's defaults, dumped in field order, start every composed
-config, over which a run's hash is taken (``runners.config.config_hash``): a field added or moved changes every
-run's hash, and a new default that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves
-the key out. Defaults are not validated (``validate_default=False``), so a default is dumped as written.
+config, over which a run's hash is taken (``runners.config.config_hash``; a domain's ``data`` and ``model`` keys in
+the order ``configs/key_order.yaml`` keeps): a field added or moved changes every run's hash, and a new default
+that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves the key out. Defaults are not validated (``validate_default=False``), so a default is dumped as written.
 
 This module needs only the standard library and pydantic: a mistyped key is answered before torch loads.
 """

@@ -24,7 +24,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from pydantic import ValidationError
 
 from common.errors import ConfigError
-from common.files import interpolation
+from common.files import MAX_DOCUMENT_BYTES, interpolation, read_yaml
 from common.registry import CONFIG_DIR as CONFIG_DIR  # where sweep files and domain presets live
 from common.registry import check_choices, discover, domain_schema
 from common.schema import RunConfig, defaults, problem
@@ -41,6 +41,9 @@ UNHASHED = ("output_dir", "cache_dir", "threads", "attention.l2norm_kernel", "co
 # run directories and a sweep still finds them done.
 UNHASHED_AT = {"model.arch": "gpt", "optim.min_lr": None, "optim.independent_weight_decay": False, "optim.z_loss": 0.0,
                "test_checkpoint": "best"}
+# Each domain's data and model keys in the order its archived runs were recorded in: a key moved into a shared section
+# keeps its place in a run's config.yaml, and in the text its hash is taken over.
+KEY_ORDER = read_yaml(CONFIG_DIR / "key_order.yaml", "key order", MAX_DOCUMENT_BYTES)
 
 
 def refuse_interpolation(value: Any, where: str) -> None:
@@ -266,9 +269,15 @@ def with_overrides(cfg: RunConfig, dotted: list[tuple[str, Any]], source: str = 
 
 
 def as_dict(cfg: RunConfig) -> dict:
-    """The config as plain data in field order, as a config file gives it (lists for tuples): what a run's
-    ``config.yaml`` and record hold, and what its hash is taken over."""
-    return cfg.model_dump(mode="json")
+    """The config as plain data, as a config file gives it (lists for tuples), in field order but where
+    ``KEY_ORDER`` keeps a domain's earlier order: what a run's ``config.yaml`` and record hold, and what its hash
+    is taken over."""
+    data = cfg.model_dump(mode="json")
+    for section, keys in KEY_ORDER.get(cfg.domain, {}).items():
+        fields = data[section]
+        data[section] = {key: fields[key] for key in keys if key in fields} | {
+            key: value for key, value in fields.items() if key not in keys}
+    return data
 
 
 def as_yaml(cfg: RunConfig) -> str:

@@ -181,10 +181,10 @@ PLUGIN = {
 
 
         class MajorityNet(nn.Module):
-            def __init__(self, vocab, *, dim, depth, heads, attn_layer):
+            def __init__(self, vocab, *, dim, depth, heads, dropout, attn_layer):
                 super().__init__()
                 self.embed = nn.Embedding(vocab, dim)
-                self.encoder = Encoder(dim, depth, heads, attn_layer=attn_layer)
+                self.encoder = Encoder(dim, depth, heads, attn_layer=attn_layer, dropout=dropout)
                 self.head = nn.Linear(dim, vocab)
 
             def forward(self, tokens):
@@ -192,22 +192,16 @@ PLUGIN = {
     ''',
     "config.py": '''
         from common.schema import Fraction, Positive, RunConfig
+        from common.sections import Encoder, Loader
         from common.typed import Model
 
 
-        class MajorityData(Model):
+        class MajorityData(Loader):
             dataset: str = "random"
             vocab: Positive = 5
             length: Positive = 12
             size: Positive = 64
             """Sequences per split."""
-            batch_size: Positive = 16
-
-
-        class MajorityModel(Model):
-            dim: Positive = 16
-            depth: Positive = 2
-            heads: Positive = 2
 
 
         class MajorityTask(Model):
@@ -215,8 +209,8 @@ PLUGIN = {
 
 
         class MajorityConfig(RunConfig):
-            data: MajorityData = MajorityData()
-            model: MajorityModel = MajorityModel()
+            data: MajorityData = MajorityData(batch_size=16)
+            model: Encoder = Encoder(dim=16, depth=2, heads=2)
             task: MajorityTask = MajorityTask()
     ''',
     "majority.yaml": '''

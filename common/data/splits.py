@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from common.errors import DataError
-from common.typed import Model
+from common.sections import GroupedSplit
 
 SPLITS = ("train", "val", "test")
 
@@ -57,10 +57,9 @@ class Grouping(NamedTuple):
         return Grouping(self.pattern, None if self.val is None else 0, self.val)
 
 
-def grouping(data: Model) -> Grouping | None:
-    """The grouped split ``data`` asks for (``data.group_pattern``, ``data.val_groups``, ``data.test_groups``, each a
-    count or a list of names as the domain's section types them); None for a random one, or a section without them."""
-    pattern, val, test = (getattr(data, key, None) for key in ("group_pattern", "val_groups", "test_groups"))
+def grouping(data: GroupedSplit) -> Grouping | None:
+    """The grouped split a data section asks for (``common.sections.GroupedSplit``); None for a random one."""
+    pattern, val, test = data.group_pattern, data.val_groups, data.test_groups
     if pattern is None:
         if val is not None or test is not None:
             raise DataError("data.val_groups and data.test_groups need data.group_pattern, which says what a group is")

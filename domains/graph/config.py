@@ -5,10 +5,11 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from common.schema import Count, Fraction, Optim, Positive, RunConfig, Seed, Trainer
+from common.sections import Encoder, Loader
 from common.typed import Model
 
 
-class Data(Model):
+class Data(Loader):
     """The graphs, their targets and their split. The data decides the task: node level when targets come per
     node, classes when they are integers."""
 
@@ -40,17 +41,12 @@ class Data(Model):
     """Random-walk structural encoding: return probabilities after 1..k steps."""
     normalize_features: bool = False
     """Float node features scaled to sum to 1 per node (GCN's bag-of-words rows)."""
-    batch_size: Positive = 32
-    num_workers: Count = 0
 
 
-class Net(Model):
+class Net(Encoder):
     """GPSNet's keyword arguments (``domains.graph.model.GPSNet``), but ``seq_len_percentile``, which the build
     reads."""
 
-    dim: Positive = 64
-    depth: Positive = 4
-    heads: Positive = 4
     pe_dim: Count = 16
     """Channels of dim carrying the projected RWSE (the rest embed atom features); 0: none."""
     attention_mode: Literal["dense", "sparse"] = "dense"
@@ -68,7 +64,6 @@ class Net(Model):
     """The attention branch's skip connection (false: its output alone, as in GAT's layers)."""
     ffn: bool = True
     """Each layer's feed-forward block (false: the branches' sum is the layer's output)."""
-    dropout: Fraction = 0.0
     attn_dropout: Fraction = 0.0
     input_dropout: Fraction = 0.0
     """Dropout on float node features before their encoder (GCN: 0.5 on bag-of-words rows)."""
@@ -94,4 +89,4 @@ class GraphConfig(RunConfig):
     optim: Optim = Optim(lr=1.0e-3, weight_decay=1.0e-5)
     trainer: Trainer = Trainer(max_epochs=20)
     data: Data = Data()
-    model: Net = Net()
+    model: Net = Net(dim=64)

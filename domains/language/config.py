@@ -2,14 +2,14 @@
 trainer with the one Lightning argument it adds. Its presets are in configs/domain/language.yaml."""
 from typing import Literal
 
-from common.schema import Count, Fraction, Optim, Positive, RunConfig, Trainer
-from common.typed import Model
+from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
+from common.sections import Loader, Transformer
 
 ARCHS = ("llama", "qwen3", "gpt_neox", "gpt2")  # transformers model types (domains/language/hf.py); "gpt" is ours
 INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embeddings as GPT-2's)
 
 
-class Data(Model):
+class Data(Loader):
     """The corpus, its tokens and its windows."""
 
     dataset: str = "stdlib"
@@ -28,25 +28,15 @@ class Data(Model):
     """... of the val split and of the test split each."""
     context: Positive = 256
     """Tokens per window (nanoGPT's block_size), also the size of the position table."""
-    batch_size: Positive = 32
     eval_batch_size: Positive = 64
-    num_workers: Count = 0
 
 
-class Net(Model):
+class Net(Transformer):
     """The network: our GPT's keyword arguments (``domains.language.model.GPT``), or a transformers one's."""
 
     arch: Literal[("gpt", *ARCHS)] = "gpt"
     """gpt (ours, on common.blocks), or llama, qwen3, gpt_neox, gpt2: that transformers causal LM built from a
     config at this size (the hf extra; domains/language/hf.py)."""
-    dim: Positive = 128
-    depth: Positive = 4
-    heads: Positive = 4
-    mlp_ratio: float = 4.0
-    dropout: Fraction = 0.0
-    """After the embeddings and on every residual branch."""
-    attn_dropout: Fraction = 0.0
-    """On the attention weights."""
     tie_weights: bool = True
     """The output layer is the token embedding (GPT-2)."""
     init: Literal[INITS] = "gpt2"

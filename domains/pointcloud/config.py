@@ -4,7 +4,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from common.schema import Count, Fraction, NonNegative, Optim, Positive, Robustness, RunConfig, Seed, Trainer
+from common.schema import Fraction, NonNegative, Optim, Positive, Robustness, RunConfig, Trainer
+from common.sections import GroupedSplit, Loader, Transformer
 from common.typed import Model
 
 Scale = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]  # [low, high] factors
@@ -43,7 +44,7 @@ class Augment(Model):
     """Each cloud drops a uniform share in [0, dropout_max] of its points."""
 
 
-class Data(Model):
+class Data(Loader, GroupedSplit):
     """The clouds: generated shapes, ModelNet10/40 or any class-per-folder mesh tree, sampled and normalised to the
     unit sphere."""
 
@@ -53,34 +54,19 @@ class Data(Model):
     """modelnet / folder: the dataset folder."""
     num_points: Positive = 1024
     """Points per cloud (meshes are sampled to this once and cached)."""
-    batch_size: Positive = 32
-    num_workers: Count = 0
     val_fraction: Fraction = 0.1
     """modelnet / folder: validation carved from the training files (when no val/ ships). modelnet uses its
     <class>/{train,test}/ folders; folder uses split folders <root>/{train,val,test}/<class>/* as shipped (no test/:
     val is also the test set), else splits one <class>/* tree by the fractions."""
     test_fraction: Fraction = 0.2
     """folder without split folders: the held-out test share."""
-    split_seed: Seed = 0
-    """Draws the generated shapes and every random or grouped split; never the training seed."""
-    group_pattern: str | None = None
-    """modelnet / folder: a regex with a (?P<group>...) group, searched in <class>/<file> paths, e.g.
-    '(?P<group>[^/]+)_scan\\d+\\.ply$': one group (an object) never straddles two splits."""
-    val_groups: Count | list[str] | None = None
-    """With group_pattern: the val split's groups, a count (drawn from split_seed) or a list of group names; null:
-    as many as the fractions give (each split at least one)."""
-    test_groups: Count | list[str] | None = None
-    """The test split's, as val_groups."""
     shapes: Shapes = Shapes()
     augment: Augment = Augment()
 
 
-class Net(Model):
+class Net(Transformer):
     """``domains.pointcloud.model.PointTransformer``'s keyword arguments."""
 
-    dim: Positive = 128
-    depth: Positive = 4
-    heads: Positive = 4
     num_groups: Positive = 64
     """Farthest-point centres = tokens."""
     group_size: Positive = 32
@@ -88,11 +74,11 @@ class Net(Model):
     tokenizer_hidden: Positive = 64
     """The mini-PointNet's widths: hidden, 2x, 4x."""
     pos_hidden: Positive = 128
+    """The hidden width of the MLP that embeds each centre's coordinates."""
     head_hidden: Positive = 256
+    """The classifier's hidden width (its input: the tokens' max and mean, 2 x dim)."""
     head_dropout: Fraction = 0.5
-    mlp_ratio: float = 4.0
-    dropout: Fraction = 0.0
-    attn_dropout: Fraction = 0.0
+    """Before the classifier's last layer."""
     drop_path: Fraction = 0.0
     """Stochastic depth at the last layer (linear from 0)."""
 

@@ -37,10 +37,13 @@ class Data(Model):
     bias_std: NonNegative = 0.316
     """Biased answers ~ N(b, 0.1 I)."""
     bias_seed: Seed = 1234
+    """Draws b."""
     train_size: Positive = 8192
+    """Samples generated for each split (each split from its own seed)."""
     val_size: Positive = 2048
     test_size: Positive = 4096
     batch_size: Positive = 32
+    """Samples per training step; evaluation takes eval_batch_size."""
     eval_batch_size: Positive = 256
 
 

@@ -4,19 +4,8 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field
 
-from common.schema import (
-    Count,
-    Fraction,
-    NonNegative,
-    Optim,
-    Positive,
-    Rate,
-    RunConfig,
-    Seed,
-    Severities,
-    Trainer,
-    follows,
-)
+from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, RunConfig, Severities, Trainer, follows
+from common.sections import Encoder, GroupedSplit, Loader
 from common.typed import Model
 
 # How a scene's digits are inked. colour: each its own colour, far from the background under it (the shape must be
@@ -26,8 +15,6 @@ INKS = ("colour", "dark")
 AUGMENT_ON = ("cpu", "device")  # per sample in the loader, or per batch on the training device
 DECODERS = ("mask", "linear")
 
-# A list of group names, or how many groups to draw; a name may read as a number (a video numbered 7).
-Groups = Count | list[str | int] | None
 T = TypeVar("T")
 Pair = Annotated[tuple[T, T], Field(strict=False)]  # (low, high); a config file gives a list
 RGB = Annotated[list[T], Field(min_length=3, max_length=3)]  # one value per colour channel
@@ -67,7 +54,7 @@ class Scenes(Model):
     """Labelled region: strokes widened by this many (a digit is a region, not a hairline)."""
 
 
-class Data(Model):
+class Data(Loader, GroupedSplit):
     """The images and masks, their split, and the training augmentation."""
 
     dataset: str = "digits"
@@ -94,18 +81,6 @@ class Data(Model):
     """Masks of each split read before training to check every label is a class or ignored."""
     split: list[Fraction] = [0.8, 0.1, 0.1]
     """Train/val/test fractions: folder files; digits: the handwriting pools."""
-    split_seed: Seed = 0
-    """Draws every random or grouped split; the training seed never changes a split."""
-    group_pattern: str | None = None
-    """folder: regex with a (?P<group>...) group, searched in image paths relative to root, e.g.
-    '(?P<group>[^/_]+)_\\d+\\.png$': one group (a video) never straddles two splits."""
-    val_groups: Groups = None
-    """With group_pattern: the val split's groups, a count (drawn from split_seed) or a list of group names; null: as
-    many as the fractions give (each split at least one)."""
-    test_groups: Groups = None
-    """As val_groups, for the test split."""
-    batch_size: Positive = 16
-    num_workers: Count = 0
     crop_size: Positive = 64
     """Training crop = the model's native size; test uses windows of this size."""
     resize: Positive | None = None
@@ -139,7 +114,7 @@ class Task(Model):
     perturbations: Perturbations = Perturbations()
 
 
-class Net(Model):
+class Net(Encoder):
     """Segmenter's keyword arguments (``domains.segmentation.model.Segmenter``) and where its encoder starts."""
 
     init_from: str | None = None
@@ -148,11 +123,7 @@ class Net(Model):
     this encoder; its cls token and head are left out. It must share attention.variant, patch_size, dim, depth,
     heads, mlp_ratio, 3 channels and its data.mean/std as pixel_mean/std, else a ConfigError."""
     patch_size: Positive = 8
-    dim: Positive = 64
-    depth: Positive = 4
-    heads: Positive = 4
     mlp_ratio: Rate = 4.0
-    dropout: Fraction = 0.0
     drop_path: Fraction = 0.0
     """Encoder stochastic depth, rising linearly to this at the last layer."""
     decoder: Literal[DECODERS] = "mask"
@@ -173,5 +144,5 @@ class SegmentationConfig(RunConfig):
     task: Task = Task()
     optim: Optim = Optim(lr=1.0e-3, weight_decay=0.01)
     trainer: Trainer = Trainer(max_epochs=10)
-    data: Data = Data()
-    model: Net = Net()
+    data: Data = Data(batch_size=16)
+    model: Net = Net(dim=64)

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from common.schema import Count, Fraction, Optim, Positive, Robustness, RunConfig, Seed, Trainer
+from common.sections import Encoder, GroupedSplit, Loader
 from common.typed import Model
 
 # [low, high] of an eSpeak draw (each clip takes a value between). Whole numbers, as their defaults: the generated
@@ -66,8 +67,9 @@ class Espeak(Model):
     babble: Babble = Babble()
 
 
-class Data(Model):
-    """The keyword clips: eSpeak NG words, Speech Commands v2 or any class-per-folder audio tree."""
+class Data(Loader, GroupedSplit):
+    """The keyword clips: eSpeak NG words, Speech Commands v2 or any class-per-folder audio tree. Speakers are
+    split apart: espeak's by its voices, speech_commands' by its lists, a folder's by group_pattern."""
 
     dataset: str = "espeak"
     """espeak (generated, offline), speech_commands (v2 layout) or folder (<class>/*.wav)."""
@@ -83,24 +85,11 @@ class Data(Model):
     """Every source is resampled to this."""
     clip_seconds: Annotated[float, Field(gt=0)] = 1.0
     """Clips are cut to this length."""
-    batch_size: Positive = 64
-    num_workers: Count = 0
     val_fraction: Fraction = 0.1
     """folder: the validation share. Split folders <root>/{train,val,test}/<class>/* are used as shipped (no test/:
     val is also the test set; no val/: val comes out of train/); one <class>/* tree is split by the fractions."""
     test_fraction: Fraction = 0.1
     """folder: the test share."""
-    split_seed: Seed = 0
-    """Draws the folder split; the training seed never changes a split."""
-    group_pattern: str | None = None
-    """folder: a regex with a (?P<group>...) group, searched in <class>/<file> paths, e.g. the speaker of
-    <digit>_<speaker>_<index>.wav: '_(?P<group>[^_/]+)_\\d+\\.wav$'. A group never straddles two splits (espeak:
-    voices; speech_commands: its lists)."""
-    val_groups: Count | list[str] | None = None
-    """With group_pattern: the val split's groups, a count (drawn from split_seed) or a list of group names; null:
-    as many as the fractions give (each split at least one)."""
-    test_groups: Count | list[str] | None = None
-    """The test split's, as val_groups."""
     espeak: Espeak = Espeak()
 
 
@@ -108,8 +97,11 @@ class Features(Model):
     """The log-mel front end."""
 
     n_mels: Positive = 40
+    """Mel bands per frame."""
     win_ms: Milliseconds = 25.0
+    """The analysis window."""
     hop_ms: Milliseconds = 10.0
+    """Between frames."""
 
 
 class SpecAugment(Model):
@@ -117,25 +109,25 @@ class SpecAugment(Model):
 
     n_freq_masks: Count = 2
     freq_mask_param: Count = 8
+    """The widest frequency mask, in mel bands."""
     n_time_masks: Count = 2
     time_mask_param: Count = 10
+    """The widest time mask, in frames."""
     p: Fraction = 0.2
     """The largest share of the frames a time mask covers."""
 
 
-class Net(Model):
+class Net(Encoder):
     """``domains.speech.model.KeywordSpotter``'s keyword arguments: a Conformer on log-mel features."""
 
     features: Features = Features()
     spec_augment: SpecAugment = SpecAugment()
     subsampling_channels: Positive = 64
-    dim: Positive = 96
-    depth: Positive = 4
-    heads: Positive = 4
+    """The convolutional subsampling's channels (4x in time before the blocks)."""
     ffn_ratio: float = 4.0
+    """Each macaron feed-forward module's hidden width over dim."""
     kernel_size: Positive = 15
     """The depthwise convolution's; odd."""
-    dropout: Fraction = 0.1
     num_buckets: Positive = 32
     """Relative-position buckets (T5 style), half per direction."""
     max_distance: Positive = 64
@@ -168,8 +160,8 @@ class SpeechConfig(RunConfig):
     task: Task = Task()
     optim: Optim = Optim(lr=1.0e-3, weight_decay=0.01, warmup_steps=100)
     trainer: Trainer = Trainer(max_epochs=30)
-    data: Data = Data()
-    model: Net = Net()
+    data: Data = Data(batch_size=64)
+    model: Net = Net(dim=96, dropout=0.1)
     robustness: Robustness = Robustness(input_range=(-1.0, 1.0), eps=[0.001, 0.003], severities=[1])
     """``quest robustness <run dir>``: L-inf attacks on the waveform, whose samples lie in [-1, 1]; eps 0.001 and
     0.003 are about -60 and -50 dB of full scale. Image corruptions do not apply to audio."""

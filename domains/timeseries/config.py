@@ -1,10 +1,10 @@
 """The time-series domain's config: its typed ``data`` and ``model`` sections and its defaults of the shared ones.
 Its presets are in configs/domain/timeseries.yaml."""
-from common.schema import Count, Fraction, Optim, Positive, RunConfig, Trainer
-from common.typed import Model
+from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
+from common.sections import Loader, Transformer
 
 
-class Data(Model):
+class Data(Loader):
     """The series, its split and its windows. Errors are on the standardised scale."""
 
     dataset: str = "vic_elec"
@@ -22,25 +22,20 @@ class Data(Model):
     """Horizon rows; the benchmarks use 96, 192, 336 and 720."""
     val_stride: Positive = 1
     """Validation windows start every N rows (it only picks the checkpoint); test: every row."""
-    batch_size: Positive = 64
     eval_batch_size: Positive = 256
-    num_workers: Count = 0
 
 
-class Net(Model):
+class Net(Transformer):
     """PatchTST's keyword arguments (``domains.timeseries.model.PatchTST``)."""
 
     patch_len: Positive = 16
+    """Rows per patch, the model's token."""
     stride: Positive = 8
-    dim: Positive = 64
-    depth: Positive = 2
-    heads: Positive = 4
-    mlp_ratio: float = 2.0
-    dropout: Fraction = 0.2
-    """After the patch embedding and inside every block."""
-    attn_dropout: Fraction = 0.0
+    """Rows between patch starts."""
     head_dropout: Fraction = 0.0
+    """Before the forecasting head."""
     revin: bool = True
+    """Reversible instance normalisation: each window standardised per channel, the forecast scaled back."""
     revin_affine: bool = False
     """The paper's scripts run RevIN without its affine weights."""
 
@@ -50,5 +45,5 @@ class TimeseriesConfig(RunConfig):
 
     optim: Optim = Optim(name="adam", lr=1.0e-3, weight_decay=0.0)
     trainer: Trainer = Trainer(max_epochs=10)
-    data: Data = Data()
-    model: Net = Net()
+    data: Data = Data(batch_size=64)
+    model: Net = Net(dim=64, depth=2, dropout=0.2, mlp_ratio=2.0)

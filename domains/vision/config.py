@@ -4,15 +4,14 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field
 
-from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, Robustness, RunConfig, Seed, Trainer
+from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, Robustness, RunConfig, Trainer
+from common.sections import GroupedSplit, Loader, Transformer
 from common.typed import Model
 
 CROPS = ("rrc", "src")  # random resized crop (DeiT) | simple random crop (DeiT-III)
 INITS = ("trunc_normal", "torch")  # timm/DeiT's ViT initialisation | PyTorch's module defaults
 LOSSES = ("ce", "bce")
 
-# A list of group names, or how many groups to draw; a name may read as a number (a video numbered 7).
-Groups = Count | list[str | int] | None
 T = TypeVar("T")
 Pair = Annotated[tuple[T, T], Field(strict=False)]  # (low, high); a config file gives a list
 
@@ -55,7 +54,7 @@ class Augment(Model):
     on different DDP ranks; an epoch keeps len(train) samples."""
 
 
-class Data(Model):
+class Data(Loader, GroupedSplit):
     """The images, their split and their augmentation."""
 
     dataset: str = "mnist"
@@ -67,16 +66,6 @@ class Data(Model):
     by data.split. elpv: labels.csv beside images/ (null: the package's own)."""
     split: list[Fraction] = [0.8, 0.1, 0.1]
     """Train/val/test fractions of mnist, elpv or a single-tree imagefolder."""
-    split_seed: Seed = 0
-    """Draws every random or grouped split; the training seed never changes a split."""
-    group_pattern: str | None = None
-    """imagefolder: regex with a (?P<group>...) group, searched in <class>/<file> paths, e.g.
-    '(?P<group>[^/]+)_frame\\d+\\.png$': one group (a video) never straddles two splits."""
-    val_groups: Groups = None
-    """With group_pattern: the val split's groups, a count (drawn from split_seed) or a list of group names; null: as
-    many as the fractions give (each split at least one)."""
-    test_groups: Groups = None
-    """As val_groups, for the test split."""
     image_size: Positive = 28
     """mnist is resized when this differs from 28."""
     channels: Annotated[int, Field(ge=1, le=3)] = 1
@@ -87,21 +76,13 @@ class Data(Model):
     crop_pct: Annotated[float, Field(gt=0, le=1)] = 0.875
     """imagefolder evaluation: resize the shorter side to image_size / crop_pct, centre crop."""
     augment: Augment = Augment()
-    batch_size: Positive = 64
     eval_batch_size: Positive = 256
-    num_workers: Count = 0
 
 
-class Net(Model):
+class Net(Transformer):
     """The ViT's keyword arguments (``domains.vision.model.ViT``)."""
 
     patch_size: Positive = 7
-    dim: Positive = 64
-    depth: Positive = 4
-    heads: Positive = 4
-    mlp_ratio: Rate = 2.0
-    dropout: Fraction = 0.0
-    attn_dropout: Fraction = 0.0
     drop_path: Fraction = 0.0
     """Stochastic depth at the last layer, rising linearly from 0."""
     layer_scale: Rate | None = None
@@ -135,8 +116,8 @@ class VisionConfig(RunConfig):
     task: Task = Task()
     optim: Optim = Optim(lr=1.0e-3, weight_decay=0.05, warmup_steps=50)
     trainer: Trainer = Trainer(max_epochs=5)
-    data: Data = Data()
-    model: Net = Net()
+    data: Data = Data(batch_size=64)
+    model: Net = Net(dim=64, mlp_ratio=2.0)
     robustness: Robustness = Robustness(corruptions=["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur",
                                                      "contrast", "brightness", "pixelate", "jpeg_compression"])
     """``quest robustness <run dir>``: budgets in pixel intensity."""

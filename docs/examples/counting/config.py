@@ -5,11 +5,13 @@ Each field is its key: its type (a range from ``common.schema``: ``Positive`` at
 in [0, 1], ...), its default, and below it what it means. The config reference page shows them as written here.
 """
 from common.schema import Fraction, Optim, Positive, RunConfig, Seed, Trainer
+from common.sections import Encoder, Loader
 from common.typed import Model
 
 
-class Data(Model):
-    """The generated sequences and their split: the loader's and the datamodule's settings (``data.py``)."""
+class Data(Loader):
+    """The generated sequences and their split (``data.py``), after the loader's keys that domains share
+    (``common.sections.Loader``: batch_size, num_workers)."""
 
     dataset: str = "generated"
     """A name in the domain's ``DATASETS``."""
@@ -20,19 +22,8 @@ class Data(Model):
     train_size: Positive = 2048
     val_size: Positive = 256
     test_size: Positive = 256
-    batch_size: Positive = 64
     split_seed: Seed = 0
     """Every split is drawn from its own seed derived from this one, never from the run's seed."""
-
-
-class Net(Model):
-    """``CountingNet``'s keyword arguments (``model.py``)."""
-
-    dim: Positive = 32
-    depth: Positive = 2
-    """Encoder layers."""
-    heads: Positive = 2
-    """Attention heads per layer; dim must be a multiple of them."""
 
 
 class Task(Model):
@@ -44,8 +35,9 @@ class Task(Model):
 class CountingConfig(RunConfig):
     """Count how often token 0 occurs in a sequence of random tokens: a classifier over the counts."""
 
-    data: Data = Data()
-    model: Net = Net()
+    data: Data = Data(batch_size=64)
+    model: Encoder = Encoder(dim=32, depth=2, heads=2)
+    """``CountingNet``'s keyword arguments (``model.py``): a shared section, with this domain's defaults."""
     task: Task = Task()
     optim: Optim = Optim(lr=0.003)
     trainer: Trainer = Trainer(max_epochs=10)

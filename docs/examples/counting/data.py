@@ -25,7 +25,7 @@ class CountingData(SplitDataModule):
     task's ``num_classes`` is their number) and ``describe_split`` (the record's ``split``)."""
 
     def __init__(self, data: Data):
-        super().__init__(data.batch_size)
+        super().__init__(data.batch_size, num_workers=data.num_workers)
         self.datasets = LOADERS[data.dataset](data)
         self.classes = [str(count) for count in range(data.length + 1)]  # 0 to length zeros
         rule = f"generated per split: seed 3 x split_seed {data.split_seed} + 0, 1, 2 for train, val, test"
