@@ -17,12 +17,13 @@ import copy
 import importlib
 import logging
 import pkgutil
-from collections.abc import Callable, Collection, Mapping
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import OmegaConf
 
@@ -43,7 +44,6 @@ class Domain:
     build: Callable[[RunConfig], tuple[Any, Any]]
     metric: str
     mode: str  # "min" or "max"
-    datasets: tuple[str, ...]  # the valid data.dataset values
     config: type[RunConfig]
     presets: Path | None  # None: configs/domain/<name>.yaml
     commands: Mapping[str, str]  # `quest <command>` -> the module whose main(argv) runs it
@@ -53,21 +53,35 @@ class Domain:
         names one (graph: values or classes), else the domain's."""
         return task.primary or (self.metric, self.mode)
 
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The names ``data.dataset`` may take: its config's ``Literal``."""
+        return dataset_names(self.config)
+
+
+def dataset_names(config: type[RunConfig]) -> tuple[str, ...]:
+    """The names a config's ``data.dataset: Literal[...]`` allows; () where it has none."""
+    data = config.model_fields.get("data")
+    field = getattr(data.annotation, "model_fields", {}).get("dataset") if data else None
+    if field is None or typing.get_origin(field.annotation) is not Literal:
+        return ()
+    return typing.get_args(field.annotation)
+
 
 _DOMAINS: dict[str, Domain] = {}
 _PACKAGES: list[str] = []
 
 
-def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[str], config: type[RunConfig],
-                    presets: str | Path | None = None, commands: Mapping[str, str] | None = None):
+def register_domain(name: str, *, metric: str, mode: str, config: type[RunConfig], presets: str | Path | None = None,
+                    commands: Mapping[str, str] | None = None):
     """Register the decorated function as the build function of the domain ``name``.
 
     Args:
         name: The domain's name (``domain=<name>``).
         metric: Its primary metric (logged as ``val/<metric>`` and ``test/<metric>``): what checkpoints, selection and tables go by.
         mode: ``"min"`` or ``"max"``: which way ``metric`` is better.
-        datasets: The names ``data.dataset`` may take.
-        config: Its ``RunConfig`` subclass: its own sections and its defaults of the shared ones.
+        config: Its ``RunConfig`` subclass: its own sections and its defaults of the shared ones; its ``data``
+            section names the datasets it loads in ``dataset: Literal[...]``.
         presets: The YAML file of its presets. None: ``configs/domain/<name>.yaml``.
         commands: ``quest <command>`` -> the module whose ``main(argv)`` runs it.
 
@@ -75,17 +89,19 @@ def register_domain(name: str, *, metric: str, mode: str, datasets: Collection[s
         The decorator, which registers the build function and returns it unchanged.
 
     Raises:
-        ValueError: ``mode`` is neither, ``datasets`` names none, or ``config`` is not a ``RunConfig`` subclass.
+        ValueError: ``mode`` is neither, or ``config`` is not a ``RunConfig`` subclass whose ``data.dataset`` is a
+            ``Literal`` of names.
     """
     if mode not in ("min", "max"):
         raise ValueError(f"domain {name!r}: mode must be 'min' or 'max', not {mode!r}")
-    if isinstance(datasets, str) or not datasets:
-        raise ValueError(f"domain {name!r}: datasets must list the names data.dataset may take")
     if not (isinstance(config, type) and issubclass(config, RunConfig)):
         raise ValueError(f"domain {name!r}: config must be its common.schema.RunConfig subclass, not {config!r}")
+    if not dataset_names(config):
+        raise ValueError(f"domain {name!r}: its config's data section must name its datasets, "
+                         "dataset: Literal['<name>', ...]")
 
     def decorate(build):
-        _DOMAINS[name] = Domain(name, build, metric, mode, tuple(datasets), config,
+        _DOMAINS[name] = Domain(name, build, metric, mode, config,
                                 Path(presets) if presets else None, dict(commands or {}))
         return build
 
@@ -182,33 +198,9 @@ def read_config(saved: Mapping[str, Any], where: str) -> RunConfig:
         raise ConfigError(f"{where} does not fit this version of the {saved['domain']!r} domain (it lacks "
                           f"{', '.join(missing)}); rerun the run with this version")
     try:
-        typed = section(schema, dict(saved), "")
+        return section(schema, dict(saved), "")
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    check_choices(typed)
-    return typed
-
-
-def check_choices(cfg: RunConfig) -> None:
-    """The names a config picks that its schema cannot list: the attention variant and the dataset (they need
-    ``common.attention`` and the domain's registration).
-
-    Args:
-        cfg: A run's config, already valid against its schema.
-
-    Raises:
-        ConfigError: An unknown variant or dataset, naming the choices.
-    """
-    from common.attention import ABLATIONS, VARIANTS
-
-    if cfg.attention.variant not in {**VARIANTS, **ABLATIONS}:
-        raise ConfigError(f"unknown attention variant {cfg.attention.variant!r}; choose from "
-                          f"{', '.join([*VARIANTS, *ABLATIONS])}")
-    domain = get_domain(cfg.domain)
-    dataset = getattr(getattr(cfg, "data", None), "dataset", None)
-    if dataset is not None and dataset not in domain.datasets:
-        raise ConfigError(f"unknown dataset {dataset!r} for domain {domain.name!r}; "
-                          f"choose from {', '.join(domain.datasets)}")
 
 
 def domain_schema(name: str) -> tuple[type[RunConfig], dict]:

@@ -9,9 +9,11 @@ in ``configs/domain/<name>.yaml``.
 A subclass keeps its parent's field order, and a section's defaults, dumped in field order, start every composed
 config, over which a run's hash is taken (``runners.config.config_hash``; a domain's ``data`` and ``model`` keys in
 the order ``configs/key_order.yaml`` keeps): a field added or moved changes every run's hash, and a new default
-that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves the key out. Defaults are not validated (``validate_default=False``), so a default is dumped as written.
+that of every run that does not set it, unless ``runners.config.UNHASHED`` leaves the key out. Defaults are not
+validated (``validate_default=False``), so a default is dumped as written.
 
-This module needs only the standard library and pydantic: a mistyped key is answered before torch loads.
+This module needs only the standard library, pydantic and the variants as data (``common.attention.variants``): a
+mistyped key or name is answered before torch loads.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from common.attention.variants import ABLATIONS, VARIANTS
 from common.errors import ConfigError
 from common.typed import Model, first_problem
 
@@ -44,11 +47,19 @@ def follows(key: str) -> Any:
     return Field(f"${{.{key}}}", validate_default=False)
 
 
+def known_variant(name: str) -> str:
+    """``name``, if a variant or an ablation has it: looked up when a config is read, so that a variant added to
+    ``VARIANTS`` (a test's, a plugin's) is one too."""
+    if name in VARIANTS or name in ABLATIONS:
+        return name
+    raise PydanticCustomError("choice", "choose from {names}", {"names": ", ".join([*VARIANTS, *ABLATIONS])})
+
+
 class Attention(Model):
     """Keyword arguments of ``common.attention.MultiheadAttention`` (``common.attention.attention_layer``)."""
 
-    variant: str = "quest"
-    """Any name in ``common.attention.VARIANTS`` or ``ABLATIONS`` (``quest list``)."""
+    variant: Annotated[str, AfterValidator(known_variant)] = "quest"
+    """A variant of ``common.attention.VARIANTS``, or an ablation (``ABLATIONS``); ``quest list`` shows them."""
     qk_gain_init: float | None = None
     """qknorm / qknorm_hs: the initial logit gain; null: log2(L^2 - L) from the model's typical length."""
     l2norm_kernel: Literal["fused", "formula"] = "fused"

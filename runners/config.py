@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, interpolation, read_yaml
 from common.registry import CONFIG_DIR as CONFIG_DIR  # where sweep files and domain presets live
-from common.registry import check_choices, discover, domain_schema
+from common.registry import discover, domain_schema
 from common.schema import RunConfig, defaults, problem
 from common.typed import Model, first_problem
 
@@ -252,11 +252,9 @@ def _typed(schema: type[RunConfig], cfg: dict, sources: dict[str, str]) -> RunCo
         except Exception as err:
             raise ConfigError(f"config does not resolve: {str(err).splitlines()[0]}") from None
     try:
-        typed = schema.model_validate(cfg)
+        return schema.model_validate(cfg)
     except ValidationError as err:
         raise ConfigError(_said(err, cfg, schema, sources)) from None
-    check_choices(typed)
-    return typed
 
 
 def with_overrides(cfg: RunConfig, dotted: list[tuple[str, Any]], source: str = "command line") -> RunConfig:

@@ -4,6 +4,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import pytorch_lightning as pl
@@ -67,7 +68,7 @@ class ToyTask(Task):
 
 
 class ToyDataConfig(Model):
-    dataset: str = "random"
+    dataset: Literal["random"] = "random"
     n: Positive = 64
 
 
@@ -86,7 +87,7 @@ class ToyConfig(RunConfig):
 def toy_domain():
     """A domain registered from the test itself: the plugin contract, no project file touched."""
 
-    @register_domain("toy", metric="mse", mode="min", datasets=["random"], config=ToyConfig,
+    @register_domain("toy", metric="mse", mode="min", config=ToyConfig,
                      presets=Path(__file__).with_name("toy.yaml"))
     def build(cfg):
         return ToyData(cfg.data), ToyTask(ToyNet(cfg.attn_layer), cfg.optim, **dict(cfg.task))

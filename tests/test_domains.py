@@ -143,7 +143,7 @@ PLUGIN = {
 
         from .config import MajorityConfig
 
-        @register_domain("majority", metric="acc", mode="max", datasets=["random"], config=MajorityConfig,
+        @register_domain("majority", metric="acc", mode="max", config=MajorityConfig,
                          presets=Path(__file__).with_name("majority.yaml"))
         def build(cfg):
             from .data import MajorityData
@@ -191,13 +191,15 @@ PLUGIN = {
                 return self.head(self.encoder(self.embed(tokens)).mean(1))
     ''',
     "config.py": '''
+        from typing import Literal
+
         from common.schema import Fraction, Positive, RunConfig
         from common.sections import Encoder, Loader
         from common.typed import Model
 
 
         class MajorityData(Loader):
-            dataset: str = "random"
+            dataset: Literal["random"] = "random"
             vocab: Positive = 5
             length: Positive = 12
             size: Positive = 64
@@ -261,12 +263,12 @@ def test_a_variant_added_in_one_place_is_seen_everywhere(monkeypatch, cache_dir,
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"mode": "best"}, "mode must be 'min' or 'max'"),
-    ({"datasets": "random"}, "datasets must list"),
+    ({}, "data section must name its datasets"),
     ({"config": {"data": {"n": 1}}}, "config must be its common.schema.RunConfig subclass"),
 ])
 def test_a_registration_that_cannot_work_is_refused(kwargs, message):
     """A domain is typed by its RunConfig subclass: a default config to guess types from is refused, as a bad mode."""
-    arguments = {"metric": "acc", "mode": "max", "datasets": ["random"], "config": RunConfig, **kwargs}
+    arguments = {"metric": "acc", "mode": "max", "config": RunConfig, **kwargs}
     with pytest.raises(ValueError, match=message):
         register_domain("refused", **arguments)
     assert "refused" not in domain_names()

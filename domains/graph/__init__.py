@@ -9,11 +9,9 @@ from .config import GraphConfig
 
 log = logging.getLogger(__name__)
 DENSE_NODES = 10_000  # beyond this many nodes in a graph, dense attention's N² logits per head hurt
-# dataset name -> loader: the molecules of molecules.py, the PyG-format data of stored.py
-DATASETS = ("qm9", "qm9_atoms", "csv", "zinc", "pyg", "cora", "citeseer", "pubmed")  # their loaders: data.LOADERS
 
 
-@register_domain("graph", metric="mae", mode="min", datasets=DATASETS, config=GraphConfig,
+@register_domain("graph", metric="mae", mode="min", config=GraphConfig,
                  commands={"graph-bench": "domains.graph.bench", "gcn-reference": "domains.graph.gcn_reference"})
 def build(cfg: GraphConfig):
     from .data import GraphDataModule, nearest_rank

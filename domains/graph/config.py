@@ -8,12 +8,15 @@ from common.schema import Count, Fraction, Optim, Positive, RunConfig, Seed, Tra
 from common.sections import Encoder, Loader
 from common.typed import Model
 
+# dataset name -> loader: the molecules of molecules.py, the PyG-format data of stored.py
+DATASETS = ("qm9", "qm9_atoms", "csv", "zinc", "pyg", "cora", "citeseer", "pubmed")  # their loaders: data.LOADERS
+
 
 class Data(Loader):
     """The graphs, their targets and their split. The data decides the task: node level when targets come per
     node, classes when they are integers."""
 
-    dataset: str = "qm9"
+    dataset: Literal[DATASETS] = "qm9"
     """qm9 (embedded, from qm9pack) | qm9_atoms (embedded, node level: per-atom targets of QM9's molecules) | zinc
     (PyG's ZINC-12k under root) | csv (SMILES + targets at root) | cora | citeseer | pubmed (Planetoid raw files
     ind.<name>.* under root) | pyg (a file saved by PyG's InMemoryDataset.save, or a folder of train.pt with val.pt

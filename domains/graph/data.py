@@ -218,6 +218,6 @@ def class_names(graphs: dict[str, list[Data]], named: list[str]) -> list[str]:
     return named or [str(c) for c in range(int(labels.max()) + 1)]
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"qm9": qm9_splits, "qm9_atoms": qm9_atom_splits, "csv": csv_splits, "zinc": zinc_splits, "pyg": pyg_splits,
            **dict.fromkeys(("cora", "citeseer", "pubmed"), planetoid_splits)}

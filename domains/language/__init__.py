@@ -5,11 +5,8 @@ from common.registry import register_domain
 
 from .config import LanguageConfig
 
-# dataset name -> loader of its corpus (corpus.py)
-DATASETS = ("stdlib", "text", "enwik8", "text8", "wikitext103")  # their loaders: data.LOADERS
 
-
-@register_domain("language", metric="loss", mode="min", datasets=DATASETS, config=LanguageConfig,
+@register_domain("language", metric="loss", mode="min", config=LanguageConfig,
                  commands={"generate": "domains.language.generate", "language-bench": "domains.language.bench"})
 def build(cfg: LanguageConfig):
     from .data import LanguageDataModule

@@ -5,6 +5,9 @@ from typing import Literal
 from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
 from common.sections import Loader, Transformer
 
+# dataset name -> loader of its corpus (corpus.py)
+DATASETS = ("stdlib", "text", "enwik8", "text8", "wikitext103")  # their loaders: data.LOADERS
+
 ARCHS = ("llama", "qwen3", "gpt_neox", "gpt2")  # transformers model types (domains/language/hf.py); "gpt" is ours
 INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embeddings as GPT-2's)
 
@@ -12,7 +15,7 @@ INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embe
 class Data(Loader):
     """The corpus, its tokens and its windows."""
 
-    dataset: str = "stdlib"
+    dataset: Literal[DATASETS] = "stdlib"
     """stdlib (embedded: Python's standard library sources), text, enwik8, text8 or wikitext103."""
     root: str | None = None
     """text: a UTF-8 file or folder of files; enwik8/text8: the file or its folder; wikitext103: the folder with

@@ -158,5 +158,5 @@ def _describe(documents: list[Document]) -> str:
     return str(documents[0].path) + (f" and {more} more file{'s' * (more > 1)}" if more else "")
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"stdlib": stdlib, "text": text, "enwik8": standard_split, "text8": standard_split, "wikitext103": wikitext103}

@@ -3,10 +3,8 @@ from common.registry import register_domain
 
 from .config import PointcloudConfig
 
-DATASETS = ("shapes", "modelnet", "folder")  # their loaders: data.LOADERS
 
-
-@register_domain("pointcloud", metric="acc", mode="max", datasets=DATASETS, config=PointcloudConfig)
+@register_domain("pointcloud", metric="acc", mode="max", config=PointcloudConfig)
 def build(cfg: PointcloudConfig):
     from .data import PointCloudDataModule
     from .model import PointCloudTask, PointTransformer

@@ -8,6 +8,8 @@ from common.schema import Fraction, NonNegative, Optim, Positive, Robustness, Ru
 from common.sections import GroupedSplit, Loader, Transformer
 from common.typed import Model
 
+DATASETS = ("shapes", "modelnet", "folder")  # their loaders: data.LOADERS
+
 Scale = Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]  # [low, high] factors
 Shares = Annotated[list[Fraction], Field(min_length=2, max_length=2)]  # [low, high]
 
@@ -48,7 +50,7 @@ class Data(Loader, GroupedSplit):
     """The clouds: generated shapes, ModelNet10/40 or any class-per-folder mesh tree, sampled and normalised to the
     unit sphere."""
 
-    dataset: str = "shapes"
+    dataset: Literal[DATASETS] = "shapes"
     """shapes (generated, offline), modelnet (<class>/{train,test}/*.off) or folder (<class>/*)."""
     root: str | None = None
     """modelnet / folder: the dataset folder."""

@@ -327,5 +327,5 @@ class PointCloudDataModule(SplitDataModule):
         return drop_points(points, ratio), labels
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"shapes": shapes_splits, "modelnet": modelnet_splits, "folder": folder_splits}

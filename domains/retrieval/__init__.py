@@ -4,10 +4,8 @@ from common.registry import register_domain
 
 from .config import RetrievalConfig
 
-DATASETS = ("generated",)  # their loaders: data.LOADERS
 
-
-@register_domain("retrieval", metric="acc", mode="max", datasets=DATASETS, config=RetrievalConfig,
+@register_domain("retrieval", metric="acc", mode="max", config=RetrievalConfig,
                  commands={"retrieval-report": "domains.retrieval.report", "retrieval-aniso": "domains.retrieval.anisotropy"})
 def build(cfg: RetrievalConfig):
     from .data import RetrievalDataModule

@@ -7,6 +7,8 @@ from pydantic import Field
 from common.schema import Count, Fraction, NonNegative, Optim, Positive, Probes, RunConfig, Seed, Trainer
 from common.typed import Model
 
+DATASETS = ("generated",)  # their loaders: data.LOADERS
+
 
 class Data(Model):
     """The generated task (``domains.retrieval.data``). Sigma = answer_std² I by default (answer keys spread wider
@@ -15,7 +17,7 @@ class Data(Model):
     of 8 key dimensions and answer_std 3, picking the token of largest key norm finds the answer of 98.9% of
     unbiased samples (the ceiling of the robust solution), well above the success threshold of 0.9."""
 
-    dataset: str = "generated"
+    dataset: Literal[DATASETS] = "generated"
     num_tokens: Positive = 8
     """N."""
     key_dim: Positive = 8

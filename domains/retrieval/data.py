@@ -150,5 +150,5 @@ def direction_oracles(data: Data, n: int = 20000, seed: int = 0) -> dict[str, fl
             "direction_acc": (directional.argmin(1) == answer).float().mean().item()}
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"generated": generated}

@@ -6,11 +6,8 @@ from common.registry import register_domain
 
 from .config import SegmentationConfig
 
-# dataset name -> its source class (data.py)
-DATASETS = ("digits", "ade20k", "folder")  # their loaders: data.LOADERS
 
-
-@register_domain("segmentation", metric="miou", mode="max", datasets=DATASETS, config=SegmentationConfig)
+@register_domain("segmentation", metric="miou", mode="max", config=SegmentationConfig)
 def build(cfg: SegmentationConfig):
     from .data import SegmentationDataModule
     from .model import SegmentationTask, Segmenter, corruption_conditions, init_encoder_from_vision

@@ -8,6 +8,9 @@ from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, R
 from common.sections import Encoder, GroupedSplit, Loader
 from common.typed import Model
 
+# dataset name -> its source class (data.py)
+DATASETS = ("digits", "ade20k", "folder")  # their loaders: data.LOADERS
+
 # How a scene's digits are inked. colour: each its own colour, far from the background under it (the shape must be
 # told from colour changes); dark: near-black with a tint, as handwriting on paper (the shape is the dark strokes,
 # which a small ViT learns to read several times sooner).
@@ -57,7 +60,7 @@ class Scenes(Model):
 class Data(Loader, GroupedSplit):
     """The images and masks, their split, and the training augmentation."""
 
-    dataset: str = "digits"
+    dataset: Literal[DATASETS] = "digits"
     """digits (generated from split_seed, offline) | ade20k | folder."""
     root: str | None = None
     """ade20k: ADEChallengeData2016 or its parent; folder: see image_dir."""

@@ -439,5 +439,5 @@ class SegmentationDataModule(SplitDataModule):
         self.describe_split(*split)
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"digits": DigitScenes, "ade20k": ADE20K, "folder": FolderPairs}

@@ -4,8 +4,6 @@ from common.registry import register_domain
 
 from .config import SpeechConfig
 
-DATASETS = ("espeak", "speech_commands", "folder")  # their loaders: data.LOADERS
-
 
 def network(cfg: SpeechConfig, num_classes: int):
     """The ``KeywordSpotter`` of a config; the clip length sets the typical token count."""
@@ -16,7 +14,7 @@ def network(cfg: SpeechConfig, num_classes: int):
                           attn_layer=cfg.attn_layer, **dict(cfg.model))
 
 
-@register_domain("speech", metric="acc", mode="max", datasets=DATASETS, config=SpeechConfig,
+@register_domain("speech", metric="acc", mode="max", config=SpeechConfig,
                  commands={"speech-bench": "domains.speech.bench"})
 def build(cfg: SpeechConfig):
     from .data import SpeechDataModule

@@ -8,6 +8,8 @@ from common.schema import Count, Fraction, Optim, Positive, Robustness, RunConfi
 from common.sections import Encoder, GroupedSplit, Loader
 from common.typed import Model
 
+DATASETS = ("espeak", "speech_commands", "folder")  # their loaders: data.LOADERS
+
 # [low, high] of an eSpeak draw (each clip takes a value between). Whole numbers, as their defaults: the generated
 # data's cache key is a hash of the recipe as the config holds it, and a validated float would change it.
 Span = Annotated[list[int], Field(min_length=2, max_length=2)]
@@ -71,7 +73,7 @@ class Data(Loader, GroupedSplit):
     """The keyword clips: eSpeak NG words, Speech Commands v2 or any class-per-folder audio tree. Speakers are
     split apart: espeak's by its voices, speech_commands' by its lists, a folder's by group_pattern."""
 
-    dataset: str = "espeak"
+    dataset: Literal[DATASETS] = "espeak"
     """espeak (generated, offline), speech_commands (v2 layout) or folder (<class>/*.wav)."""
     root: str | None = None
     """speech_commands / folder: the dataset folder."""

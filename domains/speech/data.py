@@ -305,5 +305,5 @@ class SpeechDataModule(SplitDataModule):
         self.describe_split(split.source, split.rule, members)
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"espeak": espeak_splits, "speech_commands": speech_commands_splits, "folder": folder_splits}

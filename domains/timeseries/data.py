@@ -215,6 +215,6 @@ class ForecastDataModule(SplitDataModule):
         self.datasets = {split: self.windows(split) for split in SPLITS}
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"vic_elec": load_vic_elec, **dict.fromkeys(("ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity",
                                                        "exchange_rate", "csv"), load_csv)}

@@ -6,10 +6,8 @@ from common.registry import register_domain
 
 from .config import VisionConfig
 
-DATASETS = ("mnist", "elpv", "imagefolder")  # their loaders: data.LOADERS
 
-
-@register_domain("vision", metric="acc", mode="max", datasets=DATASETS, config=VisionConfig,
+@register_domain("vision", metric="acc", mode="max", config=VisionConfig,
                  commands={"imagenet": "domains.vision.evaluate"})
 def build(cfg: VisionConfig):
     from .data import VisionDataModule

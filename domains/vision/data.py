@@ -234,5 +234,5 @@ class VisionDataModule(SplitDataModule):
                                                                 **ranks))
 
 
-# data.dataset -> its loader (the package's DATASETS names them)
+# data.dataset -> its loader (config.DATASETS names them)
 LOADERS = {"mnist": mnist_splits, "elpv": elpv_splits, "imagefolder": imagefolder_splits}

@@ -10,10 +10,8 @@ from common.registry import register_domain
 
 from .config import CountingConfig  # pydantic only: cheap
 
-DATASETS = ("generated",)  # the names data.dataset may take; their loaders: data.LOADERS
 
-
-@register_domain("counting", metric="acc", mode="max", datasets=DATASETS, config=CountingConfig,
+@register_domain("counting", metric="acc", mode="max", config=CountingConfig,
                  presets=Path(__file__).with_name("counting.yaml"))  # left out: configs/domain/counting.yaml
 def build(cfg: CountingConfig):
     from common.task import ClassificationTask

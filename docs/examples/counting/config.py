@@ -4,17 +4,21 @@ ones (in the project: ``domains/counting/config.py``). Its presets are in counti
 Each field is its key: its type (a range from ``common.schema``: ``Positive`` at least 1, ``Seed``, ``Fraction``
 in [0, 1], ...), its default, and below it what it means. The config reference page shows them as written here.
 """
+from typing import Literal
+
 from common.schema import Fraction, Optim, Positive, RunConfig, Seed, Trainer
 from common.sections import Encoder, Loader
 from common.typed import Model
+
+DATASETS = ("generated",)  # the names data.dataset may take; their loaders: data.LOADERS
 
 
 class Data(Loader):
     """The generated sequences and their split (``data.py``), after the loader's keys that domains share
     (``common.sections.Loader``: batch_size, num_workers)."""
 
-    dataset: str = "generated"
-    """A name in the domain's ``DATASETS``."""
+    dataset: Literal[DATASETS] = "generated"
+    """Generated sequences (the only dataset here; a name in ``DATASETS``)."""
     vocab: Positive = 4
     """Tokens are drawn uniformly from 0 to vocab - 1; the label counts the zeros."""
     length: Positive = 12
