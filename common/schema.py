@@ -90,7 +90,10 @@ class Optim(Model):
 
     name: Literal[OPTIMIZER_NAMES] = "adamw"
     lr: Rate = 1.0e-3
+    """The peak learning rate, reached after warmup_steps."""
     weight_decay: NonNegative = 0.05
+    """On parameters of two or more dimensions (not biases, norms or gains): decoupled in adamw and lamb, an L2 term
+    in the gradient in adam and sgd."""
     betas: Annotated[tuple[Beta, Beta], Field(strict=False)] = (0.9, 0.999)
     """Adam's, AdamW's and LAMB's (torch's Adam takes no other); a config file gives a list."""
     momentum: Fraction = 0.9
@@ -98,7 +101,9 @@ class Optim(Model):
     nesterov: bool = True
     """SGD only: Nesterov's momentum (false: the classical heavy ball, as Segmenter)."""
     schedule: Literal[SCHEDULES] = "cosine"
+    """How the rate falls from lr after the warm-up, stepped every optimiser step."""
     warmup_steps: Count = 0
+    """Linear warm-up to lr over this many optimiser steps (step t at lr × (t + 1) / warmup_steps)."""
     min_lr_ratio: Fraction = 0.0
     """Where the schedule ends, as a fraction of lr."""
     cooldown_steps: Count = 0
@@ -247,8 +252,11 @@ class RunConfig(Model):
     module's docstring). The fields' order is the config's, which the run hash depends on."""
 
     domain: str
+    """The domain's name (``quest list``)."""
     preset: str = "demo"
+    """One of the domain's presets (configs/domain/<domain>.yaml), set over these defaults."""
     seed: Seed = 0
+    """The training seed: initialisation, shuffling, dropout; never a data split (``data.split_seed``)."""
     output_dir: str = "runs"
     """Runs land in <output_dir>/<domain>/<variant>/seed<seed>-<config hash>."""
     cache_dir: Annotated[Path, Field(strict=False)] = Path(".cache/quest")

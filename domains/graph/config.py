@@ -68,6 +68,7 @@ class Net(Encoder):
     ffn: bool = True
     """Each layer's feed-forward block (false: the branches' sum is the layer's output)."""
     attn_dropout: Fraction = 0.0
+    """On the attention weights."""
     input_dropout: Fraction = 0.0
     """Dropout on float node features before their encoder (GCN: 0.5 on bag-of-words rows)."""
     decay: Literal["all", "input"] = "all"

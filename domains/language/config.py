@@ -32,6 +32,7 @@ class Data(Loader):
     context: Positive = 256
     """Tokens per window (nanoGPT's block_size), also the size of the position table."""
     eval_batch_size: Positive = 64
+    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):

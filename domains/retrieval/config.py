@@ -18,6 +18,7 @@ class Data(Model):
     unbiased samples (the ceiling of the robust solution), well above the success threshold of 0.9."""
 
     dataset: Literal[DATASETS] = "generated"
+    """The task as this section describes it, generated from its seeds."""
     num_tokens: Positive = 8
     """N."""
     key_dim: Positive = 8
@@ -47,6 +48,7 @@ class Data(Model):
     batch_size: Positive = 32
     """Samples per training step; evaluation takes eval_batch_size."""
     eval_batch_size: Positive = 256
+    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Model):

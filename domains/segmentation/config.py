@@ -127,6 +127,7 @@ class Net(Encoder):
     heads, mlp_ratio, 3 channels and its data.mean/std as pixel_mean/std, else a ConfigError."""
     patch_size: Positive = 8
     mlp_ratio: Rate = 4.0
+    """The encoder MLP's hidden width over dim."""
     drop_path: Fraction = 0.0
     """Encoder stochastic depth, rising linearly to this at the last layer."""
     decoder: Literal[DECODERS] = "mask"

@@ -28,6 +28,7 @@ class Data(Loader):
     val_stride: Positive = 1
     """Validation windows start every N rows (it only picks the checkpoint); test: every row."""
     eval_batch_size: Positive = 256
+    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):

@@ -79,6 +79,7 @@ class Data(Loader, GroupedSplit):
     """imagefolder evaluation: resize the shorter side to image_size / crop_pct, centre crop."""
     augment: Augment = Augment()
     eval_batch_size: Positive = 256
+    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):
