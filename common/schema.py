@@ -17,6 +17,7 @@ mistyped key or name is answered before torch loads.
 """
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -318,7 +319,9 @@ def section(cls: type[Model], values: Any, prefix: str) -> Model:
 def problem(key: str, reason: str, value: Any) -> str:
     """The one line saying what is wrong with ``value`` at ``key``."""
     if reason.startswith("choose from"):
-        return f"unknown {key}={value!r}; {reason}"
+        names = {name.lower(): name for name in reason.removeprefix("choose from ").split(", ")}
+        near = difflib.get_close_matches(str(value).lower(), names, n=1)
+        return f"unknown {key}={value!r}; {reason}" + (f" (did you mean {names[near[0]]}?)" if near else "")
     if reason == "is not a known key":
         return f"unknown config key {key!r}"
     return f"config key {key!r} {reason}, got {value!r}"

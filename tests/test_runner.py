@@ -86,6 +86,7 @@ def test_config_errors_are_one_line_and_exit_2(toy_domain, run_args, capsys):
         "optim.lr=fast": "config key 'optim.lr' (command line) expects float",
         'optim.lr="0.001"': "expects float like 0.001, got '0.001' (a string: drop its quotes)",
         "attention=questt": "unknown attention.variant='questt'; choose from standard, quest",
+        "attention=QUEST": "elliptical_quest, uniform (did you mean quest?)",
         "data.dataset=randm": "unknown data.dataset='randm'; choose from random",
         "preset=huge": "unknown preset 'huge' for domain 'toy'; choose from smoke, demo",
         "trainer=3": "config key 'trainer' (command line) is a section",
