@@ -266,11 +266,9 @@ def _model_class(model_class, config):
 def _with_scales(concrete, variant: str):
     """``concrete`` with ``variant``'s folds added to every attention layer when the model is built, before
     ``from_pretrained`` loads the weights into it."""
-    from common.patch import replace_attention  # common.patch imports this module
-
     def __init__(self, config, *args, **kwargs):
         concrete.__init__(self, config, *args, **kwargs)
-        replace_attention(self, variant)
+        convert([module for module in self.modules() if is_attention(module)], variant)
 
     return type(concrete.__name__, (concrete,), {"__init__": __init__, "__module__": concrete.__module__})
 

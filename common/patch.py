@@ -22,7 +22,6 @@ Attention-like modules of any other kind are left alone and listed in the report
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 import sys
@@ -184,9 +183,11 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
         ValueError: If ``variant`` is unknown, or is elliptical and ``model`` has no transformers attention layers.
     """
     spec = get_variant(variant)
-    # timm and transformers are never imported here: a model holding their layers has loaded them.
-    hf = importlib.import_module("common.hf") if "transformers" in sys.modules else None
-    hf_layers = {name: m for name, m in model.named_modules() if hf is not None and hf.is_attention(m)}
+    hf_layers = {}
+    if "transformers" in sys.modules:  # timm and transformers are never imported here: a model holding their layers has loaded them
+        from common import hf
+
+        hf_layers = {name: m for name, m in model.named_modules() if hf.is_attention(m)}
     if spec.elliptical and not hf_layers:
         raise ValueError(f"variant {variant!r} reads each layer's previous values, which third-party layers do "
                          "not pass on; build the model from common.blocks.Encoder (or take a transformers model) to use it")
