@@ -180,9 +180,18 @@ def _said(err: ValidationError, cfg: dict, schema: type[Model], sources: dict[st
     value = parent.get(leaf)
     if field is not None and reason.startswith("expects") and key in sources:
         quoted = " (a string: drop its quotes)" if isinstance(value, str) and _number(value) else ""
-        return (f"config key {key!r} ({sources[key]}) expects {type_name(field.annotation)} like {field.default!r}, "
-                f"got {value!r}{quoted}")
+        return (f"config key {key!r} ({sources[key]}) expects {type_name(field.annotation)} like "
+                f"{_default(schema, key)!r}, got {value!r}{quoted}")
     return problem(key or where, reason, value)
+
+
+def _default(schema: type[Model], key: str) -> Any:
+    """The domain's default of ``key``: a shared section's key takes the default its domain gives the section."""
+    head, *rest = key.split(".")
+    value = schema.model_fields[head].default
+    for part in rest:
+        value = getattr(value, part, None)
+    return value
 
 
 # Other libraries' names for this project's keys (nanoGPT's, Lightning's, timm's): what a user coming from them types.

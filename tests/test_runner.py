@@ -8,10 +8,11 @@ from conftest import make_record, record_json
 from pydantic import ValidationError
 
 from common.records import RecordError, RunRecord, read_record, write_record
+from common.registry import get_domain
 from common.schema import Optim
 from common.task import lr_schedule
 from runners.cli import main as cli
-from runners.config import ConfigError, as_dict, compose, run_directory
+from runners.config import KEY_ORDER, ConfigError, as_dict, compose, run_directory
 from runners.runs.training import check_settings, device_batch, train
 from runners.sweeps import slurm
 from runners.sweeps.spec import Sweep, expand, load_sweep
@@ -106,6 +107,18 @@ def test_an_unknown_key_names_the_closest_one():
         compose(["domain=segmentation", "data.robustness.severities=[1]"])
     with pytest.raises(ConfigError, match=r"did you mean optim\.lr\?$"):
         compose(["domain=segmentation", "optim.lrr=0.1"])
+
+
+def test_a_shared_sections_key_is_its_domains():
+    """A key of a shared section (common.sections) takes its domain's default, says it in an error, and keeps the
+    config's text in the order the domain's archived runs were hashed in (configs/key_order.yaml)."""
+
+    defaults = get_domain("timeseries").config.model_fields
+    data, model = defaults["data"].default, defaults["model"].default
+    assert (data.batch_size, model.dim, model.depth, model.mlp_ratio, model.heads) == (64, 64, 2, 2.0, 4)
+    assert list(as_dict(compose(["domain=timeseries"]))["model"]) == KEY_ORDER["timeseries"]["model"]
+    with pytest.raises(ConfigError, match=r"^config key 'data.batch_size' \(command line\) expects int like 64, got 'x'$"):
+        compose(["domain=timeseries", "data.batch_size=x"])
 
 
 def test_the_schema_types_defaults_and_ranges_every_run(toy_domain):
