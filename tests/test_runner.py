@@ -112,7 +112,6 @@ def test_an_unknown_key_names_the_closest_one():
 def test_a_shared_sections_key_is_its_domains():
     """A key of a shared section (common.sections) takes its domain's default, says it in an error, and keeps the
     config's text in the order the domain's archived runs were hashed in (configs/key_order.yaml)."""
-
     defaults = get_domain("timeseries").config.model_fields
     data, model = defaults["data"].default, defaults["model"].default
     assert (data.batch_size, model.dim, model.depth, model.mlp_ratio, model.heads) == (64, 64, 2, 2.0, 4)
