@@ -1,5 +1,5 @@
 """The sections several domains' ``data`` and ``model`` share, written once: a domain's section subclasses them
-(``class Data(Loader, GroupedSplit)``) and sets its own defaults where its config holds the section
+(``class Data(EvalLoader, GroupedSplit)``) and sets its own defaults where its config holds the section
 (``data: Data = Data(batch_size=64)``). An inherited key comes first in the section's fields; a domain's config.yaml
 and run hash keep their earlier order (``configs/key_order.yaml``)."""
 from __future__ import annotations
@@ -15,6 +15,13 @@ class Loader(Model):
     """Samples per training step (the global batch; see ``trainer``)."""
     num_workers: Count = 0
     """DataLoader worker processes; 0 loads in the training process."""
+
+
+class EvalLoader(Loader):
+    """A loader whose evaluation batches differ from its training ones."""
+
+    eval_batch_size: Positive = 256
+    """Samples per validation and test step (no gradients held: larger than batch_size fits)."""
 
 
 # A list of group names, or how many groups to draw; a name may read as a number (a video numbered 7).

@@ -3,7 +3,7 @@ trainer with the one Lightning argument it adds. Its presets are in configs/doma
 from typing import Literal
 
 from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
-from common.sections import Loader, Transformer
+from common.sections import EvalLoader, Transformer
 
 # dataset name -> loader of its corpus (corpus.py)
 DATASETS = ("stdlib", "text", "enwik8", "text8", "wikitext103")  # their loaders: data.LOADERS
@@ -12,7 +12,7 @@ ARCHS = ("llama", "qwen3", "gpt_neox", "gpt2")  # transformers model types (doma
 INITS = ("gpt2", "torch")  # GPT-2 / nanoGPT's | PyTorch's module defaults (embeddings as GPT-2's)
 
 
-class Data(Loader):
+class Data(EvalLoader):
     """The corpus, its tokens and its windows."""
 
     dataset: Literal[DATASETS] = "stdlib"
@@ -31,8 +31,6 @@ class Data(Loader):
     """... of the val split and of the test split each."""
     context: Positive = 256
     """Tokens per window (nanoGPT's block_size), also the size of the position table."""
-    eval_batch_size: Positive = 64
-    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):
@@ -63,5 +61,5 @@ class LanguageConfig(RunConfig):
     trainer: LanguageTrainer = LanguageTrainer(max_epochs=-1, max_steps=2000, check_val_every_n_epoch=None,
                                                gradient_clip_val=1.0)
     """The training length is trainer.max_steps (max_epochs -1); validation every val_check_interval steps."""
-    data: Data = Data()
+    data: Data = Data(eval_batch_size=64)
     model: Net = Net()

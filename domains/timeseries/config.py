@@ -3,13 +3,13 @@ Its presets are in configs/domain/timeseries.yaml."""
 from typing import Literal
 
 from common.schema import Fraction, Optim, Positive, RunConfig, Trainer
-from common.sections import Loader, Transformer
+from common.sections import EvalLoader, Transformer
 
 # dataset name -> reader of its variables (data.py): the embedded series, or the CSV of that name
 DATASETS = ("vic_elec", "ETTh1", "ETTh2", "ETTm1", "ETTm2", "weather", "electricity", "exchange_rate", "csv")  # their loaders: data.LOADERS
 
 
-class Data(Loader):
+class Data(EvalLoader):
     """The series, its split and its windows. Errors are on the standardised scale."""
 
     dataset: Literal[DATASETS] = "vic_elec"
@@ -27,8 +27,6 @@ class Data(Loader):
     """Horizon rows; the benchmarks use 96, 192, 336 and 720."""
     val_stride: Positive = 1
     """Validation windows start every N rows (it only picks the checkpoint); test: every row."""
-    eval_batch_size: Positive = 256
-    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):

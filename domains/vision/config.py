@@ -5,7 +5,7 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import Field
 
 from common.schema import Count, Fraction, NonNegative, Optim, Positive, Rate, Robustness, RunConfig, Trainer
-from common.sections import GroupedSplit, Loader, Transformer
+from common.sections import EvalLoader, GroupedSplit, Transformer
 from common.typed import Model
 
 DATASETS = ("mnist", "elpv", "imagefolder")  # their loaders: data.LOADERS
@@ -56,7 +56,7 @@ class Augment(Model):
     on different DDP ranks; an epoch keeps len(train) samples."""
 
 
-class Data(Loader, GroupedSplit):
+class Data(EvalLoader, GroupedSplit):
     """The images, their split and their augmentation."""
 
     dataset: Literal[DATASETS] = "mnist"
@@ -78,8 +78,6 @@ class Data(Loader, GroupedSplit):
     crop_pct: Annotated[float, Field(gt=0, le=1)] = 0.875
     """imagefolder evaluation: resize the shorter side to image_size / crop_pct, centre crop."""
     augment: Augment = Augment()
-    eval_batch_size: Positive = 256
-    """Samples per validation and test step (no gradients: larger than batch_size fits)."""
 
 
 class Net(Transformer):
