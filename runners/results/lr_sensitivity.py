@@ -177,11 +177,10 @@ def _setting_lines(runs: pd.DataFrame, setting: str) -> list[str]:
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         half = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
         lines.append(f"| {variant} | {row['lr_sensitivity']:.4g}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
-    top = lrs[-2:]
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
               *_by_lr(by_rate(runs, "clipped")),
               "", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
-              *_by_lr(by_rate(runs[runs["lr"].isin(top)], "peak_logit")),
+              *_by_lr(by_rate(runs, "peak_logit")),
               "", "Peak query norm over training (any layer, any probe step), median over seeds:", "",
               *_by_lr(by_rate(runs, "peak_q_norm")), ""]
     return lines
