@@ -2,9 +2,9 @@
 
 Reads the records of a learning-rate sweep (configs/sweep/stability.yaml) and writes, per domain, dataset
 and preset: final loss against learning rate (one line per variant, a band over seeds), each variant's
-learning-rate sensitivity with its spread over seeds, where runs diverged, the peak attention logit at the two
-highest learning rates (median over seeds), and the max attention logit over training there, layer by layer
-(first seed).
+learning-rate sensitivity with its spread over seeds, where runs diverged, the peak attention logit and query norm
+at every rate (median over seeds), and the max attention logit over training at the two highest rates, layer by
+layer (first seed).
 
 Learning-rate sensitivity follows Wortsman et al. (2023, "Small-scale proxies for large-scale Transformer
 training instabilities"): for one variant and seed, the mean over the learning-rate grid of
