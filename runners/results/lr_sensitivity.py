@@ -94,15 +94,17 @@ def plot_against_rate(panels: dict[str, pd.DataFrame], column: str, label: str, 
     """``column`` against the learning rate, a line per variant (the mean over seeds) in a band (their range), a
     panel per setting the sweep varies (a width)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
+    values = pd.concat([runs[column] for runs in panels.values()]).dropna()
+    yscale = ("log" if (values > 0).all() else "symlog") if log else "linear"  # symlog only where a value is <= 0
     for ax, (title, runs) in zip(axes[0], panels.items()):
         for variant in variant_order(runs["variant"]):
             stats = runs[runs["variant"] == variant].groupby("lr")[column].agg(["mean", "min", "max"])
             ax.plot(stats.index, stats["mean"], marker="o", ms=3, label=variant)
             ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15)
         ax.set_xlim(runs["lr"].min() / 1.5, runs["lr"].max() * 1.5)  # where no value is finite (no probes), still an axis
-        ax.set(xscale="log", yscale="symlog" if log else "linear", xlabel="learning rate", title=title or None)
+        ax.set(xscale="log", yscale=yscale, xlabel="learning rate", title=title or None)
         ax.title.set_fontsize(8)
-    axes[0][0].set_ylabel(f"{label} (mean; band: min to max over seeds)", fontsize=7)
+    axes[0][0].set_ylabel(f"{label}\nmean; band: min to max over seeds", fontsize=7)
     axes[0][-1].legend(fontsize=7)
     save_figure(fig, path, dpi=120)
 
