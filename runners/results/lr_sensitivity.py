@@ -95,7 +95,7 @@ def plot_against_rate(panels: dict[str, pd.DataFrame], column: str, label: str, 
     panel per setting the sweep varies (a width)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
     values = pd.concat([runs[column] for runs in panels.values()]).dropna()
-    yscale = ("log" if (values > 0).all() else "symlog") if log else "linear"  # symlog only where a value is <= 0
+    yscale = ("log" if len(values) and (values > 0).all() else "symlog") if log else "linear"  # symlog: a value <= 0, or none
     for ax, (title, runs) in zip(axes[0], panels.items()):
         for variant in variant_order(runs["variant"]):
             stats = runs[runs["variant"] == variant].groupby("lr")[column].agg(["mean", "min", "max"])
