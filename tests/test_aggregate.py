@@ -893,3 +893,20 @@ def test_a_replication_labelled_as_a_setting_of_the_protocol_is_its_own_plans_ru
     rows = markdown_rows(text)
     assert rows["H1"]["second: difference ± 95% (n)"].startswith(f"{np.mean([0.19, 0.21, 0.195]):+.3g} ± ")
     assert rows["H1"]["second: verdict"] == "supported" and rows["H1"]["first: verdict"] == "supported"
+
+
+def test_a_table_that_pools_a_variants_settings_says_so(tmp_path):
+    """A learning-rate grid aggregated as one table: each variant's mean runs over its rates, and the table says
+    which settings it pools; a table whose runs differ only in the seed says nothing."""
+    grid, seeds_only, out = tmp_path / "grid", tmp_path / "seeds", tmp_path / "R.md"
+    for root, rates in ((grid, (0.01, 0.1)), (seeds_only, (0.01,))):
+        for variant in ("standard", "quest"):
+            for seed in (0, 1):
+                for lr in rates:
+                    write_record(root / f"{variant}-{seed}-{lr}", record(variant, seed, {"mse": lr + seed},
+                                                                         config={"optim": {"lr": lr}, "seed": seed}))
+    assert aggregate.main([str(grid), "-o", str(out)]) == 0
+    assert "8 runs. A variant's runs here differ in `optim.lr` besides the seed" in out.read_text()
+    assert set(results_runs.load_runs(grid)["pooled"]) == {"optim.lr"}
+    assert aggregate.main([str(seeds_only), "-o", str(out)]) == 0
+    assert "besides the seed" not in out.read_text() and set(results_runs.load_runs(seeds_only)["pooled"]) == {""}

@@ -88,7 +88,7 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
                 parts += [f"The same {len(group)} runs as “{heading(repeated[key])}”: every variant's chosen settings "
                           "are the recipe's, at the same seeds.", ""]
                 continue
-            parts += [f"{len(group)} runs.", "", tables.domain_table(group).to_markdown(), "",
+            parts += [f"{len(group)} runs.{_pooled_line(group)}", "", tables.domain_table(group).to_markdown(), "",
                       tables.significance_line(group), ""]
             verdicts = (learns(group), attention_matters(group))  # each None where the table cannot tell
             facts = [*tables.ablation_lines(group), *(found[1] for found in verdicts if found), budget_line(group)]
@@ -109,6 +109,17 @@ def render(runs: pd.DataFrame | None, plots: dict[tuple[str, ...], list[str]] | 
         parts += ["---", "", "Skipped records (not aggregated):", "",
                   *(f"- `{path}`: {reason}" for path, reason in skipped), ""]
     return "\n".join(parts)
+
+
+def _pooled_line(group: pd.DataFrame) -> str:
+    """Where a variant's runs in a table differ in more than the seed (a learning-rate grid), a sentence saying that
+    its mean and interval pool those settings."""
+    keys = sorted({key for keys in group["pooled"] if keys for key in keys.split(", ")})
+    if not keys:
+        return ""
+    return (f" A variant's runs here differ in {', '.join(f'`{key}`' for key in keys)} besides the seed: its mean and "
+            "interval pool those settings (runs.csv's `pooled` column names them per run; `quest stability` reads a "
+            "learning-rate grid rate by rate).")
 
 
 def budget_line(group: pd.DataFrame) -> str | None:

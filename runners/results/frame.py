@@ -7,7 +7,7 @@ import pandas as pd
 
 from common.attention import VARIANTS
 from common.records import RunRecord, read_records
-from runners.runs.selection import SELECTION_FILE, Selection, leaves, read_selection
+from runners.runs.selection import SELECTION_FILE, Selection, leaves, read_selection, settings, varying_keys
 
 # Summary columns of `quest robustness` results (a record's "robustness" field) shown beside test metrics:
 # accuracies (common.perturbations), so higher is better.
@@ -21,7 +21,7 @@ RECORD_FIELDS = ("domain", "dataset", "variant", "seed", "preset", "status", "pr
 DESCRIPTIONS = ("directions", "baselines")  # what the record says of its metrics (not written to the CSV)
 # How sharp a run's attention starts: its probes at step 0, averaged over layers (common.probes).
 INITIAL = {"init_logit_std": "logit_std", "init_entropy_ratio": "entropy_ratio"}
-IDENTITY = {*RECORD_FIELDS, "protocol", "run_dir", *DESCRIPTIONS, *INITIAL, "best_at_end"}
+IDENTITY = {*RECORD_FIELDS, "protocol", "run_dir", *DESCRIPTIONS, *INITIAL, "best_at_end", "pooled"}
 PROTOCOLS = ("same recipe", "tuned")
 
 
@@ -31,7 +31,7 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
     records, errors = read_records(*roots)  # each damaged one logged as skipped
     selections = {Path(root): read_selection(Path(root) / SELECTION_FILE) for root in roots
                   if (Path(root) / SELECTION_FILE).is_file()}
-    rows = []
+    rows, flat = [], []
     for path, rec in records:
         row = {**{k: getattr(rec, k) for k in RECORD_FIELDS}, "run_dir": str(path.parent),
                **{k.removeprefix("test/"): v for k, v in rec.metrics.items()},
@@ -40,12 +40,26 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
         kept = rec.best_val
         if kept.evaluations:  # its best validation was its last: still improving when it stopped
             row["best_at_end"] = kept.evaluation == kept.evaluations
-        rows += [{**row, "protocol": protocol} for protocol in _protocols(path, rec, selections)]
+        protocols = _protocols(path, rec, selections)
+        rows += [{**row, "protocol": protocol} for protocol in protocols]
+        flat += [settings(rec.config)] * len(protocols)
     if not rows:
         raise FileNotFoundError(f"no readable run records under {', '.join(map(str, roots))} ({len(errors)} skipped)")
     runs = pd.DataFrame(rows)
+    runs["pooled"] = _pooled(runs, flat)
     runs.attrs["skipped"] = [(err.path, err.reason) for err in errors]
     return runs
+
+
+def _pooled(runs: pd.DataFrame, flat: list[dict]) -> list[str]:
+    """Per run, the settings that vary among its variant's runs in its table besides the seed (a learning-rate
+    grid's ``optim.lr``), which the table's mean and interval pool; "" where only seeds differ."""
+    pooled = [""] * len(runs)
+    for _, group in runs.groupby([*GROUP, "variant"], sort=False):
+        keys = ", ".join(varying_keys([flat[i] for i in group.index]))
+        for i in group.index:
+            pooled[i] = keys
+    return pooled
 
 
 def second_setting(protocol: str) -> str:
