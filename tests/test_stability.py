@@ -49,7 +49,7 @@ def test_report_has_a_table_and_both_figures(tmp_path):
     out.parent.mkdir()
     assert cli(["stability", str(tmp_path / "runs"), "-o", str(out)]) == 0
     text = out.read_text()
-    assert "| standard | 0.6667 | – | 1 | 1/3 (0.1: 1/1) |" in text and "| quest | 0.1333 | – | 1 | 0/3 |" in text
+    assert "| standard | 0.6667 | – | 1 | 1/3 (0.1: 1/1) | 0.1 (best 0.01) |" in text and "| quest | 0.1333 | – | 1 | 0/3 |" in text
     assert text.index("| standard |") < text.index("| quest |")  # the project's variant order
     # peak logit at every learning rate: max over steps of [2, 300 x lr]
     assert text.count("| variant | lr 0.001 | lr 0.01 | lr 0.1 |") == 3 and "| quest | 2 | 3 | 30 |" in text
@@ -60,8 +60,9 @@ def test_report_has_a_table_and_both_figures(tmp_path):
 
 
 def test_a_sweep_over_widths_gets_a_section_and_a_panel_per_width_and_the_records_peaks(tmp_path):
+    standard = {64: [1.0, 0.5, 3.0], 128: [0.5, 0.9, 3.0]}  # the wider one breaks at a lower rate
     for dim in (64, 128):
-        for variant, finals in (("standard", [1.0, 0.5, 3.0]), ("quest", [0.9, 0.6, 0.7])):
+        for variant, finals in (("standard", standard[dim]), ("quest", [0.9, 0.6, 0.65])):
             for seed in (0, 1):
                 for lr, final in zip(LRS, finals):
                     record = lr_record(variant, seed, lr, final + 0.01 * seed)
@@ -78,5 +79,8 @@ def test_a_sweep_over_widths_gets_a_section_and_a_panel_per_width_and_the_record
     # standard's sensitivity: mean(1, 0.5, 2) - 0.5 at seed 0 (3.0 clipped to the initial 2.0), 0.01 less at seed 1
     assert "| standard | 0.665 ± 0.021 | 0.0024 | 2 | 0/6 |" in text
     assert "| quest | 0.064 | 0.64 | 6.4 |" in text  # the peak query norm the record keeps, width 64
+    # where each breaks (first rate more than 0.1 above its best, median over seeds), across the widths
+    assert "| variant | model.dim=64 | model.dim=128 |" in text
+    assert "| standard | 0.1 (best 0.01) | 0.01 (best 0.001) |" in text and "| quest | – (best 0.01) | – (best 0.01) |" in text
     for name in ("final_loss", "peak_logit", "peak_q_norm", "max_logit"):
         assert (tmp_path / "STABILITY_figures" / f"stability_a_d_study_{name}.png").stat().st_size > 1000

@@ -44,6 +44,9 @@ def load_lr_runs(*roots: str | Path) -> pd.DataFrame:
     return runs.assign(clipped=runs["final"].where(~bad, runs["initial"]))
 
 
+# How far above its best a variant's final loss must end for a rate to count as where it breaks: plan 4's exploratory
+# reading of Wortsman et al.'s finding that standard attention breaks at lower rates as width grows (nats).
+BREAK_MARGIN = 0.1
 PEAKS = {"peak_logit": "max_logit", "peak_q_norm": "q_norm_max"}  # column -> the probe whose peak over training it is
 
 
@@ -81,6 +84,21 @@ def divergence_summary(runs: pd.DataFrame) -> pd.Series:
         totals = group.groupby("lr")["status"].size()
         where = ", ".join(f"{lr:.3g}: {n}/{totals[lr]}" for lr, n in per_lr.items() if n)
         out[variant] = f"{int(per_lr.sum())}/{len(group)}" + (f" ({where})" if where else "")
+    return pd.Series(out)
+
+
+def breaking_rates(runs: pd.DataFrame, margin: float = BREAK_MARGIN) -> pd.Series:
+    """Per variant: the first rate above its best at which its final loss (clipped, median over seeds) ends more than
+    ``margin`` above the best, and the best rate: "0.03 (best 0.003)"; "–" where no rate does."""
+    out = {}
+    for variant, losses in by_rate(runs, "clipped").iterrows():
+        losses = losses.dropna()
+        if losses.empty:
+            out[variant] = "–"
+            continue
+        best = losses.idxmin()
+        above = losses[(losses.index > best) & (losses > losses[best] + margin)]
+        out[variant] = (f"{above.index[0]:.3g}" if len(above) else "–") + f" (best {best:.3g})"
     return pd.Series(out)
 
 
@@ -147,6 +165,13 @@ def section(runs: pd.DataFrame, figures: Path, link_root: Path) -> list[str]:
         plot_against_rate(panels, column, label, figures / f"{stem}_{name}.png", log)
     plot_max_logits(runs[runs["setting"] == next(iter(panels))], figures / f"{stem}_max_logit.png")
     lines = [f"## Stability: {domain} / {dataset} ({preset})", ""]
+    if len(panels) > 1:  # a width grid: does the rate where a variant breaks fall as the width grows?
+        breaks = pd.DataFrame({setting: breaking_rates(group) for setting, group in panels.items()})
+        lines += [f"Where each variant's final loss first ends more than {BREAK_MARGIN:g} above its best (the rate; its "
+                  "best in brackets), median over seeds, by setting:", "",
+                  "| variant | " + " | ".join(panels) + " |", "|---|" + "---|" * len(panels),
+                  *(f"| {variant} | " + " | ".join(row.fillna("–")) + " |"
+                    for variant, row in breaks.reindex(variant_order(runs["variant"])).iterrows()), ""]
     for setting, group in panels.items():
         lines += _setting_lines(group, setting)
     rel = lambda name: (figures / name).relative_to(link_root).as_posix()  # noqa: E731
@@ -167,18 +192,20 @@ def _in_order(setting: str) -> list[tuple[int, float | str]]:
 
 
 def _setting_lines(runs: pd.DataFrame, setting: str) -> list[str]:
-    table = lr_sensitivity(runs).join(divergence_summary(runs).rename("diverged"))
+    table = lr_sensitivity(runs).join(divergence_summary(runs).rename("diverged")).join(breaking_rates(runs).rename("breaks"))
     table = table.reindex(variant_order(runs["variant"]))
     lrs = sorted(runs["lr"].unique())
     lines = [*([f"### {setting}", ""] if setting else []),
              f"{len(runs)} runs: learning rates {', '.join(f'{lr:.3g}' for lr in lrs)} x "
              f"{runs['variant'].nunique()} variants x seeds {sorted(map(int, runs['seed'].unique()))}.", "",
-             "| variant | LR sensitivity ↓ (± 95%) | spread (std over seeds) | seeds | diverged runs (lr: count) |",
-             "|---|---|---|---|---|"]
+             "| variant | LR sensitivity ↓ (± 95%) | spread (std over seeds) | seeds | diverged runs (lr: count) | "
+             f"ends > {BREAK_MARGIN:g} above its best at lr (best lr) |",
+             "|---|---|---|---|---|---|"]
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         half = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
-        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} |")
+        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} | "
+                     f"{row['breaks']} |")
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
               *_by_lr(by_rate(runs, "clipped")),
               "", "Peak max attention logit over training (any layer, any probe step), median over seeds:", "",
