@@ -187,6 +187,19 @@ def test_the_report_counts_successes_with_wilson_intervals_and_draws_its_figures
     assert all((tmp_path / "report" / f).exists() for f in figures)
 
 
+def test_a_grid_with_its_control_is_reported_per_shortcut_share_never_pooled(tmp_path):
+    """Plan 4's mechanism grid runs the task (p_bias 0.5) and its control (p_bias 0): a section and figures each."""
+    for seed in range(2):
+        fake_run(tmp_path, "standard", seed, 1e-2, success=False, extra=("data.p_bias=0.5",))
+        fake_run(tmp_path, "standard", seed, 1e-2, success=True, extra=("data.p_bias=0.0",))
+    text = report.study(tmp_path, tmp_path / "report", 1e-2, 0.01)
+    shortcut, control = text.split("## With the shortcut (p_bias = 0.5)")[1].split("## Control without the shortcut (p_bias = 0)")
+    assert "| standard | 0.0% [" in shortcut and "0/2" in shortcut and "| standard | 100.0% [" in control
+    for share in ("0.5", "0"):
+        assert all((tmp_path / "report" / f"{name}_p_bias{share}.png").exists()
+                   for name in ("success_heatmaps", "success_rates", "key_norms"))
+
+
 @pytest.mark.parametrize("variant", ["standard", "quest", "qnorm", "qknorm", "qknorm_ds"])
 def test_the_faithful_model_reads_labels_only_through_where_attention_goes(variant):
     """q and k come from x^k alone (no bias), the values are the one-hot labels, the prediction is the tokens'

@@ -6,8 +6,9 @@ wrote them; ``quest aggregate`` gives the generic tables beside these).
 counts), ``success_rates.png`` (per variant, the success rate over the whole grid with a 95% Wilson interval,
 beside the paper's figures), ``key_norms.png`` (the answer token's key norm over training on biased and on
 unbiased samples, in one cell of the grid: median over seeds and interquartile band, never pooled over
-cells) and ``report.md`` with the numbers. A diverged run counts as a failure; a failed run (an error) is
-left out and counted. Variants that compute what another does in this model (``EQUIVALENT``) are listed as
+cells) and ``report.md`` with the numbers; a grid run at several shortcut shares (``data.p_bias``, a task and its
+control) gets a section and figures (``*_p_bias<share>.png``) for each. A diverged run counts as a failure; a
+failed run (an error) is left out and counted. Variants that compute what another does in this model (``EQUIVALENT``) are listed as
 such rather than run.
 
 ``quest retrieval-report design runs/retrieval_design`` applies the design rule of
@@ -192,16 +193,34 @@ def _fmt_rate(row) -> str:
 
 
 def study(root: Path, out: Path, lr: float, wd: float) -> str:
+    """The report of a study's grid; a grid run at several shortcut shares (``data.p_bias``: plan 4's task and its
+    control) gets a section and figures for each, the shortcut first, never pooled."""
     runs = load(root)
     runs = runs.set_index("variant", drop=False).loc[_variants(runs)].reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
+    shares = sorted(runs["p_bias"].unique(), reverse=True)
+    if len(shares) == 1:
+        text = "\n".join(_study_lines(runs, root, out, lr, wd, "#", ""))
+    else:
+        text = "\n".join(["# Mechanism study", "", *(line for share in shares for line in _study_lines(
+            runs[runs["p_bias"] == share], root, out, lr, wd, "##", f"_p_bias{share:g}"))])
+    write_atomic(out / "report.md", text)
+    return text
+
+
+def _study_lines(runs: pd.DataFrame, root: Path, out: Path, lr: float, wd: float, level: str, tag: str) -> list[str]:
+    """One shortcut share's table and figures (``tag`` in their file names where the grid has several)."""
     table = rates(runs, "variant")
     paper = PAPER if (runs["p_bias"] > 0).all() else {}  # the paper's figures are for the task with its shortcut
-    heatmaps(runs, out / "success_heatmaps.png")
-    success_bars(table, paper, out / "success_rates.png")
-    key_norm_plot(key_norm_curves(runs, lr, wd), lr, wd, out / "key_norms.png")
-    title = "Mechanism study" if paper else "Mechanism study: control without the shortcut (p_bias = 0)"
-    lines = [f"# {title}", "", f"{len(runs)} runs from `{root}`: a run succeeds when its unbiased test accuracy "
+    figures = {name: f"{name}{tag}.png" for name in ("success_heatmaps", "success_rates", "key_norms")}
+    heatmaps(runs, out / figures["success_heatmaps"])
+    success_bars(table, paper, out / figures["success_rates"])
+    key_norm_plot(key_norm_curves(runs, lr, wd), lr, wd, out / figures["key_norms"])
+    if tag:
+        title = f"With the shortcut (p_bias = {runs['p_bias'].iloc[0]:g})" if paper else "Control without the shortcut (p_bias = 0)"
+    else:
+        title = "Mechanism study" if paper else "Mechanism study: control without the shortcut (p_bias = 0)"
+    lines = [f"{level} {title}", "", f"{len(runs)} runs from `{root}`: a run succeeds when its unbiased test accuracy "
              "reaches the threshold; diverged runs count as failures, failed runs are left out.", "",
              "| variant | success rate [95% interval] | successes/runs | paper | diverged | failed | "
              "mean acc (unbiased) | mean acc (biased) |", "|---|---|---|---|---|---|---|---|"]
@@ -211,11 +230,9 @@ def study(root: Path, out: Path, lr: float, wd: float) -> str:
                      f"{int(row['diverged'])} | {int(row['failed'])} | {_fmt(row['acc'])} | "
                      f"{_fmt(row['acc_biased'])} |")
     lines += [f"| {v} | ≡ {base} (not run) | | | | | | |" for v, base in EQUIVALENT.items()]
-    lines += ["", "![success heatmaps](success_heatmaps.png)", "", "![success rates](success_rates.png)", "",
-              "![key norms](key_norms.png)", ""]
-    text = "\n".join(lines)
-    write_atomic(out / "report.md", text)
-    return text
+    lines += ["", f"![success heatmaps]({figures['success_heatmaps']})", "",
+              f"![success rates]({figures['success_rates']})", "", f"![key norms]({figures['key_norms']})", ""]
+    return lines
 
 
 def design(root: Path, out: Path) -> str:
