@@ -53,10 +53,12 @@ def load_runs(*roots: str | Path) -> pd.DataFrame:
 
 def _pooled(runs: pd.DataFrame, flat: list[dict]) -> list[str]:
     """Per run, the settings that vary among its variant's runs in its table besides the seed (a learning-rate
-    grid's ``optim.lr``), which the table's mean and interval pool; "" where only seeds differ."""
+    grid's ``optim.lr``), which the table's mean and interval pool; "" where only seeds differ. A key some of the
+    runs lack (recorded before it existed) is not counted as varying."""
     pooled = [""] * len(runs)
     for _, group in runs.groupby([*GROUP, "variant"], sort=False):
-        keys = ", ".join(varying_keys([flat[i] for i in group.index]))
+        members = [flat[i] for i in group.index]
+        keys = ", ".join(key for key in varying_keys(members) if all(key in run for run in members))
         for i in group.index:
             pooled[i] = keys
     return pooled
