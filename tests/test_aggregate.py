@@ -908,5 +908,7 @@ def test_a_table_that_pools_a_variants_settings_says_so(tmp_path):
     assert aggregate.main([str(grid), "-o", str(out)]) == 0
     assert "8 runs. A variant's runs here differ in `optim.lr` besides the seed" in out.read_text()
     assert set(results_runs.load_runs(grid)["pooled"]) == {"optim.lr"}
+    newer = record("quest", 2, {"mse": 0.01}, config={"optim": {"lr": 0.01, "z_loss": 0.0}, "seed": 2})
+    write_record(seeds_only / "quest-2-newer", newer)  # a key the older runs lack is no setting they differ in
     assert aggregate.main([str(seeds_only), "-o", str(out)]) == 0
     assert "besides the seed" not in out.read_text() and set(results_runs.load_runs(seeds_only)["pooled"]) == {""}
