@@ -7,9 +7,10 @@ counts), ``success_rates.png`` (per variant, the success rate over the whole gri
 beside the paper's figures), ``key_norms.png`` (the answer token's key norm over training on biased and on
 unbiased samples, in one cell of the grid: median over seeds and interquartile band, never pooled over
 cells) and ``report.md`` with the numbers; a grid run at several shortcut shares (``data.p_bias``, a task and its
-control) gets a section and figures (``*_p_bias<share>.png``) for each. A diverged run counts as a failure; a
-failed run (an error) is left out and counted. Variants that compute what another does in this model (``EQUIVALENT``) are listed as
-such rather than run.
+control) gets a section and figures (``*_p_bias<share>.png``) for each; ``--beside RECORDS`` sets another reading's
+runs (each variant at its own rate, best checkpoint) beside the grid's, with where each run's validation peaked. A
+diverged run counts as a failure; a failed run (an error) is left out and counted. Variants that compute what another
+does in this model (``EQUIVALENT``) are listed as such rather than run.
 
 ``quest retrieval-report design runs/retrieval_design`` applies the design rule of
 ``configs/sweep/retrieval_design.yaml``: for each candidate width, the success rate of standard attention
@@ -69,7 +70,10 @@ def load(root: str | Path) -> pd.DataFrame:
                      "kappa": setting("data.answer_kappa", 1.0),  # records from before the key: the isotropic task
                      **{key: setting(f"model.{key}") for key in ("form", "qk_input", "qk_bias")},
                      "acc": metrics.get("test/acc", math.nan), "acc_biased": metrics.get("test/acc_biased", math.nan),
-                     "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent)})
+                     "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent),
+                     # records from before test_checkpoint were tested at their best checkpoint
+                     "epochs": setting("trainer.max_epochs"), "checkpoint": setting("test_checkpoint", "best"),
+                     "best_at": record.best_val.evaluation, "evaluations": record.best_val.evaluations})
     if not rows:
         raise FileNotFoundError(f"no retrieval run records under {root}")
     return pd.DataFrame(rows)
@@ -82,7 +86,7 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+    return max(0.0, centre - half), min(1.0, centre + half)  # rounding would print 0 as -0.0%
 
 
 def rates(runs: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -179,7 +183,8 @@ def key_norm_plot(curves: dict[str, pd.DataFrame], lr: float, wd: float, path: P
         ax.set_xlabel("training step")
         ax.set_yscale("log")
     axes[0].set_ylabel("key norm ‖W_k x_a + b_k‖")
-    axes[1].legend(fontsize=7)
+    if curves:  # archived records keep no training log
+        axes[1].legend(fontsize=7)
     fig.suptitle(f"one cell (lr {lr:g}, weight decay {wd:g}): median over seeds, interquartile band", fontsize=10)
     return save_figure(fig, path)
 
@@ -192,10 +197,11 @@ def _fmt_rate(row) -> str:
     return f"{row['rate']:.1%} [{row['low']:.1%}, {row['high']:.1%}]"
 
 
-def study(root: Path, out: Path, lr: float, wd: float) -> str:
+def study(root: Path, out: Path, lr: float, wd: float, earlier: Path | None = None) -> str:
     """The report of a study's grid; a grid run at several shortcut shares (``data.p_bias``: plan 4's task and its
-    control) gets a section and figures for each, the shortcut first, never pooled."""
-    runs = load(root)
+    control) gets a section and figures for each, the shortcut first, never pooled. With ``earlier`` (another
+    reading's records), that reading beside this one (``beside``)."""
+    runs, earlier_runs = load(root), load(earlier) if earlier is not None else None
     runs = runs.set_index("variant", drop=False).loc[_variants(runs)].reset_index(drop=True)
     out.mkdir(parents=True, exist_ok=True)
     shares = sorted(runs["p_bias"].unique(), reverse=True)
@@ -204,6 +210,8 @@ def study(root: Path, out: Path, lr: float, wd: float) -> str:
     else:
         text = "\n".join(["# Mechanism study", "", *(line for share in shares for line in _study_lines(
             runs[runs["p_bias"] == share], root, out, lr, wd, "##", f"_p_bias{share:g}"))])
+    if earlier_runs is not None:
+        text += "\n" + "\n".join(beside(runs, earlier_runs, earlier, "#" if len(shares) == 1 else "##"))
     write_atomic(out / "report.md", text)
     return text
 
@@ -233,6 +241,44 @@ def _study_lines(runs: pd.DataFrame, root: Path, out: Path, lr: float, wd: float
     lines += ["", f"![success heatmaps]({figures['success_heatmaps']})", "",
               f"![success rates]({figures['success_rates']})", "", f"![key norms]({figures['key_norms']})", ""]
     return lines
+
+
+def beside(runs: pd.DataFrame, earlier: pd.DataFrame, earlier_root: Path, level: str) -> list[str]:
+    """An earlier reading of the task (plan 3's: each variant at its own tuned rate, tested at its best-validation
+    checkpoint) beside this grid's at the same shortcut share, a row each per variant: the rates and checkpoint each
+    read and after how many epochs, its success rate and unbiased accuracy, and at which of its validations the best came (where a
+    best-checkpoint reading tests a run: early, before the shortcut takes over, reads a run at its best)."""
+    runs = runs[runs["p_bias"].isin(earlier["p_bias"].unique())]
+    shares = ", ".join(f"{share:g}" for share in sorted(earlier["p_bias"].unique()))
+    lines = [f"{level} Beside an earlier reading", "",
+             f"The earlier reading's {len(earlier)} runs (`{earlier_root}`) beside this grid's {len(runs)} at the same "
+             f"shortcut share (p_bias {shares}). *Best at*: the validation at which the primary metric peaked, median "
+             "over runs, of how many each ran; a run tested at its best checkpoint is read there.", "",
+             "| variant | reading | learning rate | weight decay | epochs | checkpoint | success rate [95% interval] | "
+             "mean acc (unbiased) | best at |", "|---|---|---|---|---|---|---|---|---|"]
+    for variant in _variants(pd.concat([earlier, runs])):
+        for name, group in (("earlier", earlier), ("this grid", runs)):
+            group = group[group["variant"] == variant]
+            if group.empty:
+                continue
+            row = rates(group, "variant").iloc[0]
+            done = group[group["status"] != "failed"]
+            checkpoints = ", ".join(sorted(set(group["checkpoint"])))
+            lines.append(f"| {variant} | {name} | {_span(group['lr'])} | {_span(group['wd'])} | {_span(group['epochs'])} "
+                         f"| {checkpoints} | {_fmt_rate(row)} | {_fmt(row['acc'])} | {_evaluation(done)} |")
+    return [*lines, ""]
+
+
+def _span(values: pd.Series) -> str:
+    values = sorted(values.unique())
+    return f"{values[0]:g}" if len(values) == 1 else f"{values[0]:g}–{values[-1]:g} ({len(values)} values)"
+
+
+def _evaluation(runs: pd.DataFrame) -> str:
+    known = runs.dropna(subset=["best_at", "evaluations"])
+    if known.empty:
+        return "–"
+    return f"{known['best_at'].median():g} of {known['evaluations'].median():g}"
 
 
 def design(root: Path, out: Path) -> str:
@@ -316,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, help="where the report goes (default <runs>/report)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="the cell of the key-norm curves")
     parser.add_argument("--wd", type=float, default=defaults.weight_decay, help="the cell of the key-norm curves")
+    parser.add_argument("--beside", type=Path, metavar="RECORDS",
+                        help="study: another reading's run records (plan 3's confirmation) to set beside this grid")
     args = parser.parse_args(argv)
     if args.what == "shortcut":
         print(shortcut(args.output or Path("runs/retrieval_shortcut")))
@@ -323,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs is None:
         parser.error(f"{args.what} needs the sweep's output directory")
     out = args.output or args.runs / "report"
-    report = {"study": lambda: study(args.runs, out, args.lr, args.wd), "design": lambda: design(args.runs, out),
+    report = {"study": lambda: study(args.runs, out, args.lr, args.wd, args.beside), "design": lambda: design(args.runs, out),
               "ablations": lambda: ablations(args.runs, out)}[args.what]
     print(report())
     return 0
