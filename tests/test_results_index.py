@@ -1,8 +1,12 @@
 """RESULTS/ you can read: `quest aggregate` writes an index of its results folder (RESULTS/README.md), and links a
 report's figures where they lie when the report is already inside that folder, never copying them beside
 themselves (three folders of RESULTS/ were such copies)."""
+import os
 from pathlib import Path
 
+import pytest
+
+from common.files import FileError
 from runners.commands import aggregate
 from runners.results.index import render_index
 from tests.test_aggregate import write_runs
@@ -26,6 +30,21 @@ def test_aggregate_indexes_its_folder_and_links_figures_in_place(tmp_path):
     assert "`quest retrieval-report study runs/m`" in index and "QUEST succeeds in 97% of runs." in index
     assert f"made by `quest aggregate {runs} --report {study / 'report.md'}`" in index
     assert "[runs.csv](runs.csv)" in index
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda page, outside: page.symlink_to(outside), "must lie inside"),
+    (lambda page, outside: os.mkfifo(page), "is a FIFO"),
+])
+def test_the_index_reads_no_page_outside_its_folder_and_waits_on_none(tmp_path, make, says):
+    """A study page that links out of the results folder is refused, not quoted into the index; a FIFO is refused
+    at once, not waited on."""
+    (tmp_path / "secret.md").write_text("# Not a result\n\nA line from outside the folder.\n")
+    study = tmp_path / "R" / "study"
+    study.mkdir(parents=True)
+    make(study / "report.md", tmp_path / "secret.md")
+    with pytest.raises(FileError, match=says):
+        render_index(tmp_path / "R")
 
 
 def test_the_project_results_folder_has_its_index():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from common.files import write_atomic
+from common.files import MAX_DOCUMENT_BYTES, inside, read_text, write_atomic
 from runners.runs.launches import read_launches
 
 INDEX = "README.md"
@@ -13,12 +13,10 @@ COMMAND = re.compile(r"`(quest [^`]+)`")
 HEADING = re.compile(r"^#\s+(.+?)\s*$", re.MULTILINE)
 
 
-def _read(path: Path, limit: int = 200_000) -> str:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as file:
-            return file.read(limit)
-    except OSError:
-        return ""
+def _read(page: Path, root: Path) -> str:
+    """A page of the results folder ``root``, read as any document is (``common.files``): a link out of the folder,
+    a FIFO or an outsized page is a one-line ``FileError``, never followed or waited on."""
+    return read_text(inside(root, page.relative_to(root).as_posix(), "results page"), "results page", MAX_DOCUMENT_BYTES)
 
 
 def _title(text: str, fallback: str) -> str:
@@ -40,18 +38,18 @@ def _study(folder: Path, root: Path) -> list[str]:
     pages = sorted(folder.glob("*.md"))
     reports = [p for p in pages if p.name != INDEX]
     main = next((p for p in pages if p.name == INDEX), reports[0] if len(reports) == 1 else None)
-    text = _read(main) if main else ""
+    text = _read(main, root) if main else ""
     report = reports[0] if reports else None
-    headline = _headline(_read(report)) if report else _headline(text)
+    headline = _headline(_read(report, root)) if report else _headline(text)
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     shown = ", ".join(f"[{f}]({folder.relative_to(root).as_posix()}/{f})" for f in files[:12])
     more = f" and {len(files) - 12} more" if len(files) > 12 else ""
-    found = dict.fromkeys(COMMAND.findall(text + (_read(report) if report else "")))  # each once, in order
+    found = dict.fromkeys(COMMAND.findall(text + (_read(report, root) if report else "")))  # each once, in order
     commands = "; ".join(f"`{c}`" for c in list(found)[:3])
     return [f"### [{_title(text, folder.name)}]({folder.relative_to(root).as_posix()}/)", "",
             *([f"- **Made by**: {commands}"] if commands else []),
             *([f"- **In brief**: {headline}"] if headline and len(reports) == 1 else []),
-            *(["- **Reports**: " + "; ".join(f"[{_title(_read(p), p.stem)}]({folder.relative_to(root).as_posix()}/{p.name})"
+            *(["- **Reports**: " + "; ".join(f"[{_title(_read(p, root), p.stem)}]({folder.relative_to(root).as_posix()}/{p.name})"
                                                for p in reports)] if len(reports) > 1 else []),
             f"- **Files**: {shown}{more}", ""]
 
@@ -85,7 +83,7 @@ def render_index(folder: Path, document: Path | None = None, command: str | None
     pages = [p for p in loose if p.suffix == ".md"]
     if pages:
         lines += ["## Plans, notes and reports", "", "| file | what it is |", "|---|---|",
-                  *(f"| [{p.name}]({p.name}) | {_title(_read(p), p.stem).replace('|', '/')} |" for p in pages), ""]
+                  *(f"| [{p.name}]({p.name}) | {_title(_read(p, folder), p.stem).replace('|', '/')} |" for p in pages), ""]
     figures = [p for p in loose if p.suffix == ".png"]
     rest = [p for p in loose if p.suffix not in (".md", ".png")]
     if figures or rest:
