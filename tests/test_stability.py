@@ -43,6 +43,21 @@ def test_lr_sensitivity_clips_at_the_initial_loss_and_counts_divergence(tmp_path
     assert divergence["standard"] == "1/6 (0.1: 1/2)" and divergence["quest"] == "0/6"
 
 
+def test_a_seed_counts_only_with_a_finished_run_at_every_rate(tmp_path):
+    """As the confirmatory endpoint counts it: a seed still short of a rate, or with a failed run, would be read
+    over the other rates (here, without the one where standard broke)."""
+    write_sweep(tmp_path, {("standard", 0): [1.0, 0.5, math.nan], ("quest", 0): [0.9, 0.6, 0.7],
+                           ("quest", 1): [0.8, 0.6, 0.7]})
+    write_record(tmp_path / "standard-1-0.001", lr_record("standard", 1, 1e-3, 1.0))  # seed 1 still running
+    write_record(tmp_path / "standard-1-0.01", lr_record("standard", 1, 1e-2, 0.5))
+    for lr, status in zip(LRS, ("ok", "ok", "failed")):
+        write_record(tmp_path / f"qk_layernorm-0-{lr}", lr_record("qk_layernorm", 0, lr, 0.5, status))
+    table = stability.lr_sensitivity(stability.load_lr_runs(tmp_path))
+    assert table.loc["standard", ["lr_sensitivity", "seeds"]].tolist() == [pytest.approx(3.5 / 3 - 0.5), 1]
+    assert table.loc["quest", "seeds"] == 2 and table.loc["qk_layernorm", "seeds"] == 0
+    assert math.isnan(table.loc["qk_layernorm", "lr_sensitivity"])
+
+
 def test_report_has_a_table_and_both_figures(tmp_path):
     write_sweep(tmp_path / "runs", {("standard", 0): [1.0, 0.5, math.nan], ("quest", 0): [0.9, 0.6, 0.7]})
     out = tmp_path / "report" / "STABILITY.md"

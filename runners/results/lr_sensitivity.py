@@ -68,10 +68,15 @@ def _varying_settings(runs: pd.DataFrame, settings: list[dict]) -> list[str]:
 
 
 def lr_sensitivity(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: the sensitivity of each seed over the learning rates it has, then mean, std and the half-width of
-    the mean's 95% t-interval over seeds."""
-    per_seed = runs.groupby(["variant", "seed"])["clipped"].agg(lambda c: c.mean() - c.min())
-    table = per_seed.groupby("variant").agg(["mean", "std", "count"])
+    """Per variant: the sensitivity of each seed with a finished run (ok or diverged) at every learning rate of the
+    sweep, as the confirmatory endpoint counts a seed (``runners.results.endpoints``: a seed short of a rate, or with
+    a run that failed, would be read over other rates), then mean, std and the half-width of the mean's 95%
+    t-interval over seeds."""
+    finished = runs[runs["status"].isin(["ok", "diverged"])]
+    whole = finished.groupby(["variant", "seed"])["lr"].transform("nunique") == runs["lr"].nunique()
+    per_seed = finished[whole].groupby(["variant", "seed"])["clipped"].agg(lambda c: c.mean() - c.min())
+    table = per_seed.groupby("variant").agg(["mean", "std", "count"]).reindex(runs["variant"].unique())
+    table["count"] = table["count"].fillna(0)
     table["half"] = per_seed.groupby("variant").agg(half_width)
     return table.rename(columns={"mean": "lr_sensitivity", "std": "spread", "count": "seeds"})
 
@@ -198,13 +203,15 @@ def _setting_lines(runs: pd.DataFrame, setting: str) -> list[str]:
     lines = [*([f"### {setting}", ""] if setting else []),
              f"{len(runs)} runs: learning rates {', '.join(f'{lr:.3g}' for lr in lrs)} x "
              f"{runs['variant'].nunique()} variants x seeds {sorted(map(int, runs['seed'].unique()))}.", "",
+             "A seed's LR sensitivity counts where it has a finished run at every rate.", "",
              "| variant | LR sensitivity ↓ (± 95%) | spread (std over seeds) | seeds | diverged runs (lr: count) | "
              f"ends > {BREAK_MARGIN:g} above its best at lr (best lr) |",
              "|---|---|---|---|---|---|"]
     for variant, row in table.iterrows():
         spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
         half = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
-        lines.append(f"| {variant} | {row['lr_sensitivity']:.4g}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} | "
+        sensitivity = "–" if np.isnan(row["lr_sensitivity"]) else f"{row['lr_sensitivity']:.4g}"
+        lines.append(f"| {variant} | {sensitivity}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} | "
                      f"{row['breaks']} |")
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
               *_by_lr(by_rate(runs, "clipped")),
