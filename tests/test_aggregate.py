@@ -447,7 +447,7 @@ def test_a_tuned_sweep_has_both_protocols_its_choices_and_the_confirmatory_tests
     rows = {line.split("|")[1].strip(): line for line in confirm.splitlines() if line.startswith("| H")}
     assert rows["H1"].rstrip(" |").endswith("supported") and "+0.298 ± 0.026" in rows["H1"]
     assert rows["H2"].rstrip(" |").endswith("cannot rank variants here")
-    assert "Holm's correction over the 1 hypotheses tested" in confirm
+    assert "Holm's correction over the 1 hypotheses whose domain can rank variants;" in confirm
 
 
 TUNED_A, RECIPE_A, TUNED_B = ("a", "d", "study", "tuned"), ("a", "d", "study", "same recipe"), ("b", "d", "study", "tuned")
@@ -698,7 +698,7 @@ def paired_mde(diffs, alpha=0.05):
 ONE_PLAN = "\n".join([
     "## Confirmatory tests", "",
     "Pre-registered in `{plan}`: tuned protocol, seeds [0, 1, 2] only, two-sided paired t-tests by seed, α = 0.05, "
-    "Holm's correction over the 1 hypotheses tested; MDEs at 80% power and α = 0.05. `{plan}` is not committed: "
+    "Holm's correction over the 1 hypotheses whose domain can rank variants; MDEs at 80% power and α = 0.05. `{plan}` is not committed: "
     "nothing shows the plan came before the runs.", "",
     "| hypothesis   | claim                | metric   | contrast         | n (dropped)   | difference ± 95% (+ favours "
     "the claim)   |       p | Holm p   |   MDE (80%) | verdict                   |",

@@ -112,6 +112,23 @@ def test_aggregate_confirms_a_grid_claim_and_power_sizes_it(tmp_path, capsys):
     assert "| L1-64 " in capsys.readouterr().out
 
 
+def test_a_claim_without_a_test_yet_stays_in_the_holm_family_as_p_one(tmp_path):
+    """The plan registers Holm over its claims: while the wider claim has no runs, the narrow one is still corrected
+    over both, not over itself alone."""
+    for seed in (0, 1, 2):
+        write_grid(tmp_path / "runs", {("standard", seed): [2.0, 1.0 + 0.1 * seed, math.nan],
+                                       ("quest", seed): [2.0, 1.0, 1.5 + 0.05 * seed]})
+    wider = "  - {id: L1-128, claim: QUEST trains well over more rates, domain: language, metric: final_loss,\n" \
+            "     variant: quest, against: standard, over: [optim.lr], endpoint: lr_sensitivity, where: {model.dim: 128}}\n"
+    (tmp_path / "plan.md").write_text(PLAN.replace("```\n", wider + "```\n"))  # the closing fence
+    (found,) = confirmatory.confirm(load_runs(tmp_path / "runs"), [tmp_path / "plan.md"])
+    table = found.table.set_index("id")
+    assert table.loc["L1-64", "p_holm"] == pytest.approx(min(1.0, 2 * table.loc["L1-64", "p"]))
+    assert math.isnan(table.loc["L1-128", "p"]) and math.isnan(table.loc["L1-128", "p_holm"])
+    assert "Holm's correction over the 2 hypotheses of the plan (1 without a test yet, counted as p = 1)" in \
+        "\n".join(confirmatory.section(found.used, [found]))
+
+
 def test_two_plans_that_name_one_id_for_two_widths_are_refused(tmp_path):
     (tmp_path / "a.md").write_text(PLAN)
     (tmp_path / "b.md").write_text(PLAN.replace("model.dim: 64", "model.dim: 128"))

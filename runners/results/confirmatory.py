@@ -15,7 +15,9 @@ each means)::
 A hypothesis is *supported* where the Holm-adjusted p is below α in the claimed direction (the variant better),
 *contradicted* where it is below α the other way, *cannot tell* otherwise (*no paired runs* where no pair has the
 metric yet). One whose domain cannot rank variants (``runners.results.stats.attention_matters`` on the same-recipe
-runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file. A pair
+runs at ``recipe_seeds``) is reported as such and left out of the family, by the rule written in the file; every
+other one is in it, one without a test yet (fewer than two pairs) as p = 1, so that the family is the one
+registered however many runs are in. A pair
 with a run that did not finish ok is dropped and counted. A hypothesis with a ``target`` is *powered* where its
 minimum detectable effect (``stats.detectable``, the formula the first plan registered) is at most the target.
 """
@@ -124,7 +126,7 @@ class Plan(Model):
     """The same-recipe runs whose attention ablation decides whether a domain can rank variants (none: no domain is
     checked, as in a study of training stability, which needs no ablation to be told apart)."""
     alpha: Annotated[float, Field(gt=0, lt=1), said("alpha must be a number between 0 and 1")]
-    """The level of the two-sided paired t-tests (pairs by seed), Holm over every hypothesis tested."""
+    """The level of the two-sided paired t-tests (pairs by seed), Holm over every hypothesis that can rank."""
     hypotheses: list[Hypothesis]
     """The claims: at least one, each id once."""
 
@@ -254,7 +256,10 @@ def tests(runs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
                      "seeds": len(both), "planned": len(h.seeds),  # seeds with both sides run, finished or not
                      "ranks": ranks is None or ranks[0]})
     table = pd.DataFrame(rows)
-    table["p_holm"] = holm(table.loc[table["ranks"] & table["p"].notna(), "p"])  # NaN outside the family
+    # The family is every claim that can rank, as registered: one without a test (fewer than two pairs, differences
+    # all equal) stays in it as p = 1 rather than shrinking it, which would loosen the others' correction.
+    adjusted = holm(table.loc[table["ranks"], "p"].fillna(1.0))
+    table["p_holm"] = adjusted.where(table["p"].notna())  # NaN outside the family and where there is no test
     table["verdict"] = ["runs not yet made" if row["seeds"] == 0 else _verdict(row, plan.alpha)
                         for _, row in table.iterrows()]
     return table
@@ -393,7 +398,10 @@ def _status(row: pd.Series) -> str:
 
 
 def _described(c: Confirmation) -> str:
-    tested = int((c.table["ranks"] & c.table["p"].notna()).sum())
+    family, untested = int(c.table["ranks"].sum()), int((c.table["ranks"] & c.table["p"].isna()).sum())
+    correction = (f"Holm's correction over the {family} hypotheses "
+                  + ("of the plan" if family == len(c.table) else "whose domain can rank variants")
+                  + (f" ({untested} without a test yet, counted as p = 1)" if untested else ""))
     partial = (f" Runs so far: {c.progress}; the tests use the seeds present and are not the registered analysis "
                f"until all {c.planned} are in." if c.progress and c.table["seeds"].any() else "")
     own = " (some claims on a part of them, as the plan says)" if (c.table["planned"] < c.planned).any() else ""
@@ -402,7 +410,7 @@ def _described(c: Confirmation) -> str:
           else f"Holm's first step α/{len(c.plan.hypotheses)} = {level:.2g}, the level the plan was sized at")
     protocol = f"{c.plan.protocol} protocol" if c.plan.protocol else "its sweeps' runs (no protocol label)"
     return (f"Pre-registered in `{c.path}`: {protocol}, seeds {seed_text(c.plan.seeds)} only{own}, two-sided "
-            f"paired t-tests by seed, α = {c.plan.alpha}, Holm's correction over the {tested} hypotheses tested; "
+            f"paired t-tests by seed, α = {c.plan.alpha}, {correction}; "
             f"MDEs at 80% power and {at}. "
             f"{provenance(c.path, c.used) if len(c.used) else f'Runs not yet made (0 of {c.planned} seeds).'}{partial}")
 
