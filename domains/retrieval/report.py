@@ -245,9 +245,10 @@ def _study_lines(runs: pd.DataFrame, root: Path, out: Path, lr: float, wd: float
 
 def beside(runs: pd.DataFrame, earlier: pd.DataFrame, earlier_root: Path, level: str) -> list[str]:
     """An earlier reading of the task (plan 3's: each variant at its own tuned rate, tested at its best-validation
-    checkpoint) beside this grid's at the same shortcut share, a row each per variant: the rates and checkpoint each
-    read and after how many epochs, its success rate and unbiased accuracy, and at which of its validations the best came (where a
-    best-checkpoint reading tests a run: early, before the shortcut takes over, reads a run at its best)."""
+    checkpoint) beside this grid's at the same shortcut share, a row per variant and reading: its rates, epochs and
+    checkpoint, its success rate and unbiased accuracy, and at which of its validations the best came. That last is
+    where a best-checkpoint reading tests a run: a run whose validation peaks early is read before the shortcut
+    takes over."""
     runs = runs[runs["p_bias"].isin(earlier["p_bias"].unique())]
     shares = ", ".join(f"{share:g}" for share in sorted(earlier["p_bias"].unique()))
     lines = [f"{level} Beside an earlier reading", "",
