@@ -71,10 +71,19 @@ def wandb_records(path):
             yield record
 
 
-def wandb_run(tmp_path) -> dict:
-    """The one offline W&B run under tmp_path: its folder, name, config, summary and exit code."""
+def wandb_run(tmp_path, wait: float = 20.0) -> dict:
+    """The one offline W&B run under tmp_path: its folder, name, config, summary and exit code. W&B's service
+    process may still be writing the file when the run returns, on a loaded machine: read it again, for up to
+    ``wait`` seconds, until it holds the run and its exit."""
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
     (log,) = folder.glob("*.wandb")
+    deadline = time.monotonic() + wait
+    while not {"name", "exit_code"} <= set(run := _read_wandb_run(folder, log)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return run
+
+
+def _read_wandb_run(folder, log) -> dict:
     run = {"folder": folder, "config": {}, "summary": {}}
     for record in wandb_records(log):
         kind = record.WhichOneof("record_type")
