@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import Tensor, nn
 
 from common.attention import AttentionState, KVCache, MultiheadAttention
@@ -40,17 +40,6 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
-
-
-class LayerScale(nn.Module):
-    """Per-channel residual scale (CaiT), started small so deep stacks begin near the identity."""
-
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * self.gamma
 
 
 class EncoderLayer(nn.Module):

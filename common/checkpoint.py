@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from common.data import refused_global
 from common.errors import ConfigError, error_line
 from common.files import FileError, MiB, interpolation, read_yaml
-from common.registry import read_config
+from common.registry import get_domain, read_config
 from common.schema import RunConfig
 
 log = logging.getLogger(__name__)  # its info line (which weights a run starts from) is shown by runners.console
@@ -101,6 +101,21 @@ def read_checkpoint(path: Path, *, key: str) -> dict:
     if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
         raise ConfigError(f"{key}: {path} is not a Lightning checkpoint (no state_dict)")
     return saved
+
+
+def restore(checkpoint: Path, cfg: RunConfig, device: str | None = None) -> tuple:
+    """A finished run back in memory, for ``quest robustness``, ``quest curve`` and the domains' ``quest imagenet`` and
+    ``quest generate``: its datamodule and its task with the ``checkpoint``'s weights, in eval mode, on ``device``
+    (default: the GPU when the run asked for an accelerator and there is one)."""
+    datamodule, task = get_domain(cfg.domain).build(cfg)  # an older run's config lacking a key: refused when read
+    try:
+        task.load_state_dict(read_checkpoint(checkpoint, key="run")["state_dict"])
+    except RuntimeError as err:  # missing, unexpected or reshaped tensors: weights of another model
+        raise ConfigError(f"run: {checkpoint} does not hold this run's model "
+                          f"({str(err).strip().splitlines()[-1].strip()})") from None
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda") else "cpu"
+    return datamodule, task.to(device).eval()
 
 
 def under(names, parts: tuple[str, ...]) -> list[str]:

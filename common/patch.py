@@ -63,31 +63,12 @@ class PatchReport:
 class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
     """A ``torch.nn.MultiheadAttention`` running ``common.attention``. It stays an instance of torch's class
     because callers check that (PyG's ``GPSConv`` silently skips attention otherwise). Made only by
-    ``from_torch``, which converts an existing module in place.
+    ``_convert``, which converts an existing module in place.
 
     Attributes:
         qk: The variant's fold (``common.attention.QKFold``), holding its learnable scales if any.
         probe: The module's stability probe, off until enabled.
     """
-
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, variant: str, **attention_kwargs) -> PatchedMultiheadAttention:
-        """Convert ``module`` in place: its class becomes this one, its parameters stay.
-
-        Args:
-            module: The ``nn.MultiheadAttention`` to convert; ``replace_attention`` checks that it can be.
-            variant: The variant's name (``VARIANTS``).
-            **attention_kwargs: As ``replace_attention``'s; the fold goes to ``in_proj_weight``'s device and dtype.
-
-        Returns:
-            ``module`` itself, now a ``PatchedMultiheadAttention``.
-        """
-        module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.in_proj_weight)
-        module.probe = probes.Probe()
-        # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
-        module._qkv_same_embed_dim = False
-        module.__class__ = cls
-        return module
 
     def _reset_parameters(self) -> None:  # torch's name, called by e.g. GPSConv.reset_parameters
         self.reset_parameters()
@@ -109,25 +90,8 @@ class PatchedMultiheadAttention(MultiheadAttention, nn.MultiheadAttention):
 
 class PatchedTimmAttention(nn.Module):
     """timm's ViT ``Attention`` with its scores computed by ``common.attention``: timm's own qkv, q_norm, k_norm, norm,
-    gate, proj and dropouts are kept (and so are its state-dict names). Made only by ``from_timm``, which converts an
+    gate, proj and dropouts are kept (and so are its state-dict names). Made only by ``_convert``, which converts an
     existing module in place. ``qk`` and ``probe``: as ``PatchedMultiheadAttention``'s."""
-
-    @classmethod
-    def from_timm(cls, module: nn.Module, variant: str, **attention_kwargs) -> PatchedTimmAttention:
-        """Convert ``module`` in place: its class becomes this one, its parameters stay.
-
-        Args:
-            module: A ``timm.layers.Attention`` (not checked here; ``replace_attention`` picks them).
-            variant: The variant's name (``VARIANTS``).
-            **attention_kwargs: As ``replace_attention``'s; the fold goes to ``qkv.weight``'s device and dtype.
-
-        Returns:
-            ``module`` itself, now a ``PatchedTimmAttention``.
-        """
-        module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(module.qkv.weight)
-        module.probe = probes.Probe()
-        module.__class__ = cls
-        return module
 
     @property
     def variant(self):
@@ -155,6 +119,17 @@ class PatchedTimmAttention(nn.Module):
         if gate is not None:
             x = x * gate
         return self.proj_drop(self.proj(x))
+
+
+def _convert(module: nn.Module, patched: type, weight: Tensor, variant: str, **attention_kwargs) -> None:
+    """Give ``module`` the variant's fold (on ``weight``'s device and dtype) and a probe, and its class ``patched``;
+    its parameters stay."""
+    module.qk = make_fold(variant, module.num_heads, module.head_dim, **attention_kwargs).to(weight)
+    module.probe = probes.Probe()
+    if isinstance(module, nn.MultiheadAttention):
+        # torch reads this flag only to choose its fused encoder-layer kernel, which would bypass the variant.
+        module._qkv_same_embed_dim = False
+    module.__class__ = patched
 
 
 def _torch_blocker(module: nn.MultiheadAttention) -> str | None:
@@ -206,10 +181,10 @@ def replace_attention(model: nn.Module, variant: str = "quest", **attention_kwar
             if blocker := _torch_blocker(module):
                 report.skipped[name] = blocker
             else:
-                PatchedMultiheadAttention.from_torch(module, spec.name, **attention_kwargs)
+                _convert(module, PatchedMultiheadAttention, module.in_proj_weight, spec.name, **attention_kwargs)
                 report.replaced[name] = "torch.nn.MultiheadAttention"
         elif timm_attention is not None and type(module) is timm_attention:
-            PatchedTimmAttention.from_timm(module, spec.name, **attention_kwargs)
+            _convert(module, PatchedTimmAttention, module.qkv.weight, spec.name, **attention_kwargs)
             report.replaced[name] = "timm.layers.Attention"
 
     for name, module in model.named_modules():

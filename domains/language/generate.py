@@ -19,10 +19,10 @@ MAX_NEW_TOKENS = 100_000  # a bound for a typo: past the context, each new token
 
 def load_run(run_dir: Path, device: str):
     """The trained ``LanguageTask`` of a run directory, in eval mode on ``device``."""
-    from common.checkpoint import run_config
-    from common.restore import restore
+    from common.checkpoint import restore, run_config
 
-    return restore(*run_config(run_dir, key="run", domain=LANGUAGE), device=device).task
+    _, checkpoint, cfg = run_config(run_dir, key="run", domain=LANGUAGE)
+    return restore(checkpoint, cfg, device=device)[1]
 
 
 def main(argv: list[str]) -> int:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.arguments import CommandParser, positive_int
-from common.checkpoint import run_config
+from common.checkpoint import restore, run_config
 from common.errors import ConfigError
 from common.records import read_record, write_record
-from common.restore import restore
 from domains.vision.imagenet import (
     CORRUPTIONS,
     EXTRA_CORRUPTIONS,
@@ -36,8 +35,8 @@ def evaluate_run(path: str | Path, *, real: str | None = None, val: str | None =
         raise ConfigError(f"{run_dir} is a vision run on {data.dataset}: ImageNet evaluation needs a run on an "
                           "ImageFolder tree")
     record = read_record(run_dir)
-    run = restore(run_dir, checkpoint, cfg)
-    classifier = Classifier(run.task, run.datamodule.classes, data)
+    datamodule, task = restore(checkpoint, cfg)
+    classifier = Classifier(task, datamodule.classes, data)
     results: dict[str, float] = {}
     if real:
         results |= evaluate_real(classifier, real, val or Path(data.root) / "val", max_per_class)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from common.arguments import CommandParser
@@ -23,20 +22,17 @@ from common.errors import ConfigError
 from common.files import write_atomic
 from runners.results.frame import load_runs
 from runners.results.sample_size import plan_power
-
-
-def _number(value: float, digits: str = ".3g") -> str:
-    return "–" if isinstance(value, float) and np.isnan(value) else format(value, digits)
+from runners.results.stats import estimate
 
 
 def _claims_table(claims: pd.DataFrame, levels: dict) -> str:
     shown = pd.DataFrame({"claim": claims["id"], "metric": claims["metric"], "contrast": claims["contrast"],
-                          "pilot pairs": claims["pairs"], "paired sd": claims["sd"].map(_number),
-                          "target": claims["target"].map(_number)})
+                          "pilot pairs": claims["pairs"], "paired sd": claims["sd"].map(lambda value: estimate(value, ".3g")),
+                          "target": claims["target"].map(lambda value: estimate(value, ".3g"))})
     for level, name in (("holm", f"α/m = {levels['holm']:.3g}"), ("alpha", f"α = {levels['alpha']:g}")):
         from_target = claims["target"].notna()
         shown[f"seeds ({name})"] = [f"{n}" if has else f"{n} (plan)" for n, has in zip(claims[f"n_{level}"], from_target)]
-        shown[f"MDE ({name})"] = claims[f"mde_{level}"].map(_number)
+        shown[f"MDE ({name})"] = claims[f"mde_{level}"].map(lambda value: estimate(value, ".3g"))
         shown[f"hours ({name})"] = claims[f"hours_{level}"].map(lambda h: f"{h:.2f}")
     return shown.to_markdown(index=False)
 

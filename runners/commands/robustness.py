@@ -1,7 +1,7 @@
 """`quest robustness <run dir or checkpoint> [key=value ...]`: robust accuracy of a finished classifier run.
 
 Rebuilds the run from its resolved ``config.yaml`` with its best checkpoint (else its last, or the
-checkpoint given; ``common.restore``), evaluates the test split with ``common.perturbations.evaluate_robustness`` under the
+checkpoint given; ``common.checkpoint.restore``), evaluates the test split with ``common.perturbations.evaluate_robustness`` under the
 config's ``robustness`` section, and stores the result in the run's record as ``robustness``.
 Overrides such as ``robustness.eps=[0.1]`` or ``robustness.max_samples=100`` apply to this evaluation
 only (they are saved beside the result as ``robustness_config``).

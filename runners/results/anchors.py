@@ -14,9 +14,8 @@ from pydantic_core import PydanticCustomError
 from common.errors import ConfigError
 from common.files import MAX_DOCUMENT_BYTES, read_yaml
 from common.typed import Model, first_problem, said
-from runners.results import tables
 from runners.results.frame import GROUP, variant_order
-from runners.results.stats import half_width
+from runners.results.stats import estimate, half_width
 
 
 class Measured(Model):
@@ -91,6 +90,6 @@ def _measured(runs: pd.DataFrame | None, where: Measured, source: str) -> str:
     cells = []
     for variant in where.variants or variant_order(ok["variant"]):
         values = ok[ok["variant"] == variant]
-        cells.append(f"{variant}: " + ", ".join(f"{m} {tables._fmt(values[m].mean(), half_width(values[m]))}"
+        cells.append(f"{variant}: " + ", ".join(f"{m} {estimate(values[m].mean(), half=half_width(values[m]))}"
                                                 for m in where.metrics))
     return "<br>".join(cells)

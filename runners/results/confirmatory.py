@@ -27,6 +27,7 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -42,11 +43,12 @@ from common.schema import MAX_SEED
 from common.typed import Model, first_problem, said
 from runners.results.endpoints import ENDPOINTS, FINAL_LOSS, claim_runs, grid_differences
 from runners.results.frame import direction, second_setting
-from runners.results.stats import attention_matters, detectable, half_width, holm, paired_p
+from runners.results.stats import attention_matters, detectable, estimate, half_width, holm, paired_p
 
 PLAN = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 MAX_PLAN_SEEDS = 10_000  # seeds a plan may list: far beyond any study's runs
 FIELDS = {"id", "claim", "domain", "metric", "variant", "against"}
+_two_digits = partial(estimate, spec=".2g")  # p-values and MDEs
 
 
 class SeedRun(Model):
@@ -425,8 +427,8 @@ def _results(c: Confirmation) -> pd.DataFrame:
     table = c.table
     shown = pd.DataFrame({
         "n (dropped)": [f"{n} ({d})" for n, d in zip(table["n"], table["dropped"])],
-        "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(table["diff"], table["half"])],
-        "p": table["p"].map(_p), "Holm p": table["p_holm"].map(_p), "MDE (80%)": table["mde"].map(_p)})
+        "difference ± 95% (+ favours the claim)": [estimate(d, "+.3g", h) for d, h in zip(table["diff"], table["half"])],
+        "p": table["p"].map(_two_digits), "Holm p": table["p_holm"].map(_two_digits), "MDE (80%)": table["mde"].map(_two_digits)})
     if table["target"].notna().any():
         shown["target"] = table["target"].map(lambda t: "–" if np.isnan(t) else f"{t:g}")
         shown["power"] = [powered(m, t) for m, t in zip(table["mde"], table["target"])]
@@ -517,13 +519,13 @@ def _second_setting_lines(found: pd.DataFrame, name: str = "") -> list[str]:
         return []
     shown = pd.DataFrame({
         "hypothesis": found["id"], "setting": found["setting"], "n": found["n"],
-        "difference ± 95% (+ favours the claim)": [_difference(d, h) for d, h in zip(found["diff"], found["half"])],
-        "p": found["p"].map(_p), "Holm p (domain)": found["p_holm"].map(_p),
+        "difference ± 95% (+ favours the claim)": [estimate(d, "+.3g", h) for d, h in zip(found["diff"], found["half"])],
+        "p": found["p"].map(_two_digits), "Holm p (domain)": found["p_holm"].map(_two_digits),
         "verdict under the setting": found["verdict"], "confirmatory verdict": found["confirmed"],
         "same direction": ["yes" if np.sign(a) == np.sign(b) else "no" for a, b in zip(found["diff"], found["confirmed_diff"])],
         "same verdict": ["yes" if a == b else "no" for a, b in zip(found["verdict"], found["confirmed"])],
         "change under the setting ± 95% (n, p)": [
-            f"{_difference(d, h)} (n={n}{'' if np.isnan(p) else f', p={p:.2g}'})"
+            f"{estimate(d, '+.3g', h)} (n={n}{'' if np.isnan(p) else f', p={p:.2g}'})"
             for d, h, n, p in zip(found["change"], found["change_half"], found["change_n"], found["change_p"])]})
     whose = f"**{name}**: " if name else ""
     return [f"{whose}Exploratory, as the plan says: each accuracy claim (the domain's primary metric) re-tested on a second "
@@ -533,10 +535,3 @@ def _second_setting_lines(found: pd.DataFrame, name: str = "") -> list[str]:
             "under the setting less the one under the plan's protocol, paired t-test over those seeds (uncorrected).",
             "", shown.to_markdown(index=False), ""]
 
-
-def _p(value: float) -> str:
-    return "–" if np.isnan(value) else f"{value:.2g}"
-
-
-def _difference(diff: float, half: float) -> str:
-    return "–" if np.isnan(diff) else f"{diff:+.3g}" if np.isnan(half) else f"{diff:+.3g} ± {half:.2g}"

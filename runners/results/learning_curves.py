@@ -12,7 +12,7 @@ import pandas as pd
 from common.records import RunRecord, read_records
 from runners.results.frame import variant_order
 from runners.results.plots import save_figure  # and the Agg backend
-from runners.results.stats import detectable, half_width, paired_p
+from runners.results.stats import detectable, estimate, half_width, paired_p
 
 PROBES = ("max_logit", "q_norm_max", "k_norm_max")
 
@@ -91,11 +91,8 @@ def width_changes(points: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _cell(row: pd.Series) -> str:
-    if np.isnan(row["diff"]):
-        return "–"
-    spread = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
-    tested = "" if np.isnan(row["p"]) else f" (p={row['p']:.2g}, MDE {row['mde']:.2g})"
-    return f"{row['diff']:+.3g}{spread}{tested}"
+    tested = "" if np.isnan(row["diff"]) or np.isnan(row["p"]) else f" (p={row['p']:.2g}, MDE {row['mde']:.2g})"
+    return estimate(row["diff"], "+.3g", row["half"]) + tested
 
 
 def delta_table(points: pd.DataFrame, metric: str, by: str = "width") -> str:

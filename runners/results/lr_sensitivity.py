@@ -13,7 +13,7 @@ import pandas as pd
 from common.records import Trajectory, read_records
 from runners.results.frame import GROUP, variant_order
 from runners.results.plots import save_figure  # and the Agg backend
-from runners.results.stats import half_width
+from runners.results.stats import estimate, half_width
 from runners.runs.selection import settings, varying_keys
 
 UNPROBED = Trajectory(step=[], layers={})  # the trajectory of a run whose probes never ran
@@ -208,10 +208,8 @@ def _setting_lines(runs: pd.DataFrame, setting: str) -> list[str]:
              f"ends > {BREAK_MARGIN:g} above its best at lr (best lr) |",
              "|---|---|---|---|---|---|"]
     for variant, row in table.iterrows():
-        spread = "–" if np.isnan(row["spread"]) else f"{row['spread']:.2g}"
-        half = "" if np.isnan(row["half"]) else f" ± {row['half']:.2g}"
-        sensitivity = "–" if np.isnan(row["lr_sensitivity"]) else f"{row['lr_sensitivity']:.4g}"
-        lines.append(f"| {variant} | {sensitivity}{half} | {spread} | {int(row['seeds'])} | {row['diverged']} | "
+        sensitivity, spread = estimate(row["lr_sensitivity"], half=row["half"]), estimate(row["spread"], ".2g")
+        lines.append(f"| {variant} | {sensitivity} | {spread} | {int(row['seeds'])} | {row['diverged']} | "
                      f"{row['breaks']} |")
     lines += ["", "Final loss (clipped to the initial loss; diverged runs count as it), median over seeds:", "",
               *_by_lr(by_rate(runs, "clipped")),

@@ -55,6 +55,14 @@ def equivalents(ok: pd.DataFrame) -> dict[str, str]:
     return found
 
 
+def estimate(value: float, spec: str = ".4g", half: float = np.nan) -> str:
+    """``value`` formatted by ``spec``, with `` ± half`` (two digits) where ``half`` is a number; "–" where ``value``
+    is missing (NaN)."""
+    if np.isnan(value):
+        return "–"
+    return f"{value:{spec}}" if np.isnan(half) else f"{value:{spec}} ± {half:.2g}"
+
+
 def holm(pvalues: pd.Series) -> pd.Series:
     """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
     return pd.Series(multipletests(pvalues.to_numpy(dtype=float), method="holm")[1], index=pvalues.index)

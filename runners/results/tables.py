@@ -9,12 +9,6 @@ from runners.results import stats
 from runners.results.frame import GROUP, IDENTITY, INITIAL, PROTOCOLS, direction, repeats, second_setting, variant_order
 
 
-def _fmt(mean: float, half: float) -> str:
-    if np.isnan(mean):
-        return "–"
-    return f"{mean:.4g}" if np.isnan(half) else f"{mean:.4g} ± {half:.2g}"
-
-
 def _bold_best(cells: list[str], means: pd.Series, lower: bool) -> list[str]:
     """``cells`` (one per variant of ``means``) with the best mean(s) in bold; none bold where every variant
     with a value ties, as there is nothing to tell apart."""
@@ -48,7 +42,7 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(index=pd.Index(variants, name="variant"))
     for m in metrics:
         way = direction(runs, m)  # None: no record says, so no arrow and no best
-        cells = [_fmt(means.at[v, m], halves.at[v, m]) for v in variants]
+        cells = [stats.estimate(means.at[v, m], half=halves.at[v, m]) for v in variants]
         if way is not None:  # an ablation is never the best
             cells = _bold_best(cells, means[m].where(~means.index.isin(list(ABLATIONS))), way == "min")
         table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells
@@ -181,7 +175,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
         else:  # no run logged it
             mean = half = pd.Series(np.nan, index=variants)
         same = stats.equivalents(ok)
-        table[name] = [_fmt(mean[v], half[v]) for v in variants]
+        table[name] = [stats.estimate(mean[v], half=half[v]) for v in variants]
         ranks[name] = mean.drop(list(same)).rank(ascending=mode == "min", method="min").reindex(variants)
         table[f"rank {where}"] = [
             f"≡ {same[v]}" if v in same else "–" if np.isnan(ranks.at[v, name]) else str(int(ranks.at[v, name]))

@@ -1,15 +1,14 @@
 """Robust accuracy of a finished classifier run, stored in its record (``quest robustness``, and sweeps with
-``robustness: true``): the run rebuilt from its ``config.yaml`` and checkpoint (``common.restore``), its test
+``robustness: true``): the run rebuilt from its ``config.yaml`` and checkpoint (``common.checkpoint.restore``), its test
 split evaluated by ``common.perturbations.evaluate_robustness`` under the config's ``robustness`` section."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from common.checkpoint import run_config
+from common.checkpoint import restore, run_config
 from common.errors import ConfigError
 from common.perturbations import evaluate_robustness
 from common.records import read_record, write_record
-from common.restore import restore
 from common.task import ClassificationTask
 from runners.config import parse_overrides, with_overrides
 from runners.runs.training import torch_threads
@@ -27,11 +26,11 @@ def evaluate_run(path: str | Path, overrides: list[str] = ()) -> dict[str, float
     cfg = with_overrides(cfg, dotted)
     record = read_record(run_dir)
     with torch_threads(cfg.threads):  # a sweep worker's share of the threads
-        run = restore(run_dir, checkpoint, cfg)
-        if not isinstance(run.task, ClassificationTask):
+        datamodule, task = restore(checkpoint, cfg)
+        if not isinstance(task, ClassificationTask):
             raise ConfigError(f"domain {cfg.domain!r} is not a classifier: robustness evaluation does not apply")
-        run.datamodule.setup("test")
-        results = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
+        datamodule.setup("test")
+        results = evaluate_robustness(task, datamodule.test_dataloader(), cfg.robustness)
     record.robustness = results
     record.robustness_config = cfg.robustness.model_dump(mode="json")
     write_record(run_dir, record)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from common.checkpoint import run_config
+from common.checkpoint import restore, run_config
 from common.errors import ConfigError
 from common.files import inside
 from common.perturbations import evaluate_robustness
 from common.records import CurvePoint, read_record, write_record
-from common.restore import restore
 from common.task import ClassificationTask
 from runners.runs.training import torch_threads
 
@@ -29,14 +28,14 @@ def evaluate_curve(path: str | Path, robustness: bool = False) -> list[CurvePoin
     points = []
     with torch_threads(cfg.threads):
         for snapshot, file in zip(record.snapshots, files):
-            run = restore(run_dir, file, cfg)
-            trainer = pl.Trainer(accelerator="gpu" if next(run.task.parameters()).is_cuda else "cpu", devices=1,
+            datamodule, task = restore(file, cfg)
+            trainer = pl.Trainer(accelerator="gpu" if next(task.parameters()).is_cuda else "cpu", devices=1,
                                  logger=False, enable_progress_bar=False, enable_model_summary=False)
-            results = trainer.test(run.task, datamodule=run.datamodule, verbose=False)
+            results = trainer.test(task, datamodule=datamodule, verbose=False)
             point = {"fraction": snapshot.fraction, "step": snapshot.step,
                      "metrics": {k: float(v) for k, v in (results[0] if results else {}).items()}}
-            if robustness and hasattr(cfg, "robustness") and isinstance(run.task, ClassificationTask):
-                point["robustness"] = evaluate_robustness(run.task, run.datamodule.test_dataloader(), cfg.robustness)
+            if robustness and hasattr(cfg, "robustness") and isinstance(task, ClassificationTask):
+                point["robustness"] = evaluate_robustness(task, datamodule.test_dataloader(), cfg.robustness)
             points.append(point)
     record.curve = points
     write_record(run_dir, record)
