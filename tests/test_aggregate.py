@@ -897,17 +897,21 @@ def test_a_replication_labelled_as_a_setting_of_the_protocol_is_its_own_plans_ru
 
 def test_a_table_that_pools_a_variants_settings_says_so(tmp_path):
     """A learning-rate grid aggregated as one table: each variant's mean runs over its rates, and the table says
-    which settings it pools; a table whose runs differ only in the seed says nothing."""
+    which settings it pools, and that a grid is not ranked (nor judged against its trivial baseline: a mean over
+    runaway rates is no one setting's score); a table whose runs differ only in the seed says nothing."""
     grid, seeds_only, out = tmp_path / "grid", tmp_path / "seeds", tmp_path / "R.md"
     for root, rates in ((grid, (0.01, 0.1)), (seeds_only, (0.01,))):
         for variant in ("standard", "quest"):
             for seed in (0, 1):
                 for lr in rates:
-                    write_record(root / f"{variant}-{seed}-{lr}", record(variant, seed, {"mse": lr + seed},
+                    write_record(root / f"{variant}-{seed}-{lr}", record(variant, seed, {"mse": lr + seed, "mse_baseline": 1.0},
                                                                          config={"optim": {"lr": lr}, "seed": seed}))
     assert aggregate.main([str(grid), "-o", str(out)]) == 0
-    assert "8 runs. A variant's runs here differ in `optim.lr` besides the seed" in out.read_text()
+    text = out.read_text()
+    assert "8 runs. A variant's runs here differ in `optim.lr` besides the seed" in text
+    assert "A learning-rate grid, so this table is not ranked" in text and "learn at this size" not in text
     assert set(results_runs.load_runs(grid)["pooled"]) == {"optim.lr"}
+    assert not stats.rankable(results_runs.load_runs(grid))
     newer = record("quest", 2, {"mse": 0.01}, config={"optim": {"lr": 0.01, "z_loss": 0.0}, "seed": 2})
     write_record(seeds_only / "quest-2-newer", newer)  # a key the older runs lack is no setting they differ in
     assert aggregate.main([str(seeds_only), "-o", str(out)]) == 0

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -69,3 +70,39 @@ def test_the_vision_selection_gap_and_the_pgd_interval_the_prose_states_are_the_
     mean, low, high, _ = paired(pgd["quest"], pgd["standard"])
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"({mean:+.2g} ± {high - mean:.2f}, an interval of {low:.2f} to {high:+.2f} points".replace("-", "−") in readme
+
+
+def test_the_stability_numbers_the_prose_states_are_the_records():
+    """Plan 4's language readings in README.md and RESULTS/notes.md, recomputed from the raw records: Wortsman et al.'s
+    LR sensitivity (per seed, the mean over the rates of the final validation loss, clipped to the initial training
+    loss where a run diverged or ended above it, less the best of them; then the mean over seeds), the peak logits
+    and query norms at lr 1 (median over seeds) and standard's divergences."""
+    rows = []
+    for record in records(ROOT / "RESULTS" / "records" / "stability4" / "language"):
+        initial, final = record["losses"]["train_first"], record["losses"].get("val_final", np.nan)
+        bad = record["status"] != "ok" or not np.isfinite(final) or final > initial
+        rows.append({"variant": record["variant"], "seed": record["seed"], "dim": record["config"]["model"]["dim"],
+                     "lr": record["config"]["optim"]["lr"], "status": record["status"], "loss": initial if bad else final,
+                     "logit": record["probes"]["peak_max_logit"], "q_norm": record["probes"]["peak_q_norm_max"]})
+    runs = pd.DataFrame(rows)
+    assert len(runs) == 648
+    per_seed = runs.groupby(["variant", "dim", "seed"])["loss"].agg(lambda loss: loss.mean() - loss.min())
+    sensitivity = per_seed.groupby(["variant", "dim"]).mean()
+    readme, notes = (" ".join(path.read_text().split()) for path in (ROOT / "README.md", ROOT / "RESULTS" / "notes.md"))
+
+    def at(variant: str, digits: int) -> list[str]:
+        return [f"{sensitivity[variant, dim]:.{digits}f}" for dim in (64, 128, 256)]
+
+    quest, standard, layernorm = at("quest", 2), at("standard", 2), at("qk_layernorm", 2)
+    assert ", ".join(f"{q} vs {s}" for q, s in zip(quest, standard)) in readme
+    assert f"higher than QK-layernorm's at all three ({', '.join(layernorm)}" in readme
+    quest, standard, layernorm = at("quest", 3), at("standard", 3), at("qk_layernorm", 3)
+    assert (f"{quest[0]} against {standard[0]} at width 64, {quest[1]} against {standard[1]} at 128, {quest[2]} "
+            f"against {standard[2]} at 256") in notes
+    assert f"{', '.join(layernorm)} against QUEST's {', '.join(quest)}" in notes
+    top = runs[runs["lr"] == 1.0].groupby(["variant", "dim"])[["logit", "q_norm"]].median()
+    logits = ", ".join(f"{top.at[('quest', dim), 'logit']:.1e}" for dim in (64, 128, 256)).replace("e+0", "e")
+    assert f"QUEST's {logits.rsplit(', ', 1)[0]} and {logits.rsplit(', ', 1)[1]}" in notes
+    diverged = runs[runs["status"] == "diverged"]
+    assert set(diverged["variant"]) == {"standard"} and set(diverged["dim"]) == {128} and set(diverged["lr"]) == {1.0}
+    assert len(diverged) == 6 and "diverged (on the loss) in 6 of 9 seeds at lr 1, QUEST never" in notes

@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
     figures = out.parent / (out.stem + "_figures")
     figures.mkdir(parents=True, exist_ok=True)
     runs = load_lr_runs(*args.runs)
-    lines = ["# Stability: learning-rate sensitivity", "", __doc__.split("\n\n", 2)[2].strip(), ""]
+    about = __doc__.split("\n\n", 2)[2].strip()  # the docstring's last paragraph: what the endpoint is
+    lines = ["# Stability: learning-rate sensitivity", "", f"From `quest stability {' '.join(args.runs)}`. {about}", ""]
     for _, group in runs.groupby(GROUP[:3], sort=True):  # no protocols: one learning-rate grid
         lines += section(group, figures, out.parent)
     write_atomic(out, "\n".join(lines) + "\n")

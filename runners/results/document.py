@@ -17,7 +17,7 @@ from runners.results import confirmatory, tables
 from runners.results.anchors import anchor_section, read_anchors
 from runners.results.frame import DESCRIPTIONS, GROUP, ROBUSTNESS, load_runs, repeats
 from runners.results.index import write_index
-from runners.results.stats import CLEAR_MARGIN, attention_matters, learns
+from runners.results.stats import CLEAR_MARGIN, attention_matters, learns, pools_learning_rates
 from runners.runs.launches import Launch, describe_launches, read_launches
 from runners.runs.selection import SELECTION_FILE, Selection, grids, group_margins, margins_table, read_selection, select
 
@@ -117,9 +117,11 @@ def _pooled_line(group: pd.DataFrame) -> str:
     keys = sorted({key for keys in group["pooled"] if keys for key in keys.split(", ")})
     if not keys:
         return ""
+    grid = (" A learning-rate grid, so this table is not ranked and says nothing of how well a variant learns at any "
+            "one rate: its stability section reads it rate by rate." if pools_learning_rates(group) else "")
     return (f" A variant's runs here differ in {', '.join(f'`{key}`' for key in keys)} besides the seed: its mean and "
             "interval pool those settings (runs.csv's `pooled` column names them per run; `quest stability` reads a "
-            "learning-rate grid rate by rate).")
+            f"learning-rate grid rate by rate).{grid}")
 
 
 def budget_line(group: pd.DataFrame) -> str | None:

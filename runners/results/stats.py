@@ -151,17 +151,26 @@ def rankable(runs: pd.DataFrame, ablation: pd.DataFrame | None = None) -> bool:
     table whose ablation speaks for this one (``runners.results.tables.ablation_sources``), by default its own.
     Without an ablation it cannot show that, so it is not ranked: its differences could be as undetectable as
     removing attention."""
+    if pools_learning_rates(runs):
+        return False
     learned, matters = learns(runs), attention_matters(runs if ablation is None else ablation)
     return (learned is None or learned[0]) and matters is not None and matters[0]
+
+
+def pools_learning_rates(runs: pd.DataFrame) -> bool:
+    """Whether a variant's runs in the table span a learning-rate grid (``optim.lr`` pooled besides the seed): a mean
+    over good and runaway rates alike is no one setting's score, so the table is read rate by rate, never ranked."""
+    return runs["pooled"].str.split(", ").map(lambda keys: "optim.lr" in keys).any()
 
 
 def learns(runs: pd.DataFrame) -> tuple[bool, str] | None:
     """Whether the table's runs beat the trivial predictor their task logs (``<primary>_baseline``) by a
     clear margin: the reference (`standard`, else every variant) closes at least ``CLEAR_MARGIN`` of the
-    gap between the baseline and a perfect score (1 for scores, 0 for errors). None without a baseline."""
+    gap between the baseline and a perfect score (1 for scores, 0 for errors). None without a baseline, or where the
+    table pools a learning-rate grid (``pools_learning_rates``)."""
     primary, mode = runs["primary_metric"].iloc[0], runs["mode"].iloc[0]
     ok, column = runs[runs["status"] == "ok"], f"{primary}_baseline"
-    if column not in ok or primary not in ok or ok[column].isna().all():
+    if column not in ok or primary not in ok or ok[column].isna().all() or pools_learning_rates(runs):
         return None
     reference = ok[ok["variant"] == "standard"] if (ok["variant"] == "standard").any() else ok
     model, base = reference[primary].mean(), ok[column].mean()
