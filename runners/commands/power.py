@@ -13,6 +13,7 @@ plan's total. ``--claims`` sizes only the claims the pilot ran; the levels stay 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +25,17 @@ from runners.results.frame import load_runs
 from runners.results.sample_size import plan_power
 from runners.results.stats import estimate
 
+_number = partial(estimate, spec=".3g")
+
 
 def _claims_table(claims: pd.DataFrame, levels: dict) -> str:
     shown = pd.DataFrame({"claim": claims["id"], "metric": claims["metric"], "contrast": claims["contrast"],
-                          "pilot pairs": claims["pairs"], "paired sd": claims["sd"].map(lambda value: estimate(value, ".3g")),
-                          "target": claims["target"].map(lambda value: estimate(value, ".3g"))})
+                          "pilot pairs": claims["pairs"], "paired sd": claims["sd"].map(_number),
+                          "target": claims["target"].map(_number)})
     for level, name in (("holm", f"α/m = {levels['holm']:.3g}"), ("alpha", f"α = {levels['alpha']:g}")):
         from_target = claims["target"].notna()
         shown[f"seeds ({name})"] = [f"{n}" if has else f"{n} (plan)" for n, has in zip(claims[f"n_{level}"], from_target)]
-        shown[f"MDE ({name})"] = claims[f"mde_{level}"].map(lambda value: estimate(value, ".3g"))
+        shown[f"MDE ({name})"] = claims[f"mde_{level}"].map(_number)
         shown[f"hours ({name})"] = claims[f"hours_{level}"].map(lambda h: f"{h:.2f}")
     return shown.to_markdown(index=False)
 
