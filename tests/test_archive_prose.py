@@ -106,3 +106,20 @@ def test_the_stability_numbers_the_prose_states_are_the_records():
     diverged = runs[runs["status"] == "diverged"]
     assert set(diverged["variant"]) == {"standard"} and set(diverged["dim"]) == {128} and set(diverged["lr"]) == {1.0}
     assert len(diverged) == 6 and "diverged (on the loss) in 6 of 9 seeds at lr 1, QUEST never" in notes
+
+
+def test_the_vision_stability_numbers_the_notes_state_are_the_records():
+    """Plan 4's vision readings in RESULTS/notes.md: LR sensitivity as above, recomputed from the raw records."""
+    rows = []
+    for record in records(ROOT / "RESULTS" / "records" / "stability4" / "vision"):
+        initial, final = record["losses"]["train_first"], record["losses"].get("val_final", np.nan)
+        bad = record["status"] != "ok" or not np.isfinite(final) or final > initial
+        rows.append({"variant": record["variant"], "seed": record["seed"], "loss": initial if bad else final})
+    runs = pd.DataFrame(rows)
+    assert len(runs) == 320
+    per_seed = runs.groupby(["variant", "seed"])["loss"].agg(lambda loss: loss.mean() - loss.min())
+    sensitivity = {variant: f"{value:.3f}" for variant, value in per_seed.groupby("variant").mean().items()}
+    notes = " ".join((ROOT / "RESULTS" / "notes.md").read_text().split())
+    assert f"QUEST's LR sensitivity {sensitivity['quest']} against standard's {sensitivity['standard']}" in notes
+    assert f"against QK-layernorm's {sensitivity['qk_layernorm']}" in notes
+    assert f"least sensitive ({sensitivity['qknorm']})" in notes
