@@ -72,19 +72,25 @@ def test_the_vision_selection_gap_and_the_pgd_interval_the_prose_states_are_the_
     assert f"({mean:+.2g} ± {high - mean:.2f}, an interval of {low:.2f} to {high:+.2f} points".replace("-", "−") in readme
 
 
-def test_the_stability_numbers_the_prose_states_are_the_records():
-    """Plan 4's language readings in README.md and RESULTS/notes.md, recomputed from the raw records: Wortsman et al.'s
-    LR sensitivity (per seed, the mean over the rates of the final validation loss, clipped to the initial training
-    loss where a run diverged or ended above it, less the best of them; then the mean over seeds), the peak logits
-    and query norms at lr 1 (median over seeds) and standard's divergences."""
+def stability_runs(sweep: str) -> pd.DataFrame:
+    """Plan 4's runs of one sweep, a row each: the final validation loss, clipped to the initial training loss where
+    the run diverged or ended above it, and the peak logit and query norm."""
     rows = []
-    for record in records(ROOT / "RESULTS" / "records" / "stability4" / "language"):
+    for record in records(ROOT / "RESULTS" / "records" / "stability4" / sweep):
         initial, final = record["losses"]["train_first"], record["losses"].get("val_final", np.nan)
         bad = record["status"] != "ok" or not np.isfinite(final) or final > initial
         rows.append({"variant": record["variant"], "seed": record["seed"], "dim": record["config"]["model"]["dim"],
                      "lr": record["config"]["optim"]["lr"], "status": record["status"], "loss": initial if bad else final,
                      "logit": record["probes"]["peak_max_logit"], "q_norm": record["probes"]["peak_q_norm_max"]})
-    runs = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def test_the_stability_numbers_the_prose_states_are_the_records():
+    """Plan 4's language readings in README.md and RESULTS/notes.md, recomputed from the raw records: Wortsman et al.'s
+    LR sensitivity (per seed, the mean over the rates of the final validation loss, clipped to the initial training
+    loss where a run diverged or ended above it, less the best of them; then the mean over seeds), the peak logits
+    and query norms at lr 1 (median over seeds) and standard's divergences."""
+    runs = stability_runs("language")
     assert len(runs) == 648
     per_seed = runs.groupby(["variant", "dim", "seed"])["loss"].agg(lambda loss: loss.mean() - loss.min())
     sensitivity = per_seed.groupby(["variant", "dim"]).mean()
@@ -110,12 +116,7 @@ def test_the_stability_numbers_the_prose_states_are_the_records():
 
 def test_the_vision_stability_numbers_the_notes_state_are_the_records():
     """Plan 4's vision readings in RESULTS/notes.md: LR sensitivity as above, recomputed from the raw records."""
-    rows = []
-    for record in records(ROOT / "RESULTS" / "records" / "stability4" / "vision"):
-        initial, final = record["losses"]["train_first"], record["losses"].get("val_final", np.nan)
-        bad = record["status"] != "ok" or not np.isfinite(final) or final > initial
-        rows.append({"variant": record["variant"], "seed": record["seed"], "loss": initial if bad else final})
-    runs = pd.DataFrame(rows)
+    runs = stability_runs("vision")
     assert len(runs) == 320
     per_seed = runs.groupby(["variant", "seed"])["loss"].agg(lambda loss: loss.mean() - loss.min())
     sensitivity = {variant: f"{value:.3f}" for variant, value in per_seed.groupby("variant").mean().items()}
