@@ -154,14 +154,14 @@ def test_each_token_brings_its_own_query_norm_under_quest_but_not_under_qknorm()
 
 
 def fake_run(root, variant: str, seed: int, lr: float, success: bool, status: str = "ok", extra=(),
-             best_at: int | None = None) -> None:
+             best_at: int | None = None, best_val: float = 0.5) -> None:
     """A run directory as a finished retrieval run leaves it: record and metrics.csv with key norms."""
     cfg = compose(["domain=retrieval", "preset=smoke", f"attention={variant}", f"seed={seed}", f"optim.lr={lr}",
                    f"output_dir={root}", *extra])
     record = new_record(cfg, get_domain("retrieval"), None)
     record.status = status
     if best_at is not None:
-        record.best_val = BestValue(value=0.5, epoch=best_at - 1, evaluation=best_at, evaluations=32)
+        record.best_val = BestValue(value=best_val, epoch=best_at - 1, evaluation=best_at, evaluations=32)
     if status == "ok":
         record.metrics = {"test/acc": 0.95 if success else 0.3, "test/acc_biased": 1.0, "test/success": float(success)}
     run_dir = run_directory(cfg)
@@ -208,15 +208,16 @@ def test_an_earlier_reading_stands_beside_the_grid_at_its_own_shortcut_share(tmp
     with where validation peaked, and the grid's p_bias = 0 control left out of the comparison."""
     earlier, grid = tmp_path / "plan3", tmp_path / "plan4"
     for seed in range(2):
-        fake_run(earlier, "standard", seed, 4e-4, success=False, best_at=2 + seed)
+        fake_run(earlier, "standard", seed, 4e-4, success=False, best_at=2 + seed, best_val=0.4 + 0.1 * seed)
         for lr in (1e-2, 3e-2):
             for share, success in (("0.5", lr == 1e-2), ("0.0", True)):
                 fake_run(grid, "standard", seed, lr, success=success, best_at=30,
                          extra=(f"data.p_bias={share}", "test_checkpoint=last"))
     text = report.study(grid, tmp_path / "report", 1e-2, 0.01, earlier=earlier)
     rows = text.split("Beside an earlier reading")[1]
-    assert "| standard | earlier | 0.0004 | 0.01 | 1 | best | 0.0% [0.0%, " in rows and "| 2.5 of 32 |" in rows
-    assert "| standard | this grid | 0.01–0.03 (2 values) | 0.01 | 1 | last | 50.0% [" in rows and "| 30 of 32 |" in rows
+    assert "| standard | earlier | 0.0004 | 0.01 | 1 | best | 0.0% [0.0%, " in rows and "| 2.5 of 32 | 0.450 |" in rows
+    assert "| standard | this grid | 0.01–0.03 (2 values) | 0.01 | 1 | last | 50.0% [" in rows
+    assert "| 30 of 32 | 0.500 |" in rows
     assert "beside this grid's 4 at the same shortcut share (p_bias 0.5)" in rows
     with pytest.raises(FileNotFoundError, match="no retrieval run records"):
         report.study(grid, tmp_path / "report", 1e-2, 0.01, earlier=tmp_path / "none")

@@ -73,7 +73,8 @@ def load(root: str | Path) -> pd.DataFrame:
                      "success": metrics.get("test/success", 0.0) == 1.0, "run_dir": str(path.parent),
                      # records from before test_checkpoint were tested at their best checkpoint
                      "epochs": setting("trainer.max_epochs"), "checkpoint": setting("test_checkpoint", "best"),
-                     "best_at": record.best_val.evaluation, "evaluations": record.best_val.evaluations})
+                     "best_at": record.best_val.evaluation, "evaluations": record.best_val.evaluations,
+                     "best_val": math.nan if record.best_val.value is None else record.best_val.value})
     if not rows:
         raise FileNotFoundError(f"no retrieval run records under {root}")
     return pd.DataFrame(rows)
@@ -246,17 +247,21 @@ def _study_lines(runs: pd.DataFrame, root: Path, out: Path, lr: float, wd: float
 def beside(runs: pd.DataFrame, earlier: pd.DataFrame, earlier_root: Path, level: str) -> list[str]:
     """An earlier reading of the task (plan 3's: each variant at its own tuned rate, tested at its best-validation
     checkpoint) beside this grid's at the same shortcut share, a row per variant and reading: its rates, epochs and
-    checkpoint, its success rate and unbiased accuracy, and at which of its validations the best came. That last is
-    where a best-checkpoint reading tests a run: a run whose validation peaks early is read before the shortcut
-    takes over."""
+    checkpoint, its success rate and unbiased accuracy, at which of its validations the best came and the unbiased
+    validation accuracy there. Those last two are where a best-checkpoint reading tests a run: a run whose validation
+    peaks early is read before the shortcut takes over, and the grid's runs, read at their last checkpoint, show by
+    how much that peak stands above where they end."""
     runs = runs[runs["p_bias"].isin(earlier["p_bias"].unique())]
     shares = ", ".join(f"{share:g}" for share in sorted(earlier["p_bias"].unique()))
     lines = [f"{level} Beside an earlier reading", "",
              f"The earlier reading's {len(earlier)} runs (`{earlier_root}`) beside this grid's {len(runs)} at the same "
              f"shortcut share (p_bias {shares}). *Best at*: the validation at which the primary metric peaked, median "
-             "over runs, of how many each ran; a run tested at its best checkpoint is read there.", "",
+             "over runs, of how many each ran; a run tested at its best checkpoint is read there. *Val acc there*: the "
+             "unbiased validation accuracy at that peak, mean over runs (a maximum over the run's validations, so a "
+             "little optimistic); beside the mean test accuracy of runs read at their last checkpoint, it is what "
+             "stopping at the best checkpoint would have read instead.", "",
              "| variant | reading | learning rate | weight decay | epochs | checkpoint | success rate [95% interval] | "
-             "mean acc (unbiased) | best at |", "|---|---|---|---|---|---|---|---|---|"]
+             "mean acc (unbiased) | best at | val acc there |", "|---|---|---|---|---|---|---|---|---|---|"]
     for variant in _variants(pd.concat([earlier, runs])):
         for name, group in (("earlier", earlier), ("this grid", runs)):
             group = group[group["variant"] == variant]
@@ -266,7 +271,8 @@ def beside(runs: pd.DataFrame, earlier: pd.DataFrame, earlier_root: Path, level:
             done = group[group["status"] != "failed"]
             checkpoints = ", ".join(sorted(set(group["checkpoint"])))
             lines.append(f"| {variant} | {name} | {_span(group['lr'])} | {_span(group['wd'])} | {_span(group['epochs'])} "
-                         f"| {checkpoints} | {_fmt_rate(row)} | {_fmt(row['acc'])} | {_evaluation(done)} |")
+                         f"| {checkpoints} | {_fmt_rate(row)} | {_fmt(row['acc'])} | {_evaluation(done)} "
+                         f"| {_fmt(done['best_val'].mean())} |")
     return [*lines, ""]
 
 
