@@ -341,11 +341,12 @@ def test_each_task_says_which_way_its_test_metrics_go(domain):
 
 def test_power_and_untestable_differences():
     """The minimum detectable effect is the paired t-test's at 80% power; a difference equal on every seed is
-    untestable (it used to read as p = 0, 'better' on two seeds); all zero is no difference."""
+    untestable (it used to read as p = 0, 'better' on two seeds); all zero is no difference, and its zero spread
+    estimates no detectable effect (it used to read as an MDE of 0: any effect detected)."""
     from runners.results.stats import detectable, paired_p
 
     assert detectable(1.0, 5) == pytest.approx((t_dist.ppf(0.975, 4) + t_dist.ppf(0.8, 4)) / 5 ** 0.5)
-    assert math.isnan(detectable(1.0, 1))
+    assert math.isnan(detectable(1.0, 1)) and math.isnan(detectable(0.0, 4))
     assert math.isnan(paired_p(pd.Series([0.02, 0.02]))) and paired_p(pd.Series([0.0, 0.0])) == 1.0
     assert paired_p(pd.Series([0.1, 0.3, 0.2])) == pytest.approx(ttest_rel([0.1, 0.3, 0.2], [0, 0, 0]).pvalue)
 
@@ -827,7 +828,7 @@ def test_a_plan_without_all_its_runs_is_tested_on_the_seeds_present_and_says_so(
     assert "Runs so far: 2–3 of 5 seeds, by claim; the tests use the seeds present and are not the registered " \
            "analysis until all 5 are in." in confirm
     assert [rows[h]["none: verdict"] for h in rows] == ["runs not yet made (0 of 2 seeds)"] * 2
-    assert rows["H1"]["none: power"] == "unknown (fewer than 2 pairs)" and rows["H1"]["none: MDE (80%)"] == "–"
+    assert rows["H1"]["none: power"] == "unknown (fewer than 2 pairs, or no spread)" and rows["H1"]["none: MDE (80%)"] == "–"
     assert "Runs not yet made (0 of 2 seeds)." in confirm and "Verdicts, none: 2 runs not yet made." in confirm
     top = text.split("\n## ")[0]
     assert f"- `{partial}` (runs so far: 2–3 of 5 seeds, by claim; not the registered analysis): of its 2 claims, " \
@@ -898,7 +899,8 @@ def test_a_replication_labelled_as_a_setting_of_the_protocol_is_its_own_plans_ru
 def test_a_table_that_pools_a_variants_settings_says_so(tmp_path):
     """A learning-rate grid aggregated as one table: each variant's mean runs over its rates, and the table says
     which settings it pools, and that a grid is not ranked (nor judged against its trivial baseline: a mean over
-    runaway rates is no one setting's score); a table whose runs differ only in the seed says nothing."""
+    runaway rates is no one setting's score, nor tested against `standard`, nor given a best in bold); a table whose
+    runs differ only in the seed says nothing."""
     grid, seeds_only, out = tmp_path / "grid", tmp_path / "seeds", tmp_path / "R.md"
     for root, rates in ((grid, (0.01, 0.1)), (seeds_only, (0.01,))):
         for variant in ("standard", "quest"):
@@ -910,6 +912,7 @@ def test_a_table_that_pools_a_variants_settings_says_so(tmp_path):
     text = out.read_text()
     assert "8 runs. A variant's runs here differ in `optim.lr` besides the seed" in text
     assert "A learning-rate grid, so this table is not ranked" in text and "learn at this size" not in text
+    assert "Not tested against `standard` on mse" in text and "Holm" not in text.split("8 runs.")[1] and "**" not in text
     assert set(results_runs.load_runs(grid)["pooled"]) == {"optim.lr"}
     assert not stats.rankable(results_runs.load_runs(grid))
     newer = record("quest", 2, {"mse": 0.01}, config={"optim": {"lr": 0.01, "z_loss": 0.0}, "seed": 2})

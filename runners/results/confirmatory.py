@@ -382,7 +382,7 @@ def powered(mde: float, target: float) -> str:
     if np.isnan(target):
         return "no target"
     if np.isnan(mde):
-        return "unknown (fewer than 2 pairs)"
+        return "unknown (fewer than 2 pairs, or no spread)"
     return "powered" if mde <= target else f"not powered ({_short_of(mde, target)})"
 
 

@@ -31,8 +31,9 @@ def detectable(sd: float, n: int, alpha: float = 0.05, power: float = POWER) -> 
     """The smallest true mean difference a two-sided paired t-test over ``n`` pairs detects with probability
     ``power`` at level ``alpha``, for pair differences of standard deviation ``sd``: (t_{1-α/2} + t_{power}) ·
     sd / √n on n - 1 degrees of freedom, the usual approximation of the noncentral t, and the formula the plan
-    pre-registers (``runners.results.sample_size.mde`` is the exact one, for planning). NaN below 2 pairs."""
-    if n < 2 or not np.isfinite(sd):
+    pre-registers (``runners.results.sample_size.mde`` is the exact one, for planning). NaN below 2 pairs, and where
+    every pair differs alike (an endpoint at its floor for both variants): a spread of 0 estimates none."""
+    if n < 2 or not np.isfinite(sd) or sd == 0:
         return np.nan
     return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))
 

@@ -31,8 +31,9 @@ def _fmt_difference(row: pd.Series) -> str:
 
 def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows = variants of one domain/dataset; mean and 95% interval of each metric over its finished runs,
-    and the paired difference to `standard` on the primary metric."""
-    primary = runs["primary_metric"].iloc[0]
+    and the paired difference to `standard` on the primary metric. A table pooling a learning-rate grid
+    (``stats.pools_learning_rates``) is described, not compared: no best in bold, no difference to `standard`."""
+    primary, pooled = runs["primary_metric"].iloc[0], stats.pools_learning_rates(runs)
     ok = runs[runs["status"] == "ok"]
     metrics = sorted((c for c in runs.columns if c not in IDENTITY and runs[c].notna().any()), key=lambda m: (m != primary, m))
     variants = variant_order(runs["variant"])
@@ -43,7 +44,7 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
     for m in metrics:
         way = direction(runs, m)  # None: no record says, so no arrow and no best
         cells = [stats.estimate(means.at[v, m], half=halves.at[v, m]) for v in variants]
-        if way is not None:  # an ablation is never the best
+        if way is not None and not pooled:  # an ablation is never the best
             cells = _bold_best(cells, means[m].where(~means.index.isin(list(ABLATIONS))), way == "min")
         table[m + {"min": " ↓", "max": " ↑"}.get(way, "")] = cells
     table["runs"] = [int((ok["variant"] == v).sum()) for v in variants]
@@ -51,6 +52,8 @@ def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
         counts = [int(((runs["variant"] == v) & (runs["status"] == status)).sum()) for v in variants]
         if status != "stopped" or any(counts):  # stopped by a signal, not a result: shown where a run was
             table[status] = counts
+    if pooled:
+        return table
     same = stats.equivalents(ok)
     # Holm's family is the variants; an ablation's difference is tested on its own
     families = [[v for v in variants if v != "standard" and v not in same and v not in ABLATIONS],
@@ -76,6 +79,8 @@ def initial_sharpness_table(runs: pd.DataFrame) -> pd.DataFrame | None:
 def significance_line(runs: pd.DataFrame, alpha: float = 0.05) -> str:
     """One sentence: which variants differ from `standard` on the primary metric after Holm's correction."""
     primary = runs["primary_metric"].iloc[0]
+    if stats.pools_learning_rates(runs):
+        return f"Not tested against `standard` on {primary}: a mean over a learning-rate grid is no one setting's score."
     found = stats.verdicts(runs, alpha)
     differ = [f"{v} {verdict}" for v, verdict in found.items() if verdict in ("better", "worse")]
     if not any(not verdict.startswith("≡") for verdict in found.values()):
