@@ -124,3 +124,28 @@ def test_the_vision_stability_numbers_the_notes_state_are_the_records():
     assert f"QUEST's LR sensitivity {sensitivity['quest']} against standard's {sensitivity['standard']}" in notes
     assert f"against QK-layernorm's {sensitivity['qk_layernorm']}" in notes
     assert f"least sensitive ({sensitivity['qknorm']})" in notes
+
+
+def test_the_mechanism_numbers_the_notes_state_are_the_records():
+    """Plan 4's mechanism readings in RESULTS/notes.md, from the raw records: successes (unbiased test accuracy at
+    the task's threshold) per variant with the shortcut and without, QUEST's accuracy against standard's over the
+    grid with the shortcut (the mean over its cells per seed, paired by seed), and how far the validation peak
+    stands above the last checkpoint's test accuracy."""
+    rows = [{"variant": r["variant"], "seed": r["seed"], "p_bias": r["config"]["data"]["p_bias"], "status": r["status"],
+             "acc": r["metrics"]["test/acc"], "peak": r["best_val"]["value"],
+             "success": r["metrics"]["test/acc"] >= r["config"]["task"]["success_threshold"]}
+            for r in records(ROOT / "RESULTS" / "records" / "stability4" / "retrieval")]
+    runs = pd.DataFrame(rows)
+    assert len(runs) == 512 and set(runs["status"]) == {"ok"}
+    notes = " ".join((ROOT / "RESULTS" / "notes.md").read_text().split())
+    shortcut, control = runs[runs["p_bias"] == 0.5], runs[runs["p_bias"] == 0.0]
+    assert not shortcut["success"].any() and (shortcut["peak"] < 0.9).all()
+    assert set(shortcut.groupby("variant").size()) == {64} and "no variant succeeded in any of its 64 runs" in notes
+    won = control.groupby("variant")["success"].sum()
+    assert (f"standard succeeded in {won['standard']} of 64 runs, QUEST in {won['quest']}, QKNorm in {won['qknorm']} "
+            f"and QK-layernorm in {won['qk_layernorm']}") in notes
+    per_seed = shortcut.groupby(["variant", "seed"])["acc"].mean().unstack(0)
+    mean, low, _, _ = paired(per_seed["quest"].to_dict(), per_seed["standard"].to_dict())
+    assert f"+{mean:.1f} ± {mean - low:.1f} points above standard's" in notes
+    above = (shortcut.groupby("variant")["peak"].mean() - shortcut.groupby("variant")["acc"].mean()).max()
+    assert f"at most {above:.3f} above its test accuracy" in notes
