@@ -118,7 +118,8 @@ def _pooled_line(group: pd.DataFrame) -> str:
     if not keys:
         return ""
     grid = (" A learning-rate grid, so this table is not ranked and says nothing of how well a variant learns at any "
-            "one rate: its stability section, or its domain's own report, reads it setting by setting." if pools_learning_rates(group) else "")
+            "one rate: its stability section, or its domain's own report, reads it setting by setting."
+            if pools_learning_rates(group) else "")
     return (f" A variant's runs here differ in {', '.join(f'`{key}`' for key in keys)} besides the seed: its mean and "
             "interval pool those settings (runs.csv's `pooled` column names them per run; `quest stability` reads a "
             f"learning-rate grid rate by rate).{grid}")
