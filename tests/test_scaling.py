@@ -42,7 +42,7 @@ def test_the_report_has_curves_probes_and_the_delta_table(tmp_path):
     assert (out.parent / "scaling_vision.png").stat().st_size > 0
     assert "| 8       | 10     | +0.11 ± 0.025 (p=0.0027, MDE 0.031) |" in text  # diffs 0.10, 0.11, 0.12
     assert "max_logit peak" in text
-    assert "| 8 → 16   | 10     | +0 ± 0 (p=1, MDE 0) |" in text  # quest's gain is the same at both widths
+    assert "| 8 → 16   | 10     | +0 ± 0 (p=1, MDE –) |" in text  # the same gain at both widths: no spread, no MDE
 
 
 def test_the_width_interaction_is_the_change_of_each_seeds_paired_difference():

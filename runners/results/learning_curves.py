@@ -91,7 +91,7 @@ def width_changes(points: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _cell(row: pd.Series) -> str:
-    tested = "" if np.isnan(row["diff"]) or np.isnan(row["p"]) else f" (p={row['p']:.2g}, MDE {row['mde']:.2g})"
+    tested = "" if np.isnan(row["diff"]) or np.isnan(row["p"]) else f" (p={row['p']:.2g}, MDE {estimate(row['mde'], '.2g')})"
     return estimate(row["diff"], "+.3g", row["half"]) + tested
 
 

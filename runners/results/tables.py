@@ -26,7 +26,7 @@ def _fmt_difference(row: pd.Series) -> str:
     if np.isnan(row["p"]):
         return f"{row['diff']:+.3g} (n={int(row['n'])}, untestable)"
     return (f"{row['diff']:+.3g} ± {row['half']:.2g} (p={row['p']:.2g}, Holm {row['p_holm']:.2g}, "
-            f"n={int(row['n'])}, MDE {row['mde']:.2g})")
+            f"n={int(row['n'])}, MDE {stats.estimate(row['mde'], '.2g')})")
 
 
 def domain_table(runs: pd.DataFrame) -> pd.DataFrame:
